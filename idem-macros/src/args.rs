@@ -1,0 +1,187 @@
+//! The attribute's arguments: `scope`, `global`, `retention`, `replay_5xx`.
+
+use proc_macro2::{Span, TokenStream};
+use syn::{Expr, ExprLit, Lit, LitStr, meta::ParseNestedMeta, parse::Parser};
+
+use crate::duration;
+
+const EXPECTED: &str = "expected one of `scope`, `global`, `retention`, `replay_5xx`";
+
+/// Seconds in the default retention, 24 hours (Stripe's).
+const DEFAULT_RETENTION: u64 = 86_400;
+
+/// Whose keys these are.
+pub enum ScopeArg {
+    /// `scope = "<param>"`.
+    Param(LitStr),
+    /// `global`.
+    Global,
+}
+
+/// The validated arguments.
+pub struct Args {
+    pub scope: ScopeArg,
+    pub retention_secs: u64,
+    pub replay_5xx: bool,
+}
+
+#[derive(Default)]
+struct Raw {
+    scope: Option<LitStr>,
+    global: Option<Span>,
+    retention: Option<u64>,
+    replay_5xx: Option<bool>,
+}
+
+/// Parses the arguments, collecting every error.
+pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
+    let mut raw = Raw::default();
+    let mut errors: Vec<syn::Error> = Vec::new();
+    let parser = syn::meta::parser(|meta| {
+        if let Err(error) = parse_one(&meta, &mut raw) {
+            errors.push(error);
+            skip_value(&meta)?;
+        }
+        Ok(())
+    });
+    if let Err(error) = parser.parse2(attr) {
+        errors.push(error);
+    }
+    if let (Some(_), Some(global)) = (&raw.scope, raw.global) {
+        errors.push(syn::Error::new(
+            global,
+            "`global` and `scope` cannot be used together: keys are either shared by all callers or kept per caller",
+        ));
+    }
+    let scope = match (raw.scope, raw.global) {
+        (Some(lit), _) => Some(ScopeArg::Param(lit)),
+        (None, Some(_)) => Some(ScopeArg::Global),
+        (None, None) => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                "missing `scope`: name the parameter that identifies the caller, e.g. `#[idempotent(scope = \"tenant\")]`, or write `#[idempotent(global)]` to share keys between all callers",
+            ));
+            None
+        }
+    };
+    if let Some(error) = combine(errors) {
+        return Err(error);
+    }
+    Ok(Args {
+        scope: scope.unwrap_or(ScopeArg::Global),
+        retention_secs: raw.retention.unwrap_or(DEFAULT_RETENTION),
+        replay_5xx: raw.replay_5xx.unwrap_or(false),
+    })
+}
+
+/// Folds errors into one, so that each is reported at its own span.
+pub fn combine(errors: impl IntoIterator<Item = syn::Error>) -> Option<syn::Error> {
+    errors.into_iter().reduce(|mut all, next| {
+        all.combine(next);
+        all
+    })
+}
+
+fn parse_one(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    let path = &meta.path;
+    let name = path
+        .get_ident()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let repeated = |name: &str| meta.error(format!("`{name}` is specified more than once"));
+    match name.as_str() {
+        "scope" => {
+            if raw.scope.is_some() {
+                return Err(repeated("scope"));
+            }
+            let expr = value(meta, "scope = \"<parameter name>\"")?;
+            match expr {
+                Expr::Lit(ExprLit {
+                    lit: Lit::Str(lit), ..
+                }) if !lit.value().is_empty() => {
+                    raw.scope = Some(lit);
+                    Ok(())
+                }
+                other => Err(syn::Error::new_spanned(
+                    other,
+                    "expected the name of a handler parameter as a string, e.g. `scope = \"tenant\"`",
+                )),
+            }
+        }
+        "global" => {
+            if raw.global.is_some() {
+                return Err(repeated("global"));
+            }
+            if !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
+                return Err(meta.error("`global` takes no value: write `#[idempotent(global)]`"));
+            }
+            raw.global = Some(path_span(meta));
+            Ok(())
+        }
+        "retention" => {
+            if raw.retention.is_some() {
+                return Err(repeated("retention"));
+            }
+            let expr = value(meta, "retention = \"24h\"")?;
+            match &expr {
+                Expr::Lit(ExprLit {
+                    lit: Lit::Str(lit), ..
+                }) => {
+                    let secs = duration::parse_seconds(&lit.value())
+                        .map_err(|message| syn::Error::new(lit.span(), message))?;
+                    raw.retention = Some(secs);
+                    Ok(())
+                }
+                other => Err(syn::Error::new_spanned(
+                    other,
+                    "expected a duration string, e.g. `retention = \"24h\"` (units `s`, `m`, `h`, `d`)",
+                )),
+            }
+        }
+        "replay_5xx" => {
+            if raw.replay_5xx.is_some() {
+                return Err(repeated("replay_5xx"));
+            }
+            let expr = value(meta, "replay_5xx = true")?;
+            match expr {
+                Expr::Lit(ExprLit {
+                    lit: Lit::Bool(lit),
+                    ..
+                }) => {
+                    raw.replay_5xx = Some(lit.value);
+                    Ok(())
+                }
+                other => Err(syn::Error::new_spanned(
+                    other,
+                    "expected `true` or `false`, e.g. `replay_5xx = true`",
+                )),
+            }
+        }
+        _ => Err(syn::Error::new_spanned(
+            path,
+            format!(
+                "unknown argument `{}`; {EXPECTED}",
+                quote::ToTokens::to_token_stream(path)
+            ),
+        )),
+    }
+}
+
+fn path_span(meta: &ParseNestedMeta<'_>) -> Span {
+    syn::spanned::Spanned::span(&meta.path)
+}
+
+fn value(meta: &ParseNestedMeta<'_>, example: &str) -> syn::Result<Expr> {
+    if !meta.input.peek(syn::Token![=]) {
+        return Err(meta.error(format!("expected a value: `{example}`")));
+    }
+    meta.value()?.parse()
+}
+
+/// After an error, steps over `= <expr>` so that the next argument is still parsed.
+fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
+    if meta.input.peek(syn::Token![=]) {
+        meta.value()?.parse::<Expr>()?;
+    }
+    Ok(())
+}

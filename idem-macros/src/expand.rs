@@ -1,0 +1,149 @@
+//! Code generation: the handler rewritten around a claim. Expansion cannot fail; every check
+//! happened in [`crate::args`] and [`crate::handler`].
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::{ItemFn, ReturnType, Type, visit_mut::VisitMut};
+
+use crate::{
+    args,
+    handler::{self, Handler, Scope},
+};
+
+/// Parses, validates and expands; errors are reported by the caller next to the original item.
+pub fn idempotent(attr: TokenStream, item: TokenStream) -> Result<TokenStream, syn::Error> {
+    let parsed_args = args::parse(attr);
+    let item: ItemFn = syn::parse2(item)?;
+    let (args, handler) = match parsed_args {
+        Ok(args) => {
+            let handler = handler::analyse(item, &args)?;
+            (args, handler)
+        }
+        Err(mut errors) => {
+            // Report the signature's problems too, against a stand-in scope.
+            let stand_in = args::Args {
+                scope: args::ScopeArg::Global,
+                retention_secs: 1,
+                replay_5xx: false,
+            };
+            if let Err(more) = handler::analyse(item, &stand_in) {
+                errors.combine(more);
+            }
+            return Err(errors);
+        }
+    };
+    Ok(expand(&args, handler))
+}
+
+fn expand(args: &args::Args, handler: Handler) -> TokenStream {
+    let Handler {
+        item,
+        tx,
+        db,
+        mut extractors,
+        scope,
+    } = handler;
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = item;
+    let ident = &sig.ident;
+    let private = quote!(::idem_runtime::__private);
+
+    // The last extractor is wrapped in `Input`, which takes the key and the body first.
+    let input = match extractors.pop() {
+        Some(last) => {
+            let attrs = &last.attrs;
+            let pat = &last.pat;
+            let ty = &last.ty;
+            quote_spanned! {last.ty_span()=>
+                #(#attrs)*
+                #private::Input { value: #pat, request: __idem_request }: #private::Input<#ty, #db>
+            }
+        }
+        None => quote! {
+            #private::Input { value: (), request: __idem_request }: #private::Input<(), #db>
+        },
+    };
+    let extractors = extractors.iter().map(|arg| quote!(#arg));
+
+    let scope = match scope {
+        Scope::Global => quote!(#private::Scope::Global),
+        Scope::Binding { ident, span } => quote_spanned!(span=> #private::scope_of(&#ident)),
+    };
+    let retention = args.retention_secs;
+    let replay_5xx = args.replay_5xx;
+
+    let tx_pat = &tx.pat;
+    let tx_ty = &tx.ty;
+    let output = match &sig.output {
+        ReturnType::Default => quote!(()),
+        ReturnType::Type(_, ty) => {
+            let mut ty = (**ty).clone();
+            InferImplTrait.visit_type_mut(&mut ty);
+            quote!(#ty)
+        }
+    };
+
+    quote! {
+        #(#attrs)*
+        #vis async fn #ident(#(#extractors,)* #input) -> #private::Response {
+            let __idem_span = __idem_request.span();
+            #private::Instrument::instrument(
+                async move {
+                    let __idem_scope = #scope;
+                    let __idem_options = #private::Options {
+                        retention: ::core::time::Duration::from_secs(#retention),
+                        replay_5xx: #replay_5xx,
+                    };
+                    let mut __idem_claim = match #private::Claim::<#db>::acquire(
+                        __idem_request,
+                        __idem_scope,
+                        __idem_options,
+                    )
+                    .await
+                    {
+                        ::core::result::Result::Ok(claim) => claim,
+                        ::core::result::Result::Err(response) => return response,
+                    };
+                    let __idem_response = {
+                        let #tx_pat: #tx_ty = __idem_claim.transaction();
+                        #private::IntoResponse::into_response(
+                            #private::hint::<#output, _>(async move #block).await,
+                        )
+                    };
+                    __idem_claim.complete(__idem_response).await
+                },
+                __idem_span,
+            )
+            .await
+        }
+    }
+}
+
+trait TySpan {
+    fn ty_span(&self) -> proc_macro2::Span;
+}
+
+impl TySpan for syn::PatType {
+    fn ty_span(&self) -> proc_macro2::Span {
+        syn::spanned::Spanned::span(&self.ty)
+    }
+}
+
+/// `impl Trait` cannot be named in a turbofish; `_` lets the compiler infer it.
+struct InferImplTrait;
+
+impl VisitMut for InferImplTrait {
+    fn visit_type_mut(&mut self, ty: &mut Type) {
+        if let Type::ImplTrait(it) = ty {
+            *ty = Type::Infer(syn::TypeInfer {
+                underscore_token: syn::Token![_](syn::spanned::Spanned::span(it)),
+            });
+            return;
+        }
+        syn::visit_mut::visit_type_mut(self, ty);
+    }
+}

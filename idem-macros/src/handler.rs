@@ -1,0 +1,286 @@
+//! Signature analysis: which parameter is the transaction, which is the scope, which extractor
+//! comes last, and everything about the function that the macro cannot support.
+
+use proc_macro2::Span;
+use syn::{
+    FnArg, GenericArgument, Ident, ItemFn, Pat, PatType, PathArguments, ReturnType, Type,
+    spanned::Spanned, visit::Visit,
+};
+
+use crate::args::{self, Args, ScopeArg};
+
+/// Extractors that read the request body: Axum needs them last.
+const BODY_EXTRACTORS: &[&str] = &[
+    "Json",
+    "Form",
+    "Bytes",
+    "String",
+    "Body",
+    "Request",
+    "Multipart",
+    "RawForm",
+    "BodyStream",
+];
+
+/// The handler, understood.
+pub struct Handler {
+    pub item: ItemFn,
+    /// The `&mut Transaction<'_, DB>` parameter.
+    pub tx: PatType,
+    /// `DB` of the transaction.
+    pub db: Type,
+    /// The extractor parameters, in order, without the transaction.
+    pub extractors: Vec<PatType>,
+    /// How the scope value is computed.
+    pub scope: Scope,
+}
+
+/// Where the scope comes from.
+pub enum Scope {
+    Global,
+    /// The binding named by `scope`, and the span to report type errors at.
+    Binding {
+        ident: Ident,
+        span: Span,
+    },
+}
+
+/// Checks the function against the arguments, collecting every error.
+pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
+    let mut errors = Vec::new();
+    let sig = &item.sig;
+    if sig.asyncness.is_none() {
+        errors.push(syn::Error::new(
+            sig.fn_token.span,
+            "`#[idempotent]` handlers must be `async fn`: the macro awaits the claim and the commit",
+        ));
+    }
+    if let Some(constness) = &sig.constness {
+        errors.push(syn::Error::new(
+            constness.span,
+            "`#[idempotent]` handlers cannot be `const fn`",
+        ));
+    }
+    if let Some(unsafety) = &sig.unsafety {
+        errors.push(syn::Error::new(
+            unsafety.span,
+            "`#[idempotent]` handlers cannot be `unsafe fn`",
+        ));
+    }
+    if let Some(abi) = &sig.abi {
+        errors.push(syn::Error::new_spanned(
+            abi,
+            "`#[idempotent]` handlers cannot have an `extern` ABI",
+        ));
+    }
+    if let Some(variadic) = &sig.variadic {
+        errors.push(syn::Error::new_spanned(
+            variadic,
+            "`#[idempotent]` handlers cannot be variadic",
+        ));
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        errors.push(syn::Error::new_spanned(
+            &sig.generics,
+            "generic handlers are not supported by `#[idempotent]`: Axum needs concrete extractor types; write one handler per type",
+        ));
+    }
+    if let ReturnType::Type(_, ty) = &sig.output
+        && let Some(span) = first_named_lifetime(ty)
+    {
+        errors.push(syn::Error::new(
+            span,
+            "`#[idempotent]` handlers cannot return borrowed data: the response outlives the transaction",
+        ));
+    }
+
+    let mut tx: Option<(PatType, Type)> = None;
+    let mut misdeclared_tx = false;
+    let mut extractors = Vec::new();
+    for input in &sig.inputs {
+        let arg = match input {
+            FnArg::Receiver(receiver) => {
+                errors.push(syn::Error::new_spanned(
+                    receiver,
+                    "`#[idempotent]` handlers cannot take `self`: write a free `async fn` and pass the state through an extractor such as `State`",
+                ));
+                continue;
+            }
+            FnArg::Typed(arg) => arg,
+        };
+        match transaction(&arg.ty) {
+            TxKind::NotTransaction => extractors.push(arg.clone()),
+            TxKind::MutRef(db) => {
+                if tx.is_some() {
+                    errors.push(syn::Error::new_spanned(
+                        &arg.ty,
+                        "a second transaction parameter: `#[idempotent]` handlers take exactly one `&mut Transaction`, begun and committed by the macro",
+                    ));
+                } else {
+                    tx = Some((arg.clone(), *db));
+                }
+            }
+            TxKind::Other => {
+                misdeclared_tx = true;
+                errors.push(syn::Error::new_spanned(
+                    &arg.ty,
+                    "take the transaction as `&mut Transaction<'_, DB>`: the macro begins and commits it, so the handler only borrows it",
+                ));
+            }
+        }
+    }
+    if tx.is_none() && !misdeclared_tx {
+        errors.push(syn::Error::new(
+            sig.ident.span(),
+            "`#[idempotent]` handlers take a transaction parameter, e.g. `tx: &mut sqlx::Transaction<'_, sqlx::Postgres>`; the macro begins it, claims the key in it and commits it with the stored response",
+        ));
+    }
+
+    for (index, arg) in extractors.iter().enumerate() {
+        if index + 1 == extractors.len() {
+            break;
+        }
+        if let Some(name) = body_extractor(&arg.ty) {
+            errors.push(syn::Error::new_spanned(
+                &arg.ty,
+                format!("`{name}` consumes the request body, so it must be the last extractor of the handler"),
+            ));
+        }
+    }
+
+    let scope = match &args.scope {
+        ScopeArg::Global => Some(Scope::Global),
+        ScopeArg::Param(lit) => {
+            let name = lit.value();
+            let found = extractors.iter().find_map(|arg| find_binding(arg, &name));
+            match found {
+                Some(scope) => Some(scope),
+                None => {
+                    let is_tx = tx
+                        .as_ref()
+                        .is_some_and(|(arg, _)| find_binding(arg, &name).is_some());
+                    let message = if is_tx {
+                        format!(
+                            "`scope = \"{name}\"` names the transaction; name the parameter that identifies the caller"
+                        )
+                    } else {
+                        let names: Vec<String> = extractors
+                            .iter()
+                            .flat_map(|arg| bindings(&arg.pat))
+                            .map(|ident| format!("`{ident}`"))
+                            .collect();
+                        if names.is_empty() {
+                            format!(
+                                "`scope = \"{name}\"` names no parameter of `{}`: add the parameter that identifies the caller",
+                                sig.ident
+                            )
+                        } else {
+                            format!(
+                                "`scope = \"{name}\"` names no parameter of `{}`; its parameters are {}",
+                                sig.ident,
+                                names.join(", ")
+                            )
+                        }
+                    };
+                    errors.push(syn::Error::new(lit.span(), message));
+                    None
+                }
+            }
+        }
+    };
+
+    if let Some(error) = args::combine(errors) {
+        return Err(error);
+    }
+    let (tx, db) = tx.expect("checked above");
+    Ok(Handler {
+        item,
+        tx,
+        db,
+        extractors,
+        scope: scope.expect("checked above"),
+    })
+}
+
+enum TxKind {
+    NotTransaction,
+    MutRef(Box<Type>),
+    Other,
+}
+
+/// Recognises `&mut Transaction<'_, DB>` (any path ending in `Transaction`).
+fn transaction(ty: &Type) -> TxKind {
+    let (is_mut_ref, inner) = match ty {
+        Type::Reference(reference) => (reference.mutability.is_some(), &*reference.elem),
+        other => (false, other),
+    };
+    let Some(db) = transaction_db(inner) else {
+        return TxKind::NotTransaction;
+    };
+    if is_mut_ref {
+        TxKind::MutRef(Box::new(db))
+    } else {
+        TxKind::Other
+    }
+}
+
+fn transaction_db(ty: &Type) -> Option<Type> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if last.ident != "Transaction" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(generics) = &last.arguments else {
+        return None;
+    };
+    generics.args.iter().rev().find_map(|arg| match arg {
+        GenericArgument::Type(ty) => Some(ty.clone()),
+        _ => None,
+    })
+}
+
+fn body_extractor(ty: &Type) -> Option<String> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    let name = last.ident.to_string();
+    BODY_EXTRACTORS.contains(&name.as_str()).then_some(name)
+}
+
+fn bindings(pat: &Pat) -> Vec<Ident> {
+    struct Collect(Vec<Ident>);
+    impl<'ast> Visit<'ast> for Collect {
+        fn visit_pat_ident(&mut self, node: &'ast syn::PatIdent) {
+            self.0.push(node.ident.clone());
+            syn::visit::visit_pat_ident(self, node);
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    collect.visit_pat(pat);
+    collect.0
+}
+
+fn find_binding(arg: &PatType, name: &str) -> Option<Scope> {
+    let ident = bindings(&arg.pat).into_iter().find(|ident| ident == name)?;
+    // A plain `tenant: Tenant` reports trait errors on the type; a binding inside a pattern
+    // (`Extension(tenant): Extension<Tenant>`) on the binding itself.
+    let span = if matches!(&*arg.pat, Pat::Ident(_)) {
+        arg.ty.span()
+    } else {
+        ident.span()
+    };
+    Some(Scope::Binding { ident, span })
+}
+
+fn first_named_lifetime(ty: &Type) -> Option<Span> {
+    struct Find(Option<Span>);
+    impl<'ast> Visit<'ast> for Find {
+        fn visit_lifetime(&mut self, lifetime: &'ast syn::Lifetime) {
+            if lifetime.ident != "static" && self.0.is_none() {
+                self.0 = Some(lifetime.span());
+            }
+        }
+    }
+    let mut find = Find(None);
+    find.visit_type(ty);
+    find.0
+}

@@ -1,0 +1,48 @@
+//! The `#[idempotent]` attribute. Use it through `idem-runtime`, which re-exports it and holds
+//! everything the generated code calls.
+//!
+//! The pipeline is parse ([`args`]), validate ([`handler`]), expand ([`expand`]); every error of
+//! the first two stages is collected and reported at once, spanned on the offending token, next
+//! to the unchanged function so that the rest of the crate still type-checks.
+
+use proc_macro::TokenStream;
+
+mod args;
+mod duration;
+mod expand;
+mod handler;
+
+/// Makes an Axum handler safe to retry with the `Idempotency-Key` header.
+///
+/// ```ignore
+/// #[idempotent(scope = "tenant", retention = "24h", replay_5xx = false)]
+/// async fn create_payment(
+///     tenant: Tenant,
+///     tx: &mut Transaction<'_, Postgres>,
+///     Json(body): Json<NewPayment>,
+/// ) -> Result<(StatusCode, Json<Payment>), ApiError> { ... }
+/// ```
+///
+/// Arguments:
+///
+/// - `scope = "<param>"`: the parameter that identifies the caller; its type implements
+///   `idem_runtime::IdempotencyScope`. Required unless `global` is given.
+/// - `global`: keys are shared by all callers, on purpose.
+/// - `retention = "<duration>"`: how long the outcome is replayed (`"90m"`, `"24h"`, `"7d"`,
+///   `"1h30m"`; units `s`, `m`, `h`, `d`). Default `"24h"`.
+/// - `replay_5xx = <bool>`: store and replay a 5xx outcome (its writes undone) instead of
+///   rolling it back. Default `false`.
+///
+/// The handler takes exactly one `&mut sqlx::Transaction<'_, DB>`; the macro begins it, claims
+/// the key in it, and commits the handler's writes together with the stored response.
+#[proc_macro_attribute]
+pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let original: proc_macro2::TokenStream = item.clone().into();
+    match expand::idempotent(attr.into(), item.into()) {
+        Ok(tokens) => tokens.into(),
+        Err(errors) => {
+            let errors = errors.to_compile_error();
+            quote::quote!(#original #errors).into()
+        }
+    }
+}

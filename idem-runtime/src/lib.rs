@@ -1,0 +1,64 @@
+//! # idem: retry-safe Axum handlers
+//!
+//! Clients retry: timeouts, dropped connections, a user tapping "Pay" twice. idem makes a POST
+//! handler safe to retry with the `Idempotency-Key` header: the handler runs once per
+//! `(scope, key)`, its response is stored in the same commit as its writes, and every retry
+//! gets that response back.
+//!
+//! ```no_run
+//! use axum::{Json, extract::Path, http::StatusCode};
+//! use idem_runtime::idempotent;
+//! use sqlx::{Postgres, Transaction};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct NewPayment { amount: i64 }
+//!
+//! // POST /accounts/{account}/payments; in a real service the scope is the authenticated
+//! // caller, from an extractor of your own.
+//! #[idempotent(scope = "account", retention = "24h")]
+//! async fn create_payment(
+//!     Path(account): Path<String>,
+//!     tx: &mut Transaction<'_, Postgres>,
+//!     Json(body): Json<NewPayment>,
+//! ) -> Result<StatusCode, StatusCode> {
+//!     sqlx::query("INSERT INTO payments (account, amount) VALUES ($1, $2)")
+//!         .bind(&account)
+//!         .bind(body.amount)
+//!         .execute(&mut **tx)
+//!         .await
+//!         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+//!     Ok(StatusCode::CREATED)
+//! }
+//! ```
+//!
+//! The handler's router state must provide a [`Store`] through
+//! [`FromRef`](axum::extract::FromRef), and [`migrate`] must have created the key table.
+//! See the repository's README for the full behaviour table.
+
+pub mod fingerprint;
+pub mod header;
+pub mod problem;
+pub mod record;
+pub mod replay;
+
+mod backend;
+mod flow;
+mod scope;
+mod store;
+
+pub use backend::{Backend, migrate};
+pub use idem_macros::idempotent;
+pub use problem::{Problem, ProblemKind};
+pub use scope::IdempotencyScope;
+pub use store::{Settings, Store};
+
+/// What the `#[idempotent]` macro's output names. Not a public API: it may change in any
+/// release, in step with the macro (which is pinned to this crate's exact version).
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::flow::{
+        Claim, IdemRequest, Input, Options, Scope, ViaBody, ViaParts, hint, scope_of,
+    };
+    pub use axum::response::{IntoResponse, Response};
+    pub use tracing::Instrument;
+}

@@ -1,0 +1,116 @@
+//! The values that travel between the request flow and a storage backend.
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::fingerprint::Fingerprint;
+
+/// Which `(scope, key)` a request is about, and the 64-bit lock id derived from it.
+#[derive(Debug, Clone)]
+pub struct KeyRef {
+    /// The caller's scope (`""` for global keys).
+    pub scope: String,
+    /// The client's key.
+    pub key: String,
+    /// The first 8 bytes of SHA-256 over the length-prefixed scope and key.
+    pub lock_id: i64,
+}
+
+impl KeyRef {
+    /// Derives the lock id of `(scope, key)`.
+    pub fn new(scope: String, key: String) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update((scope.len() as u64).to_be_bytes());
+        hasher.update(scope.as_bytes());
+        hasher.update(key.as_bytes());
+        let digest = hasher.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Self {
+            scope,
+            key,
+            lock_id: i64::from_be_bytes(first),
+        }
+    }
+
+    /// A short identifier of the key that is safe to log: it does not reveal the key.
+    pub fn log_id(&self) -> String {
+        format!("{:016x}", self.lock_id)
+    }
+}
+
+/// Where a stored key stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyStatus {
+    /// A claim taken by the external mode; the handler may still be running.
+    Started,
+    /// The response is stored and final.
+    Completed,
+}
+
+/// A response as stored: status, the replayable headers, and the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The HTTP status code.
+    pub status: u16,
+    /// `(name, value)` pairs of the headers worth replaying (`Content-Type`, `Location`).
+    pub headers: Vec<(String, String)>,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
+}
+
+/// A live (unexpired) row of the key table.
+#[derive(Debug, Clone)]
+pub struct KeyRecord {
+    /// Started or completed.
+    pub status: KeyStatus,
+    /// Method of the first request.
+    pub method: String,
+    /// Path and query of the first request.
+    pub path: String,
+    /// Fingerprint of the first request.
+    pub fingerprint: Fingerprint,
+    /// The stored response, once completed.
+    pub response: Option<StoredResponse>,
+}
+
+/// What a claim found.
+#[derive(Debug, Clone)]
+pub struct Lookup {
+    /// Whether this transaction now holds the key.
+    pub acquired: bool,
+    /// The live record of the key, if there is one.
+    pub record: Option<KeyRecord>,
+}
+
+/// A completed response to store.
+#[derive(Debug, Clone)]
+pub struct Completion<'a> {
+    /// The key.
+    pub key: &'a KeyRef,
+    /// Method of the request.
+    pub method: &'a str,
+    /// Path and query of the request.
+    pub path: &'a str,
+    /// Fingerprint of the request.
+    pub fingerprint: &'a Fingerprint,
+    /// The response.
+    pub response: &'a StoredResponse,
+    /// How long the key lives from now.
+    pub retention: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_ids_separate_scope_from_key() {
+        let a = KeyRef::new("ab".into(), "c".into());
+        let b = KeyRef::new("a".into(), "bc".into());
+        assert_ne!(a.lock_id, b.lock_id);
+        assert_eq!(a.lock_id, KeyRef::new("ab".into(), "c".into()).lock_id);
+        assert!(!a.log_id().contains('c'));
+    }
+}

@@ -1,0 +1,98 @@
+//! What identifies the caller: the `scope` of a key.
+
+use std::borrow::Cow;
+
+/// A value that identifies the caller of an idempotent handler: a tenant, an account, an API
+/// client. Keys are stored and looked up under `(scope, key)`, so two callers never see each
+/// other's keys or responses.
+///
+/// `#[idempotent(scope = "tenant")]` requires the type of the `tenant` parameter to implement
+/// this trait. It is implemented for strings, integers, `uuid::Uuid` (feature `uuid`), and for
+/// references and smart pointers to those; implement it for your own tenant type:
+///
+/// ```
+/// use std::borrow::Cow;
+/// use idem_runtime::IdempotencyScope;
+///
+/// struct Tenant { id: String }
+///
+/// impl IdempotencyScope for Tenant {
+///     fn idempotency_scope(&self) -> Cow<'_, str> {
+///         Cow::Borrowed(&self.id)
+///     }
+/// }
+/// ```
+///
+/// The value must be stable for a caller and must not be empty (an empty scope is answered with
+/// a 500 problem rather than mixed with global keys).
+pub trait IdempotencyScope {
+    /// The caller's identity as stored beside the key.
+    fn idempotency_scope(&self) -> Cow<'_, str>;
+}
+
+impl IdempotencyScope for str {
+    fn idempotency_scope(&self) -> Cow<'_, str> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl IdempotencyScope for String {
+    fn idempotency_scope(&self) -> Cow<'_, str> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl<T: IdempotencyScope + ?Sized> IdempotencyScope for &T {
+    fn idempotency_scope(&self) -> Cow<'_, str> {
+        (**self).idempotency_scope()
+    }
+}
+
+impl<T: IdempotencyScope + ?Sized> IdempotencyScope for Box<T> {
+    fn idempotency_scope(&self) -> Cow<'_, str> {
+        (**self).idempotency_scope()
+    }
+}
+
+impl<T: IdempotencyScope + ?Sized> IdempotencyScope for std::sync::Arc<T> {
+    fn idempotency_scope(&self) -> Cow<'_, str> {
+        (**self).idempotency_scope()
+    }
+}
+
+macro_rules! integer_scopes {
+    ($($t:ty),*) => {$(
+        impl IdempotencyScope for $t {
+            fn idempotency_scope(&self) -> Cow<'_, str> {
+                Cow::Owned(self.to_string())
+            }
+        }
+    )*};
+}
+
+integer_scopes!(u16, u32, u64, u128, usize, i16, i32, i64, i128, isize);
+
+#[cfg(feature = "uuid")]
+impl IdempotencyScope for uuid::Uuid {
+    fn idempotency_scope(&self) -> Cow<'_, str> {
+        Cow::Owned(self.hyphenated().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_ids_are_scopes() {
+        assert_eq!("t1".idempotency_scope(), "t1");
+        assert_eq!(String::from("t2").idempotency_scope(), "t2");
+        assert_eq!(42_u64.idempotency_scope(), "42");
+        let by_ref: &i32 = &-7;
+        assert_eq!(IdempotencyScope::idempotency_scope(&by_ref), "-7");
+        assert_eq!(
+            std::sync::Arc::new(String::from("t3")).idempotency_scope(),
+            "t3"
+        );
+    }
+}
