@@ -78,12 +78,14 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
 
     let tx_pat = &tx.pat;
     let tx_ty = &tx.ty;
-    let output = match &sig.output {
-        ReturnType::Default => quote!(()),
+    // The declared type, with `impl Trait` in argument position, converts the body's value
+    // (and keeps the user's trait imports in use); the inferred one types the body's future.
+    let (declared, inferred) = match &sig.output {
+        ReturnType::Default => (quote!(()), quote!(())),
         ReturnType::Type(_, ty) => {
-            let mut ty = (**ty).clone();
-            InferImplTrait.visit_type_mut(&mut ty);
-            quote!(#ty)
+            let mut inferred = (**ty).clone();
+            InferImplTrait.visit_type_mut(&mut inferred);
+            (quote!(#ty), quote!(#inferred))
         }
     };
 
@@ -108,11 +110,12 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
                         ::core::result::Result::Ok(claim) => claim,
                         ::core::result::Result::Err(response) => return response,
                     };
+                    fn __idem_into_response(output: #declared) -> #private::Response {
+                        #private::IntoResponse::into_response(output)
+                    }
                     let __idem_response = {
                         let #tx_pat: #tx_ty = __idem_claim.transaction();
-                        #private::IntoResponse::into_response(
-                            #private::hint::<#output, _>(async move #block).await,
-                        )
+                        __idem_into_response(#private::hint::<#inferred, _>(async move #block).await)
                     };
                     __idem_claim.complete(__idem_response).await
                 },

@@ -1,0 +1,7 @@
+use idem_runtime::idempotent;
+use sqlx::{Postgres, Transaction};
+
+#[idempotent(scope = "tenant", retention = "24x")]
+async fn create(tenant: String, tx: &mut Transaction<'_, Postgres>) {}
+
+fn main() {}

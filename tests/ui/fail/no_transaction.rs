@@ -1,0 +1,6 @@
+use idem_runtime::idempotent;
+
+#[idempotent(scope = "tenant")]
+async fn create(tenant: String) {}
+
+fn main() {}

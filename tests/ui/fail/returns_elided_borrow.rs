@@ -1,0 +1,9 @@
+use idem_runtime::idempotent;
+use sqlx::{Postgres, Transaction};
+
+#[idempotent(global)]
+async fn create(tx: &mut Transaction<'_, Postgres>) -> &str {
+    "ok"
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use axum::extract::Path;
+use idem_runtime::idempotent;
+use sqlx::{Postgres, Transaction};
+
+#[idempotent(scope = "tenat")]
+async fn create(Path(tenant): Path<String>, tx: &mut Transaction<'_, Postgres>) {}
+
+fn main() {}

@@ -1,0 +1,7 @@
+use idem_runtime::idempotent;
+use sqlx::{Postgres, Transaction};
+
+#[idempotent(global)]
+async fn create(tx: &mut Transaction<'_, Postgres>, audit: &mut Transaction<'_, Postgres>) {}
+
+fn main() {}
