@@ -33,13 +33,17 @@ impl FromRef<AppState> for Store<Postgres> {
 
 /// The payments API over `store`; its tables must exist ([`crate::schema::create`]).
 pub fn router(store: Store<Postgres>) -> Router {
+    routes().with_state(AppState { store })
+}
+
+/// The routes of [`router`], before the state is given, for embedding in a larger router.
+pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/v1/payments", post(create_payment).get(list_payments))
         .route("/v1/payments/{id}", get(get_payment))
         .route("/v1/payouts", post(create_payout).get(list_payouts))
         .route("/v1/payouts/{id}", get(get_payout))
         .layer(CatchPanicLayer::custom(panic_problem))
-        .with_state(AppState { store })
 }
 
 /// The body of `POST /v1/payments` and `POST /v1/payouts`.
@@ -153,6 +157,19 @@ pub async fn create_payout(
     ApiJson(body): ApiJson<NewTransfer>,
 ) -> Result<Created, ApiError> {
     create(&PAYOUTS, &tenant, tx, body).await
+}
+
+/// `POST /v1/payments` without idempotency: the same work in a transaction of its own. Not
+/// routed by [`router`]; it is the baseline that tests and benchmarks compare against.
+pub async fn create_payment_bare(
+    tenant: Tenant,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<NewTransfer>,
+) -> Result<Created, ApiError> {
+    let mut tx = state.store.pool().begin().await?;
+    let created = create(&PAYMENTS, &tenant, &mut tx, body).await?;
+    tx.commit().await?;
+    Ok(created)
 }
 
 /// Records the attempt, asks the processor, and settles the record with its decision.

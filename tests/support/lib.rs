@@ -56,10 +56,12 @@ impl App {
     /// As [`App::new`], with a store of the caller's settings.
     pub async fn with_store(pool: PgPool, store: Store<Postgres>) -> Self {
         schema::create(&pool).await.expect("create tables");
-        sqlx::raw_sql("CREATE TABLE IF NOT EXISTS test_effects (route text NOT NULL, tenant text NOT NULL)")
-            .execute(&pool)
-            .await
-            .expect("create test_effects");
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS test_effects (route text NOT NULL, tenant text NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .expect("create test_effects");
         let calls = Arc::new(Calls::default());
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let test_routes = Router::new()
@@ -71,7 +73,12 @@ impl App {
             .layer(Extension(Arc::clone(&gate)))
             .layer(tower_http::catch_panic::CatchPanicLayer::new())
             .with_state(store.clone());
-        let router = payments::router(store).merge(test_routes);
+        let baseline = Router::new()
+            .route("/test/bare-payments", post(payments::create_payment_bare))
+            .with_state(payments::AppState {
+                store: store.clone(),
+            });
+        let router = payments::router(store).merge(test_routes).merge(baseline);
         Self {
             router,
             pool,
@@ -143,13 +150,19 @@ impl Reply {
 
     /// The body as JSON.
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
     }
 
     /// A header as text, if present.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().expect("text header"))
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().expect("text header"))
     }
 
     /// Whether the response is a replay.
@@ -159,11 +172,22 @@ impl Reply {
 
     /// Asserts a problem+json of `status` and returns its `type`.
     pub fn problem(&self, status: StatusCode) -> String {
-        assert_eq!(self.status, status, "body: {}", String::from_utf8_lossy(&self.body));
-        assert_eq!(self.header("content-type"), Some("application/problem+json"));
+        assert_eq!(
+            self.status,
+            status,
+            "body: {}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json")
+        );
         let json = self.json();
         assert_eq!(json["status"], status.as_u16());
-        assert!(json["title"].is_string() && json["detail"].is_string(), "{json}");
+        assert!(
+            json["title"].is_string() && json["detail"].is_string(),
+            "{json}"
+        );
         json["type"].as_str().expect("problem type").to_owned()
     }
 }
@@ -220,11 +244,15 @@ impl Req {
 
     /// The request.
     pub fn build(&self) -> Request<Body> {
-        let mut builder = Request::builder().method(self.method.clone()).uri(&self.path);
+        let mut builder = Request::builder()
+            .method(self.method.clone())
+            .uri(&self.path);
         for (name, value) in &self.headers {
             builder = builder.header(name, value);
         }
-        builder.body(Body::from(self.body.clone())).expect("valid request")
+        builder
+            .body(Body::from(self.body.clone()))
+            .expect("valid request")
     }
 }
 
@@ -278,7 +306,10 @@ async fn global(
     tx: &mut Transaction<'_, Postgres>,
     body: String,
 ) -> (StatusCode, String) {
-    sqlx::query("SELECT 1").execute(&mut **tx).await.expect("select");
+    sqlx::query("SELECT 1")
+        .execute(&mut **tx)
+        .await
+        .expect("select");
     let call = calls.global.fetch_add(1, Ordering::SeqCst) + 1;
     (StatusCode::CREATED, format!("call {call}: {body}"))
 }
@@ -306,7 +337,9 @@ impl StatementLog {
     pub fn install(&self) -> tracing::subscriber::DefaultGuard {
         use tracing_subscriber::{filter::Targets, layer::SubscriberExt};
         let filter = Targets::new().with_target("sqlx::query", tracing::Level::TRACE);
-        let subscriber = tracing_subscriber::registry().with(self.clone()).with(filter);
+        let subscriber = tracing_subscriber::registry()
+            .with(self.clone())
+            .with(filter);
         tracing::subscriber::set_default(subscriber)
     }
 

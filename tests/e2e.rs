@@ -1,0 +1,129 @@
+//! The example service over a real TCP socket: served by `axum::serve` on a loopback port,
+//! driven by an HTTP client, exactly as a client would see it.
+
+use std::net::SocketAddr;
+
+use idem_examples::{payments, schema};
+use idem_runtime::Store;
+use reqwest::{Client, StatusCode};
+use sqlx::PgPool;
+
+async fn serve(pool: PgPool) -> SocketAddr {
+    schema::create(&pool).await.expect("create tables");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        axum::serve(listener, payments::router(Store::new(pool)))
+            .await
+            .expect("serve");
+    });
+    addr
+}
+
+fn body(customer: &str) -> serde_json::Value {
+    serde_json::json!({"amount": 4200, "currency": "usd", "customer": customer})
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_client_retrying_over_tcp_gets_one_payment(pool: PgPool) {
+    let addr = serve(pool.clone()).await;
+    let client = Client::new();
+    let url = format!("http://{addr}/v1/payments");
+    let post = |key: &str, customer: &str| {
+        client
+            .post(&url)
+            .bearer_auth("tenant_tcp")
+            .header("Idempotency-Key", key)
+            .json(&body(customer))
+            .send()
+    };
+
+    // A slow first attempt, and a duplicate sent while it runs.
+    let first = tokio::spawn(post("\"tcp-key-1\"", "cus_slow"));
+    loop {
+        let locks: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if locks > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let duplicate = post("tcp-key-1", "cus_slow").await.unwrap();
+    assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+    assert_eq!(duplicate.headers()["retry-after"], "1");
+    assert_eq!(
+        duplicate.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert!(
+        !first.is_finished(),
+        "the 409 did not wait for the first request"
+    );
+
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let location = first.headers()["location"].to_str().unwrap().to_owned();
+    let created: serde_json::Value = first.json().await.unwrap();
+
+    // The retry after the first finished: the same payment, marked as a replay.
+    let retry = post("tcp-key-1", "cus_slow").await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.headers()["location"].to_str().unwrap(), location);
+    assert_eq!(retry.json::<serde_json::Value>().await.unwrap(), created);
+
+    let fetched: serde_json::Value = client
+        .get(format!("http://{addr}{location}"))
+        .bearer_auth("tenant_tcp")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(fetched, created);
+    let listed: Vec<serde_json::Value> = client
+        .get(&url)
+        .bearer_auth("tenant_tcp")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed, [created]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn problems_over_tcp_are_problem_json(pool: PgPool) {
+    let addr = serve(pool).await;
+    let client = Client::new();
+    let url = format!("http://{addr}/v1/payments");
+    let missing = client
+        .post(&url)
+        .bearer_auth("t")
+        .json(&body("cus_1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        missing.headers()["content-type"],
+        "application/problem+json"
+    );
+    let problem: serde_json::Value = missing.json().await.unwrap();
+    assert_eq!(problem["status"], 400);
+    let unauthenticated = client
+        .post(&url)
+        .header("Idempotency-Key", "k")
+        .json(&body("cus_1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+}
