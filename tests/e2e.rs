@@ -77,26 +77,17 @@ async fn a_client_retrying_over_tcp_gets_one_payment(pool: PgPool) {
     assert_eq!(retry.headers()["location"].to_str().unwrap(), location);
     assert_eq!(retry.json::<serde_json::Value>().await.unwrap(), created);
 
-    let fetched: serde_json::Value = client
-        .get(format!("http://{addr}{location}"))
-        .bearer_auth("tenant_tcp")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(fetched, created);
-    let listed: Vec<serde_json::Value> = client
-        .get(&url)
-        .bearer_auth("tenant_tcp")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(listed, [created]);
+    let read = |url: String| async {
+        let response = client
+            .get(url)
+            .bearer_auth("tenant_tcp")
+            .send()
+            .await
+            .unwrap();
+        response.json::<serde_json::Value>().await.unwrap()
+    };
+    assert_eq!(read(format!("http://{addr}{location}")).await, created);
+    assert_eq!(read(url.clone()).await, serde_json::json!([created]));
 }
 
 #[sqlx::test(migrations = false)]

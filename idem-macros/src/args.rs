@@ -18,9 +18,10 @@ pub enum ScopeArg {
     Global,
 }
 
-/// The validated arguments.
+/// The arguments, as far as they could be understood.
 pub struct Args {
-    pub scope: ScopeArg,
+    /// `None` when the scope could not be determined (an error says why).
+    pub scope: Option<ScopeArg>,
     pub retention_secs: u64,
     pub replay_5xx: bool,
 }
@@ -29,12 +30,15 @@ pub struct Args {
 struct Raw {
     scope: Option<LitStr>,
     global: Option<Span>,
+    /// `scope` or `global` was written, even if with an error.
+    scope_attempted: bool,
     retention: Option<u64>,
     replay_5xx: Option<bool>,
 }
 
-/// Parses the arguments, collecting every error.
-pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
+/// Parses the arguments, collecting every error; the values that could be read are returned
+/// beside the errors, so that the signature can still be checked against them.
+pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
     let mut raw = Raw::default();
     let mut errors: Vec<syn::Error> = Vec::new();
     let parser = syn::meta::parser(|meta| {
@@ -56,6 +60,7 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
     let scope = match (raw.scope, raw.global) {
         (Some(lit), _) => Some(ScopeArg::Param(lit)),
         (None, Some(_)) => Some(ScopeArg::Global),
+        (None, None) if raw.scope_attempted => None,
         (None, None) => {
             errors.push(syn::Error::new(
                 Span::call_site(),
@@ -64,14 +69,12 @@ pub fn parse(attr: TokenStream) -> Result<Args, syn::Error> {
             None
         }
     };
-    if let Some(error) = combine(errors) {
-        return Err(error);
-    }
-    Ok(Args {
-        scope: scope.unwrap_or(ScopeArg::Global),
+    let args = Args {
+        scope,
         retention_secs: raw.retention.unwrap_or(DEFAULT_RETENTION),
         replay_5xx: raw.replay_5xx.unwrap_or(false),
-    })
+    };
+    (args, errors)
 }
 
 /// Folds errors into one, so that each is reported at its own span.
@@ -91,6 +94,7 @@ fn parse_one(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
     let repeated = |name: &str| meta.error(format!("`{name}` is specified more than once"));
     match name.as_str() {
         "scope" => {
+            raw.scope_attempted = true;
             if raw.scope.is_some() {
                 return Err(repeated("scope"));
             }
@@ -109,6 +113,7 @@ fn parse_one(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
             }
         }
         "global" => {
+            raw.scope_attempted = true;
             if raw.global.is_some() {
                 return Err(repeated("global"));
             }

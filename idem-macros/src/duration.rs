@@ -14,6 +14,11 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
             digits.push(c);
             continue;
         }
+        if c == '.' {
+            return Err(format!(
+                "invalid duration `{text}`: fractions are not supported; use a smaller unit, e.g. \"90m\" for 1.5 hours"
+            ));
+        }
         let unit = match c {
             's' => 1,
             'm' => 60,

@@ -12,27 +12,25 @@ use crate::{
 
 /// Parses, validates and expands; errors are reported by the caller next to the original item.
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> Result<TokenStream, syn::Error> {
-    let parsed_args = args::parse(attr);
-    let item: ItemFn = syn::parse2(item)?;
-    let (args, handler) = match parsed_args {
-        Ok(args) => {
-            let handler = handler::analyse(item, &args)?;
-            (args, handler)
-        }
-        Err(mut errors) => {
-            // Report the signature's problems too, against a stand-in scope.
-            let stand_in = args::Args {
-                scope: args::ScopeArg::Global,
-                retention_secs: 1,
-                replay_5xx: false,
-            };
-            if let Err(more) = handler::analyse(item, &stand_in) {
-                errors.combine(more);
-            }
-            return Err(errors);
+    let (args, mut errors) = args::parse(attr);
+    let item: ItemFn = match syn::parse2(item) {
+        Ok(item) => item,
+        Err(error) => {
+            errors.push(syn::Error::new(
+                error.span(),
+                "`#[idempotent]` applies to an `async fn` handler",
+            ));
+            return Err(args::combine(errors).expect("one error at least"));
         }
     };
-    Ok(expand(&args, handler))
+    match handler::analyse(item, &args) {
+        Ok(handler) if errors.is_empty() => Ok(expand(&args, handler)),
+        Ok(_) => Err(args::combine(errors).expect("one error at least")),
+        Err(more) => {
+            errors.push(more);
+            Err(args::combine(errors).expect("one error at least"))
+        }
+    }
 }
 
 fn expand(args: &args::Args, handler: Handler) -> TokenStream {
@@ -71,7 +69,12 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
 
     let scope = match scope {
         Scope::Global => quote!(#private::Scope::Global),
-        Scope::Binding { ident, span } => quote_spanned!(span=> #private::scope_of(&#ident)),
+        Scope::Binding { mut ident, span } => {
+            // The binding takes the reported span, so that a missing `IdempotencyScope` impl
+            // is underlined on the type alone.
+            ident.set_span(span);
+            quote_spanned!(span=> #private::scope_of(&#ident))
+        }
     };
     let retention = args.retention_secs;
     let replay_5xx = args.replay_5xx;

@@ -79,14 +79,24 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
             "`#[idempotent]` handlers cannot be variadic",
         ));
     }
-    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+    let only_lifetimes = sig
+        .generics
+        .params
+        .iter()
+        .all(|param| matches!(param, syn::GenericParam::Lifetime(_)));
+    if !sig.generics.params.is_empty() && only_lifetimes && sig.generics.where_clause.is_none() {
+        errors.push(syn::Error::new_spanned(
+            &sig.generics,
+            "`#[idempotent]` handlers cannot have lifetime parameters: extractors are owned values, and the transaction's lifetime is written `'_`",
+        ));
+    } else if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
         errors.push(syn::Error::new_spanned(
             &sig.generics,
             "generic handlers are not supported by `#[idempotent]`: Axum needs concrete extractor types; write one handler per type",
         ));
     }
     if let ReturnType::Type(_, ty) = &sig.output
-        && let Some(span) = first_named_lifetime(ty)
+        && let Some(span) = first_borrow(ty)
     {
         errors.push(syn::Error::new(
             span,
@@ -120,6 +130,13 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
                     tx = Some((arg.clone(), *db));
                 }
             }
+            TxKind::OtherMutRef => {
+                misdeclared_tx = true;
+                errors.push(syn::Error::new_spanned(
+                    &arg.ty,
+                    "`&mut` parameters are not extractors: write the transaction as `&mut sqlx::Transaction<'_, DB>` (type aliases such as `PgTransaction` are not recognised)",
+                ));
+            }
             TxKind::Other => {
                 misdeclared_tx = true;
                 errors.push(syn::Error::new_spanned(
@@ -149,8 +166,10 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
     }
 
     let scope = match &args.scope {
-        ScopeArg::Global => Some(Scope::Global),
-        ScopeArg::Param(lit) => {
+        // The argument itself was wrong; its error is already reported.
+        None => Some(Scope::Global),
+        Some(ScopeArg::Global) => Some(Scope::Global),
+        Some(ScopeArg::Param(lit)) => {
             let name = lit.value();
             let found = extractors.iter().find_map(|arg| find_binding(arg, &name));
             match found {
@@ -204,6 +223,8 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
 
 enum TxKind {
     NotTransaction,
+    /// A `&mut` of something else: never an extractor, most likely an aliased transaction.
+    OtherMutRef,
     MutRef(Box<Type>),
     Other,
 }
@@ -215,7 +236,11 @@ fn transaction(ty: &Type) -> TxKind {
         other => (false, other),
     };
     let Some(db) = transaction_db(inner) else {
-        return TxKind::NotTransaction;
+        return if is_mut_ref {
+            TxKind::OtherMutRef
+        } else {
+            TxKind::NotTransaction
+        };
     };
     if is_mut_ref {
         TxKind::MutRef(Box::new(db))
@@ -271,9 +296,16 @@ fn find_binding(arg: &PatType, name: &str) -> Option<Scope> {
     Some(Scope::Binding { ident, span })
 }
 
-fn first_named_lifetime(ty: &Type) -> Option<Span> {
+/// The first reference or non-`'static` lifetime in `ty`.
+fn first_borrow(ty: &Type) -> Option<Span> {
     struct Find(Option<Span>);
     impl<'ast> Visit<'ast> for Find {
+        fn visit_type_reference(&mut self, reference: &'ast syn::TypeReference) {
+            if reference.lifetime.is_none() && self.0.is_none() {
+                self.0 = Some(reference.and_token.span);
+            }
+            syn::visit::visit_type_reference(self, reference);
+        }
         fn visit_lifetime(&mut self, lifetime: &'ast syn::Lifetime) {
             if lifetime.ident != "static" && self.0.is_none() {
                 self.0 = Some(lifetime.span());

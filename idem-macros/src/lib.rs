@@ -1,7 +1,7 @@
 //! The `#[idempotent]` attribute. Use it through `idem-runtime`, which re-exports it and holds
 //! everything the generated code calls.
 //!
-//! The pipeline is parse ([`args`]), validate ([`handler`]), expand ([`expand`]); every error of
+//! The pipeline is parse (`args.rs`), validate (`handler.rs`), expand (`expand.rs`); every error of
 //! the first two stages is collected and reported at once, spanned on the offending token, next
 //! to the unchanged function so that the rest of the crate still type-checks.
 
@@ -41,8 +41,10 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     match expand::idempotent(attr.into(), item.into()) {
         Ok(tokens) => tokens.into(),
         Err(errors) => {
+            // The function is still emitted, so that the rest of the crate type-checks and only
+            // these errors show; `unused` stays quiet about parameters of the unexpanded body.
             let errors = errors.to_compile_error();
-            quote::quote!(#original #errors).into()
+            quote::quote!(#[allow(unused)] #original #errors).into()
         }
     }
 }

@@ -208,6 +208,22 @@ fn axum_problem_bad_body(reason: &str) -> crate::Problem {
     .with_detail(format!("reading the request body failed: {reason}"))
 }
 
+impl<T, DB: Backend> Input<T, DB> {
+    #[allow(
+        clippy::result_large_err,
+        reason = "the extractor's rejection is a `Response`"
+    )]
+    fn accept<R: IntoResponse>(
+        extracted: Result<T, R>,
+        request: IdemRequest<DB>,
+    ) -> Result<Self, Response> {
+        match extracted {
+            Ok(value) => Ok(Self { value, request }),
+            Err(rejection) => Err(request.finish(Outcome::Rejected, rejection.into_response())),
+        }
+    }
+}
+
 impl<S, T, DB> FromRequest<S, ViaBody> for Input<T, DB>
 where
     S: Send + Sync,
@@ -219,13 +235,7 @@ where
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
         let (request, idem) = prepare::<S, DB>(request, state).await?;
-        match T::from_request(request, state).await {
-            Ok(value) => Ok(Self {
-                value,
-                request: idem,
-            }),
-            Err(rejection) => Err(idem.finish(Outcome::Rejected, rejection.into_response())),
-        }
+        Self::accept(T::from_request(request, state).await, idem)
     }
 }
 
@@ -241,13 +251,7 @@ where
     async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
         let (request, idem) = prepare::<S, DB>(request, state).await?;
         let (mut parts, _) = request.into_parts();
-        match T::from_request_parts(&mut parts, state).await {
-            Ok(value) => Ok(Self {
-                value,
-                request: idem,
-            }),
-            Err(rejection) => Err(idem.finish(Outcome::Rejected, rejection.into_response())),
-        }
+        Self::accept(T::from_request_parts(&mut parts, state).await, idem)
     }
 }
 

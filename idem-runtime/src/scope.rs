@@ -25,6 +25,11 @@ use std::borrow::Cow;
 ///
 /// The value must be stable for a caller and must not be empty (an empty scope is answered with
 /// a 500 problem rather than mixed with global keys).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an idempotency scope",
+    label = "the `scope` parameter's type must implement `idem_runtime::IdempotencyScope`",
+    note = "implement `idem_runtime::IdempotencyScope` for `{Self}`, returning the caller's id, or name another parameter in `scope`"
+)]
 pub trait IdempotencyScope {
     /// The caller's identity as stored beside the key.
     fn idempotency_scope(&self) -> Cow<'_, str>;

@@ -357,9 +357,10 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StatementLog {
         struct Statement(Option<String>);
         impl tracing::field::Visit for Statement {
             fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-                if field.name() == "db.statement" && !value.is_empty() {
-                    self.0 = Some(value.trim().to_owned());
-                } else if field.name() == "summary" && self.0.is_none() {
+                // The full statement when sqlx gives it, else its summary.
+                let full = field.name() == "db.statement" && !value.is_empty();
+                let summary = field.name() == "summary" && self.0.is_none();
+                if full || summary {
                     self.0 = Some(value.trim().to_owned());
                 }
             }

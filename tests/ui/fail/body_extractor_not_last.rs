@@ -14,6 +14,7 @@ async fn create(
     Path(account): Path<String>,
     tx: &mut Transaction<'_, Postgres>,
 ) {
+    let _ = (body.amount, account, tx);
 }
 
 fn main() {}

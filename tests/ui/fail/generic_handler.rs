@@ -2,6 +2,8 @@ use idem_runtime::idempotent;
 use sqlx::{Postgres, Transaction};
 
 #[idempotent(scope = "tenant")]
-async fn create<T>(tenant: String, tx: &mut Transaction<'_, Postgres>) {}
+async fn create<T>(tenant: String, tx: &mut Transaction<'_, Postgres>) {
+    let _ = (tenant, tx);
+}
 
 fn main() {}

@@ -2,6 +2,8 @@ use idem_runtime::idempotent;
 use sqlx::{Postgres, Transaction};
 
 #[idempotent(global = true)]
-async fn create(tx: &mut Transaction<'_, Postgres>) {}
+async fn create(tx: &mut Transaction<'_, Postgres>) {
+    let _ = tx;
+}
 
 fn main() {}

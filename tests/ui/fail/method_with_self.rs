@@ -5,7 +5,9 @@ struct Payments;
 
 impl Payments {
     #[idempotent(scope = "tenant")]
-    async fn create(&self, tenant: String, tx: &mut Transaction<'_, Postgres>) {}
+    async fn create(&self, tenant: String, tx: &mut Transaction<'_, Postgres>) {
+        let _ = (self, tenant, tx);
+    }
 }
 
 fn main() {}

@@ -2,6 +2,8 @@ use idem_runtime::idempotent;
 use sqlx::{Postgres, Transaction};
 
 #[idempotent(scope = "tenant")]
-fn create(tenant: String, tx: &mut Transaction<'_, Postgres>) {}
+fn create(tenant: String, tx: &mut Transaction<'_, Postgres>) {
+    let _ = (tenant, tx);
+}
 
 fn main() {}

@@ -3,6 +3,7 @@ use sqlx::{Postgres, Transaction};
 
 #[idempotent(global)]
 async fn create(tx: &mut Transaction<'_, Postgres>) -> &str {
+    let _ = tx;
     "ok"
 }
 

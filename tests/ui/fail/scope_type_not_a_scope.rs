@@ -14,6 +14,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 }
 
 #[idempotent(scope = "caller")]
-async fn create(caller: Caller, tx: &mut Transaction<'_, Postgres>) {}
+async fn create(caller: Caller, tx: &mut Transaction<'_, Postgres>) {
+    let _ = (caller.0, tx);
+}
 
 fn main() {}

@@ -1,0 +1,8 @@
+use idem_runtime::idempotent;
+
+#[idempotent(global)]
+struct CreatePayment {
+    amount: i64,
+}
+
+fn main() {}
