@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use idem_runtime::{ProblemKind, Store};
-use idem_tests::{App, Req, StatementLog, payment};
+use idem_tests::{App, Req, StatementLog, payment, until_called};
 use sqlx::{PgPool, postgres::PgPoolOptions};
 
 const PAYMENTS: &str = "/v1/payments";
@@ -406,9 +406,9 @@ async fn a_dropped_request_leaves_no_write_and_no_key(pool: PgPool) {
         let app = app.clone();
         async move { app.send(request).await }
     });
-    while app.advisory_locks().await == 0 {
-        tokio::task::yield_now().await;
-    }
+    // The handler body runs only after its key is claimed.
+    until_called(&app.calls.slow, 1).await;
+    assert_eq!(app.advisory_locks().await, 1, "the running handler holds its key");
     // The client goes away mid-request: the handler's future is dropped.
     in_flight.abort();
     assert!(in_flight.await.unwrap_err().is_cancelled());
@@ -435,10 +435,8 @@ async fn a_duplicate_while_the_first_runs_gets_409_at_once(pool: PgPool) {
                 .await
         }
     });
-    // Wait until the first request holds its key.
-    while app.advisory_locks().await == 0 {
-        tokio::task::yield_now().await;
-    }
+    // The handler body runs only after its key is claimed.
+    until_called(&app.calls.slow, 1).await;
     let duplicate = app
         .send(Req::post("/test/slow").tenant("t1").key("k1").build())
         .await;

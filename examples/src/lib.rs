@@ -1,9 +1,14 @@
-//! The example services of idem: the payments API of `CONTRACT.md` §3.
+//! The example services of idem (`CONTRACT.md` §3 and §4).
 //!
-//! `cargo run --bin payments` serves [`payments::router`]; the tests drive the same router.
+//! - `cargo run --bin payments` serves [`payments::router`]: payments and payouts
+//!   (transactional mode) and refunds (external mode, calling the processor).
+//! - `cargo run --bin processor` serves [`processor::router`]: a simulated card processor in its
+//!   own process, so that it outlives a crash of the payments service.
 
 pub mod auth;
+pub mod card;
 pub mod error;
 pub mod payments;
 pub mod processor;
+pub mod refunds;
 pub mod schema;

@@ -15,14 +15,27 @@ use tower_http::catch_panic::CatchPanicLayer;
 use crate::{
     auth::Tenant,
     error::{ApiError, ApiJson},
-    processor::{self, Decision},
+    card::{self, Decision},
 };
 
-/// The router's state: the idempotency store, whose pool the read routes use too.
+/// The router's state: the idempotency store, whose pool the read routes use too, and the
+/// client of the card processor that refunds go to.
 #[derive(Clone, Debug)]
 pub struct AppState {
     /// Pool and idempotency settings.
     pub store: Store<Postgres>,
+    /// Where refunds are executed.
+    pub processor: crate::refunds::ProcessorClient,
+}
+
+impl AppState {
+    /// State over `store`, with the processor at its default address (`http://127.0.0.1:3001`).
+    pub fn new(store: Store<Postgres>) -> Self {
+        Self {
+            store,
+            processor: crate::refunds::ProcessorClient::new("http://127.0.0.1:3001"),
+        }
+    }
 }
 
 impl FromRef<AppState> for Store<Postgres> {
@@ -31,9 +44,10 @@ impl FromRef<AppState> for Store<Postgres> {
     }
 }
 
-/// The payments API over `store`; its tables must exist ([`crate::schema::create`]).
+/// The payments API over `store`, with the processor at its default address; its tables must
+/// exist ([`crate::schema::create`]).
 pub fn router(store: Store<Postgres>) -> Router {
-    routes().with_state(AppState { store })
+    routes().with_state(AppState::new(store))
 }
 
 /// The routes of [`router`], before the state is given, for embedding in a larger router.
@@ -43,6 +57,11 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/payments/{id}", get(get_payment))
         .route("/v1/payouts", post(create_payout).get(list_payouts))
         .route("/v1/payouts/{id}", get(get_payout))
+        .route(
+            "/v1/refunds",
+            post(crate::refunds::create_refund).get(crate::refunds::list_refunds),
+        )
+        .route("/v1/refunds/{id}", get(crate::refunds::get_refund))
         .layer(CatchPanicLayer::custom(panic_problem))
 }
 
@@ -53,7 +72,7 @@ pub struct NewTransfer {
     pub amount: i64,
     /// Three letters.
     pub currency: String,
-    /// The customer's id; some ids are magic (see [`processor::decide`]).
+    /// The customer's id; some ids are magic (see [`card::decide`]).
     pub customer: String,
 }
 
@@ -189,7 +208,7 @@ async fn create(
         .bind(&body.customer)
         .execute(&mut **tx)
         .await?;
-    let status = match processor::decide(&body.customer).await {
+    let status = match card::decide(&body.customer).await {
         Decision::Approved => kind.approved,
         Decision::Declined => "declined",
         Decision::Unavailable => {

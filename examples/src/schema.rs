@@ -23,6 +23,15 @@ CREATE TABLE IF NOT EXISTS payouts (
     created_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS payouts_tenant_created_idx ON payouts (tenant, created_at DESC);
+CREATE TABLE IF NOT EXISTS refunds (
+    id         text        PRIMARY KEY,
+    tenant     text        NOT NULL,
+    payment    text        NOT NULL,
+    amount     bigint      NOT NULL,
+    status     text        NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS refunds_tenant_created_idx ON refunds (tenant, created_at DESC);
 ";
 
 /// Creates idem's key table and the example's tables, if they do not exist.

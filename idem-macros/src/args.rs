@@ -1,11 +1,15 @@
-//! The attribute's arguments: `scope`, `global`, `retention`, `replay_5xx`.
+//! The attribute's arguments: `scope`, `global`, `retention`, `replay_5xx`, `lock_timeout`.
 
 use proc_macro2::{Span, TokenStream};
 use syn::{Expr, ExprLit, Lit, LitStr, meta::ParseNestedMeta, parse::Parser};
 
 use crate::duration;
 
-const EXPECTED: &str = "expected one of `scope`, `global`, `retention`, `replay_5xx`";
+const EXPECTED: &str =
+    "expected one of `scope`, `global`, `retention`, `replay_5xx`, `lock_timeout`";
+
+/// Seconds in the default lease of external mode.
+const DEFAULT_LOCK_TIMEOUT: u64 = 30;
 
 /// Seconds in the default retention, 24 hours (Stripe's).
 const DEFAULT_RETENTION: u64 = 86_400;
@@ -24,6 +28,9 @@ pub struct Args {
     pub scope: Option<ScopeArg>,
     pub retention_secs: u64,
     pub replay_5xx: bool,
+    /// The lease of external mode, and where it was written (an error in transactional mode).
+    pub lock_timeout_secs: u64,
+    pub lock_timeout_span: Option<Span>,
 }
 
 #[derive(Default)]
@@ -34,6 +41,7 @@ struct Raw {
     scope_attempted: bool,
     retention: Option<u64>,
     replay_5xx: Option<bool>,
+    lock_timeout: Option<(u64, Span)>,
 }
 
 /// Parses the arguments, collecting every error; the values that could be read are returned
@@ -73,6 +81,8 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
         scope,
         retention_secs: raw.retention.unwrap_or(DEFAULT_RETENTION),
         replay_5xx: raw.replay_5xx.unwrap_or(false),
+        lock_timeout_secs: raw.lock_timeout.map_or(DEFAULT_LOCK_TIMEOUT, |(secs, _)| secs),
+        lock_timeout_span: raw.lock_timeout.map(|(_, span)| span),
     };
     (args, errors)
 }
@@ -127,21 +137,16 @@ fn parse_one(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
             if raw.retention.is_some() {
                 return Err(repeated("retention"));
             }
-            let expr = value(meta, "retention = \"24h\"")?;
-            match &expr {
-                Expr::Lit(ExprLit {
-                    lit: Lit::Str(lit), ..
-                }) => {
-                    let secs = duration::parse_seconds(&lit.value())
-                        .map_err(|message| syn::Error::new(lit.span(), message))?;
-                    raw.retention = Some(secs);
-                    Ok(())
-                }
-                other => Err(syn::Error::new_spanned(
-                    other,
-                    "expected a duration string, e.g. `retention = \"24h\"` (units `s`, `m`, `h`, `d`)",
-                )),
+            raw.retention = Some(duration_value(meta, "retention", "24h")?);
+            Ok(())
+        }
+        "lock_timeout" => {
+            if raw.lock_timeout.is_some() {
+                return Err(repeated("lock_timeout"));
             }
+            let span = path_span(meta);
+            raw.lock_timeout = Some((duration_value(meta, "lock_timeout", "30s")?, span));
+            Ok(())
         }
         "replay_5xx" => {
             if raw.replay_5xx.is_some() {
@@ -168,6 +173,20 @@ fn parse_one(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
                 "unknown argument `{}`; {EXPECTED}",
                 quote::ToTokens::to_token_stream(path)
             ),
+        )),
+    }
+}
+
+fn duration_value(meta: &ParseNestedMeta<'_>, name: &str, example: &str) -> syn::Result<u64> {
+    let expr = value(meta, &format!("{name} = \"{example}\""))?;
+    match &expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => duration::parse_seconds(&lit.value())
+            .map_err(|message| syn::Error::new(lit.span(), message)),
+        other => Err(syn::Error::new_spanned(
+            other,
+            format!("expected a duration string, e.g. `{name} = \"{example}\"` (units `s`, `m`, `h`, `d`)"),
         )),
     }
 }

@@ -38,6 +38,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         item,
         tx,
         db,
+        context,
         mut extractors,
         scope,
     } = handler;
@@ -49,6 +50,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
     } = item;
     let ident = &sig.ident;
     let private = quote!(::idem_runtime::__private);
+    let db = db.map_or_else(|| quote!(#private::DefaultBackend), |db| quote!(#db));
 
     // The last extractor is wrapped in `Input`, which takes the key and the body first.
     let input = match extractors.pop() {
@@ -78,9 +80,23 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
     };
     let retention = args.retention_secs;
     let replay_5xx = args.replay_5xx;
+    let lease = args.lock_timeout_secs;
 
-    let tx_pat = &tx.pat;
-    let tx_ty = &tx.ty;
+    // Transactional mode lends the transaction to the body; external mode has none.
+    let (claim, bind_tx) = match &tx {
+        Some(tx) => {
+            let (pat, ty) = (&tx.pat, &tx.ty);
+            (
+                quote!(#private::Claim::<#db>),
+                quote!(let #pat: #ty = __idem_claim.transaction();),
+            )
+        }
+        None => (quote!(#private::ExternalClaim::<#db>), quote!()),
+    };
+    let bind_context = context.map(|ctx| {
+        let (pat, ty) = (&ctx.pat, &ctx.ty);
+        quote!(let #pat: #ty = __idem_claim.context();)
+    });
     // The declared type, with `impl Trait` in argument position, converts the body's value
     // (and keeps the user's trait imports in use); the inferred one types the body's future.
     let (declared, inferred) = match &sig.output {
@@ -102,8 +118,10 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
                     let __idem_options = #private::Options {
                         retention: ::core::time::Duration::from_secs(#retention),
                         replay_5xx: #replay_5xx,
+                        lease: ::core::time::Duration::from_secs(#lease),
                     };
-                    let mut __idem_claim = match #private::Claim::<#db>::acquire(
+                    #[allow(unused_mut)]
+                    let mut __idem_claim = match #claim::acquire(
                         __idem_request,
                         __idem_scope,
                         __idem_options,
@@ -117,7 +135,8 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
                         #private::IntoResponse::into_response(output)
                     }
                     let __idem_response = {
-                        let #tx_pat: #tx_ty = __idem_claim.transaction();
+                        #bind_context
+                        #bind_tx
                         __idem_into_response(#private::hint::<#inferred, _>(async move #block).await)
                     };
                     __idem_claim.complete(__idem_response).await

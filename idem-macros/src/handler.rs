@@ -25,10 +25,12 @@ const BODY_EXTRACTORS: &[&str] = &[
 /// The handler, understood.
 pub struct Handler {
     pub item: ItemFn,
-    /// The `&mut Transaction<'_, DB>` parameter.
-    pub tx: PatType,
-    /// `DB` of the transaction.
-    pub db: Type,
+    /// The `&mut Transaction<'_, DB>` parameter; without one the handler is in external mode.
+    pub tx: Option<PatType>,
+    /// `DB` of the transaction, or `None` for the default backend.
+    pub db: Option<Type>,
+    /// The `IdempotencyContext` parameter, if any.
+    pub context: Option<PatType>,
     /// The extractor parameters, in order, without the transaction.
     pub extractors: Vec<PatType>,
     /// How the scope value is computed.
@@ -105,7 +107,7 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
     }
 
     let mut tx: Option<(PatType, Type)> = None;
-    let mut misdeclared_tx = false;
+    let mut context: Option<PatType> = None;
     let mut extractors = Vec::new();
     for input in &sig.inputs {
         let arg = match input {
@@ -118,6 +120,22 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
             }
             FnArg::Typed(arg) => arg,
         };
+        if let Some(by_value) = is_context(&arg.ty) {
+            if !by_value {
+                errors.push(syn::Error::new_spanned(
+                    &arg.ty,
+                    "take the context by value: `ctx: IdempotencyContext`",
+                ));
+            } else if context.is_some() {
+                errors.push(syn::Error::new_spanned(
+                    &arg.ty,
+                    "a second `IdempotencyContext` parameter: one is enough",
+                ));
+            } else {
+                context = Some(arg.clone());
+            }
+            continue;
+        }
         match transaction(&arg.ty) {
             TxKind::NotTransaction => extractors.push(arg.clone()),
             TxKind::MutRef(db) => {
@@ -131,14 +149,12 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
                 }
             }
             TxKind::OtherMutRef => {
-                misdeclared_tx = true;
                 errors.push(syn::Error::new_spanned(
                     &arg.ty,
                     "`&mut` parameters are not extractors: write the transaction as `&mut sqlx::Transaction<'_, DB>` (type aliases such as `PgTransaction` are not recognised)",
                 ));
             }
             TxKind::Other => {
-                misdeclared_tx = true;
                 errors.push(syn::Error::new_spanned(
                     &arg.ty,
                     "take the transaction as `&mut Transaction<'_, DB>`: the macro begins and commits it, so the handler only borrows it",
@@ -146,10 +162,10 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
             }
         }
     }
-    if tx.is_none() && !misdeclared_tx {
+    if let (Some(_), Some(span)) = (&tx, args.lock_timeout_span) {
         errors.push(syn::Error::new(
-            sig.ident.span(),
-            "`#[idempotent]` handlers take a transaction parameter, e.g. `tx: &mut sqlx::Transaction<'_, sqlx::Postgres>`; the macro begins it, claims the key in it and commits it with the stored response",
+            span,
+            "`lock_timeout` applies only to handlers without a transaction parameter (external mode); with a transaction the key is held by the transaction itself and freed by its end",
         ));
     }
 
@@ -211,11 +227,12 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
     if let Some(error) = args::combine(errors) {
         return Err(error);
     }
-    let (tx, db) = tx.expect("checked above");
+    let (tx, db) = tx.unzip();
     Ok(Handler {
         item,
         tx,
         db,
+        context,
         extractors,
         scope: scope.expect("checked above"),
     })
@@ -262,6 +279,17 @@ fn transaction_db(ty: &Type) -> Option<Type> {
         GenericArgument::Type(ty) => Some(ty.clone()),
         _ => None,
     })
+}
+
+/// `Some(true)` for `IdempotencyContext`, `Some(false)` for a reference to one.
+fn is_context(ty: &Type) -> Option<bool> {
+    let (by_value, inner) = match ty {
+        Type::Reference(reference) => (false, &*reference.elem),
+        other => (true, other),
+    };
+    let Type::Path(path) = inner else { return None };
+    let last = path.path.segments.last()?;
+    (last.ident == "IdempotencyContext").then_some(by_value)
 }
 
 fn body_extractor(ty: &Type) -> Option<String> {

@@ -27,10 +27,11 @@ use tracing::{Span, field::Empty};
 
 use crate::{
     backend::Backend,
+    context::IdempotencyContext,
     fingerprint::Fingerprint,
     header::{self, IdempotencyKey, KeyError},
     problem::ProblemKind,
-    record::{Completion, KeyRef, KeyStatus},
+    record::{Completion, KeyRecord, KeyRef, KeyStatus, Start, Started, StoredResponse, fresh_token},
     replay::{self, CaptureError, Captured},
     scope::IdempotencyScope,
     store::Store,
@@ -276,12 +277,108 @@ pub struct Options {
     pub retention: Duration,
     /// Whether a 5xx outcome is stored and replayed (its writes undone) or rolled back.
     pub replay_5xx: bool,
+    /// External mode: how long a claim is exclusive before a retry may take it over.
+    pub lease: Duration,
 }
 
 /// Gives the handler body's future its declared output type, so `?` and `return` inside it
 /// behave as in the original function.
 pub fn hint<T, F: std::future::Future<Output = T>>(future: F) -> F {
     future
+}
+
+impl<DB: Backend> IdemRequest<DB> {
+    /// The key under the handler's scope; an empty caller scope is refused.
+    fn key_ref(&self, scope: Scope) -> Result<KeyRef, Response> {
+        let scope = match scope {
+            Scope::Global => String::new(),
+            Scope::Caller(scope) if scope.is_empty() => {
+                return Err(self.finish(
+                    Outcome::Failed,
+                    ProblemKind::InvalidScope
+                        .with_detail("the handler's scope parameter produced an empty scope value")
+                        .into_response(),
+                ));
+            }
+            Scope::Caller(scope) => scope,
+        };
+        let key = KeyRef::new(scope, self.key.as_str().to_owned());
+        self.span.record("key_id", key.log_id());
+        Ok(key)
+    }
+
+    /// 409: the key is held by another request, for about `retry_after`.
+    fn in_progress(&self, retry_after: Option<Duration>) -> Response {
+        let default = self.store.settings().retry_after;
+        let seconds = retry_after.unwrap_or(default).as_secs_f64().ceil().max(1.0) as u64;
+        self.finish(
+            Outcome::Conflict,
+            ProblemKind::InProgress
+                .with_detail(format!(
+                    "a request with this idempotency key is being processed; retry after {seconds}s to get its outcome"
+                ))
+                .with_retry_after(seconds)
+                .into_response(),
+        )
+    }
+
+    /// The answer to a request whose key has a live row: 422, a replay, or 409.
+    fn answer_existing(&self, record: KeyRecord, lease_left: Option<Duration>) -> Response {
+        if record.fingerprint != self.fingerprint {
+            return self.finish(
+                Outcome::Mismatch,
+                ProblemKind::KeyReused
+                    .with_detail(format!(
+                        "this idempotency key was already used for a different request ({} {}); use a new key for a new request",
+                        record.method, record.path
+                    ))
+                    .into_response(),
+            );
+        }
+        match (record.status, record.response) {
+            (KeyStatus::Completed, Some(stored)) => {
+                self.finish(Outcome::Replayed, replay::replay(stored))
+            }
+            (KeyStatus::Started, _) => self.in_progress(lease_left),
+            (KeyStatus::Completed, None) => self.store_failed(&sqlx::Error::Protocol(
+                "a completed idempotency key has no stored response".into(),
+            )),
+        }
+    }
+
+    /// Reads the handler's response for storage.
+    async fn capture(&self, response: Response) -> Result<Captured, Response> {
+        let limit = self.store.settings().max_response_body;
+        match Captured::read(response, limit).await {
+            Ok(captured) => Ok(captured),
+            Err(error @ CaptureError::TooLarge { .. }) => Err(self.finish(
+                Outcome::Failed,
+                ProblemKind::ResponseTooLarge
+                    .with_detail(format!("{error}; the handler's outcome was not stored"))
+                    .into_response(),
+            )),
+            Err(CaptureError::Body(error)) => {
+                tracing::error!(parent: &self.span, %error, "response body failed");
+                Err(self.finish(
+                    Outcome::Failed,
+                    crate::Problem::new(http::StatusCode::INTERNAL_SERVER_ERROR, "Response body failed")
+                        .with_detail("the handler's response body failed; its outcome was not stored")
+                        .into_response(),
+                ))
+            }
+        }
+    }
+
+    fn completion<'a>(&'a self, key: &'a KeyRef, stored: &'a StoredResponse, retention: Duration) -> Completion<'a> {
+        Completion {
+            key,
+            method: self.method.as_str(),
+            path: &self.path,
+            fingerprint: &self.fingerprint,
+            response: stored,
+            retention,
+        }
+    }
 }
 
 /// A key held by this request's transaction, for as long as the transaction lives.
@@ -306,28 +403,13 @@ impl<DB: Backend> Claim<DB> {
         scope: Scope,
         options: Options,
     ) -> Result<Self, Response> {
-        let scope = match scope {
-            Scope::Global => String::new(),
-            Scope::Caller(scope) if scope.is_empty() => {
-                return Err(request.finish(
-                    Outcome::Failed,
-                    ProblemKind::InvalidScope
-                        .with_detail("the handler's scope parameter produced an empty scope value")
-                        .into_response(),
-                ));
-            }
-            Scope::Caller(scope) => scope,
-        };
-        let key = KeyRef::new(scope, request.key.as_str().to_owned());
-        request.span.record("key_id", key.log_id());
-
+        let key = request.key_ref(scope)?;
         let mut tx = DB::begin(request.store.pool())
             .await
             .map_err(|e| request.store_failed(&e))?;
         let lookup = DB::claim(&mut tx, &key)
             .await
             .map_err(|e| request.store_failed(&e))?;
-
         match lookup.record {
             None if lookup.acquired => {
                 if options.replay_5xx {
@@ -342,43 +424,14 @@ impl<DB: Backend> Claim<DB> {
                     options,
                 })
             }
-            None
-            | Some(crate::record::KeyRecord {
-                status: KeyStatus::Started,
-                ..
-            }) => {
+            None => {
                 drop(tx);
-                let retry_after = request.store.settings().retry_after.as_secs().max(1);
-                Err(request.finish(
-                    Outcome::Conflict,
-                    ProblemKind::InProgress
-                        .with_detail(format!(
-                            "a request with this idempotency key is being processed; retry after {retry_after}s to get its outcome"
-                        ))
-                        .with_retry_after(retry_after)
-                        .into_response(),
-                ))
+                Err(request.in_progress(None))
             }
             Some(record) => {
                 // A read-only transaction: ending it now frees the connection sooner.
                 let _ = tx.rollback().await;
-                if record.fingerprint != request.fingerprint {
-                    return Err(request.finish(
-                        Outcome::Mismatch,
-                        ProblemKind::KeyReused
-                            .with_detail(format!(
-                                "this idempotency key was already used for a different request ({} {}); use a new key for a new request",
-                                record.method, record.path
-                            ))
-                            .into_response(),
-                    ));
-                }
-                match record.response {
-                    Some(stored) => Err(request.finish(Outcome::Replayed, replay::replay(stored))),
-                    None => Err(request.store_failed(&sqlx::Error::Protocol(
-                        "a completed idempotency key has no stored response".into(),
-                    ))),
-                }
+                Err(request.answer_existing(record, None))
             }
         }
     }
@@ -386,6 +439,11 @@ impl<DB: Backend> Claim<DB> {
     /// The transaction the handler body runs in.
     pub fn transaction(&mut self) -> &mut Transaction<'static, DB> {
         &mut self.tx
+    }
+
+    /// The handler's idempotency context.
+    pub fn context(&self) -> IdempotencyContext {
+        IdempotencyContext::new(&self.key.scope, &self.key.key)
     }
 
     /// Stores the handler's response with the key and commits, or rolls everything back.
@@ -396,8 +454,7 @@ impl<DB: Backend> Claim<DB> {
             key,
             options,
         } = self;
-        let status = response.status();
-        if status.is_server_error() {
+        if response.status().is_server_error() {
             if !options.replay_5xx {
                 if let Err(error) = tx.rollback().await {
                     tracing::warn!(parent: &request.span, %error, "rollback after a 5xx failed");
@@ -408,56 +465,140 @@ impl<DB: Backend> Claim<DB> {
                 return request.store_failed(&error);
             }
         }
-        let limit = request.store.settings().max_response_body;
-        let captured = match Captured::read(response, limit).await {
+        // On any early return below, dropping `tx` rolls back the writes and the claim.
+        let captured = match request.capture(response).await {
             Ok(captured) => captured,
-            Err(error @ CaptureError::TooLarge { .. }) => {
-                return request.finish(
-                    Outcome::Failed,
-                    ProblemKind::ResponseTooLarge
-                        .with_detail(format!("{error}; the handler's writes were rolled back"))
-                        .into_response(),
-                );
-            }
-            Err(CaptureError::Body(error)) => {
-                tracing::error!(parent: &request.span, %error, "response body failed");
-                return request.finish(
-                    Outcome::Failed,
-                    crate::Problem::new(
-                        http::StatusCode::INTERNAL_SERVER_ERROR,
-                        "Response body failed",
-                    )
-                    .with_detail("the handler's response body failed; its writes were rolled back")
-                    .into_response(),
-                );
-            }
+            Err(problem) => return problem,
         };
         let stored = captured.to_stored();
-        let method = request.method.as_str();
-        let completion = Completion {
-            key: &key,
-            method,
-            path: &request.path,
-            fingerprint: &request.fingerprint,
-            response: &stored,
-            retention: options.retention,
-        };
+        let completion = request.completion(&key, &stored, options.retention);
         match DB::complete(&mut tx, &completion).await {
             Ok(true) => {}
-            Ok(false) => {
-                return request.finish(
-                    Outcome::Conflict,
-                    ProblemKind::InProgress
-                        .with_detail("another request completed this idempotency key first; retry to get its outcome")
-                        .with_retry_after(1)
-                        .into_response(),
-                );
-            }
+            Ok(false) => return request.in_progress(None),
             Err(error) => return request.store_failed(&error),
         }
         if let Err(error) = tx.commit().await {
             return request.store_failed(&error);
         }
         request.finish(Outcome::Executed, captured.into_response())
+    }
+}
+
+/// External mode: a `started` row committed before the handler runs, owned by a token and
+/// exclusive for a lease. The side effect is outside the database, so nothing can make it
+/// atomic with the stored response; a retry after the lease takes the key over, and the
+/// handler's [`IdempotencyContext::derive`] keys make the downstream call happen once.
+#[derive(Debug)]
+pub struct ExternalClaim<DB: Backend> {
+    request: IdemRequest<DB>,
+    key: KeyRef,
+    options: Options,
+    token: i64,
+    /// Until completion, dropping the claim (a panic, a cancelled request) releases the key.
+    armed: bool,
+}
+
+impl<DB: Backend> ExternalClaim<DB> {
+    /// Commits a `started` claim with a lease.
+    ///
+    /// # Errors
+    ///
+    /// The response to send instead of running the handler, as for [`Claim::acquire`]; a 409
+    /// carries the lease's remaining time in `Retry-After`.
+    pub async fn acquire(
+        request: IdemRequest<DB>,
+        scope: Scope,
+        options: Options,
+    ) -> Result<Self, Response> {
+        let key = request.key_ref(scope)?;
+        let token = fresh_token();
+        let start = Start {
+            key: &key,
+            method: request.method.as_str(),
+            path: &request.path,
+            fingerprint: &request.fingerprint,
+            lease: options.lease,
+            retention: options.retention,
+            token,
+        };
+        match DB::start(request.store.pool(), &start).await {
+            Ok(Started::Acquired { taken_over }) => {
+                if taken_over {
+                    tracing::info!(parent: &request.span, "took over an abandoned or expired claim");
+                }
+                Ok(Self {
+                    request,
+                    key,
+                    options,
+                    token,
+                    armed: true,
+                })
+            }
+            Ok(Started::Found { record, lease_left }) => {
+                Err(request.answer_existing(record, lease_left))
+            }
+            Ok(Started::Busy) => Err(request.in_progress(None)),
+            Err(error) => Err(request.store_failed(&error)),
+        }
+    }
+
+    /// The handler's idempotency context.
+    pub fn context(&self) -> IdempotencyContext {
+        IdempotencyContext::new(&self.key.scope, &self.key.key)
+    }
+
+    /// Stores the handler's response (or releases the key after a 5xx that is not replayed).
+    pub async fn complete(mut self, response: Response) -> Response {
+        self.armed = false;
+        let pool = self.request.store.pool();
+        if response.status().is_server_error() && !self.options.replay_5xx {
+            if let Err(error) = DB::release(pool, &self.key, self.token).await {
+                tracing::error!(parent: &self.request.span, %error, "releasing the key after a 5xx failed; it frees itself when the lease ends");
+            }
+            return self.request.finish(Outcome::NotStored, response);
+        }
+        let captured = match self.request.capture(response).await {
+            Ok(captured) => captured,
+            Err(problem) => {
+                let _ = DB::release(pool, &self.key, self.token).await;
+                return problem;
+            }
+        };
+        let stored = captured.to_stored();
+        let completion = self.request.completion(&self.key, &stored, self.options.retention);
+        match DB::finish(pool, &completion, self.token).await {
+            Ok(true) => self.request.finish(Outcome::Executed, captured.into_response()),
+            Ok(false) => {
+                // The lease ran out and another request took the key over; it will store its
+                // own outcome. This client still gets what the handler answered.
+                tracing::warn!(parent: &self.request.span, "the claim's lease ran out before completion; the outcome was not stored");
+                self.request.finish(Outcome::NotStored, captured.into_response())
+            }
+            Err(error) => {
+                tracing::error!(parent: &self.request.span, %error, "storing the outcome failed");
+                self.request.finish(Outcome::NotStored, captured.into_response())
+            }
+        }
+    }
+}
+
+impl<DB: Backend> Drop for ExternalClaim<DB> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // The handler panicked or its request was cancelled: it is not running any more, so
+        // the key can be released at once (the derived downstream keys keep a retry safe).
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = self.request.store.pool().clone();
+        let key = self.key.clone();
+        let token = self.token;
+        runtime.spawn(async move {
+            if let Err(error) = DB::release(&pool, &key, token).await {
+                tracing::warn!(%error, "releasing an interrupted claim failed; it frees itself when the lease ends");
+            }
+        });
     }
 }

@@ -40,25 +40,33 @@ pub mod header;
 pub mod problem;
 pub mod record;
 pub mod replay;
+pub mod tasks;
 
 mod backend;
+mod context;
 mod flow;
 mod scope;
 mod store;
 
 pub use backend::{Backend, migrate};
+pub use context::IdempotencyContext;
 pub use idem_macros::idempotent;
 pub use problem::{Problem, ProblemKind};
 pub use scope::IdempotencyScope;
 pub use store::{Settings, Store};
+pub use tokio_util::sync::CancellationToken;
 
 /// What the `#[idempotent]` macro's output names. Not a public API: it may change in any
 /// release, in step with the macro (which is pinned to this crate's exact version).
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::IdempotencyContext;
     pub use crate::flow::{
-        Claim, IdemRequest, Input, Options, Scope, ViaBody, ViaParts, hint, scope_of,
+        Claim, ExternalClaim, IdemRequest, Input, Options, Scope, ViaBody, ViaParts, hint,
+        scope_of,
     };
+    /// The backend of handlers that have no transaction parameter to name one.
+    pub type DefaultBackend = sqlx::Postgres;
     pub use axum::response::{IntoResponse, Response};
     pub use tracing::Instrument;
 }

@@ -114,3 +114,67 @@ mod tests {
         assert!(!a.log_id().contains('c'));
     }
 }
+
+/// An external-mode claim to take: a `started` row with a lease, owned by `token`.
+#[derive(Debug, Clone)]
+pub struct Start<'a> {
+    /// The key.
+    pub key: &'a KeyRef,
+    /// Method of the request.
+    pub method: &'a str,
+    /// Path and query of the request.
+    pub path: &'a str,
+    /// Fingerprint of the request.
+    pub fingerprint: &'a Fingerprint,
+    /// How long the claim is exclusive.
+    pub lease: Duration,
+    /// How long the row lives, from now.
+    pub retention: Duration,
+    /// The owner of the claim; completion and release must present it.
+    pub token: i64,
+}
+
+/// What taking an external-mode claim found.
+#[derive(Debug, Clone)]
+pub enum Started {
+    /// The caller owns the key.
+    Acquired {
+        /// An abandoned claim (lapsed lease) or an expired row was replaced.
+        taken_over: bool,
+    },
+    /// A live row is in the way.
+    Found {
+        /// The row.
+        record: KeyRecord,
+        /// For a started row, how long its lease still runs.
+        lease_left: Option<Duration>,
+    },
+    /// Another request is claiming the key this instant.
+    Busy,
+}
+
+/// An external-mode claim whose lease ran out, reclaimed by the recovery task.
+#[derive(Debug, Clone)]
+pub struct Abandoned {
+    /// The key.
+    pub key: KeyRef,
+    /// Method of the request that claimed it.
+    pub method: String,
+    /// Path and query of that request.
+    pub path: String,
+    /// Its fingerprint.
+    pub fingerprint: Fingerprint,
+    /// Time since the claim was taken.
+    pub age: Duration,
+}
+
+/// A fresh claim token: unique per call within the process, unpredictable across processes.
+pub fn fresh_token() -> i64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    // `RandomState` is seeded randomly per process; the counter makes every call distinct.
+    let mut hasher = std::hash::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.finish() as i64
+}

@@ -50,11 +50,20 @@ pub struct App {
 impl App {
     /// Creates the tables in `pool` and builds the router with default settings.
     pub async fn new(pool: PgPool) -> Self {
-        Self::with_store(pool.clone(), Store::new(pool)).await
+        Self::build(pool.clone(), Store::new(pool), None).await
     }
 
     /// As [`App::new`], with a store of the caller's settings.
     pub async fn with_store(pool: PgPool, store: Store<Postgres>) -> Self {
+        Self::build(pool, store, None).await
+    }
+
+    /// As [`App::new`], sending refunds to the processor at `url`.
+    pub async fn with_processor(pool: PgPool, url: String) -> Self {
+        Self::build(pool.clone(), Store::new(pool), Some(url)).await
+    }
+
+    async fn build(pool: PgPool, store: Store<Postgres>, processor_url: Option<String>) -> Self {
         schema::create(&pool).await.expect("create tables");
         sqlx::raw_sql(
             "CREATE TABLE IF NOT EXISTS test_effects (route text NOT NULL, tenant text NOT NULL)",
@@ -73,12 +82,14 @@ impl App {
             .layer(Extension(Arc::clone(&gate)))
             .layer(tower_http::catch_panic::CatchPanicLayer::new())
             .with_state(store.clone());
-        let baseline = Router::new()
+        let mut state = payments::AppState::new(store);
+        if let Some(url) = processor_url {
+            state.processor = idem_examples::refunds::ProcessorClient::new(url);
+        }
+        let router = payments::routes()
             .route("/test/bare-payments", post(payments::create_payment_bare))
-            .with_state(payments::AppState {
-                store: store.clone(),
-            });
-        let router = payments::router(store).merge(test_routes).merge(baseline);
+            .with_state(state)
+            .merge(test_routes);
         Self {
             router,
             pool,
@@ -116,12 +127,24 @@ impl App {
             .expect("count keys")
     }
 
-    /// Advisory locks held right now by other sessions (a handler holding its key).
+    /// Advisory locks held right now in this test's database (a handler holding its key).
+    /// Other databases on the server (other tests, other users) are not counted.
     pub async fn advisory_locks(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        sqlx::query_scalar(ADVISORY_LOCKS_HERE)
             .fetch_one(&self.pool)
             .await
             .expect("read pg_locks")
+    }
+}
+
+/// Counts the granted advisory locks of the current database.
+pub const ADVISORY_LOCKS_HERE: &str = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+     AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
+/// Waits until `counter` reaches `n` (a handler body has started).
+pub async fn until_called(counter: &AtomicUsize, n: usize) {
+    while counter.load(Ordering::SeqCst) < n {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
 

@@ -4,7 +4,9 @@ use std::future::Future;
 
 use sqlx::{Pool, Transaction, migrate::MigrateError};
 
-use crate::record::{Completion, KeyRef, Lookup};
+use std::time::Duration;
+
+use crate::record::{Abandoned, Completion, KeyRef, Lookup, Start, Started};
 
 mod postgres;
 
@@ -51,6 +53,41 @@ pub trait Backend: sqlx::Database + Sized {
     fn rollback_to_savepoint(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+
+    /// Takes an external-mode claim in a statement of its own: a committed `started` row with a
+    /// lease, replacing an expired row or an abandoned claim whose lease ran out.
+    fn start<'c>(
+        pool: &'c Pool<Self>,
+        start: &'c Start<'c>,
+    ) -> impl Future<Output = Result<Started, sqlx::Error>> + Send + 'c;
+
+    /// Completes a `started` row owned by `token`; with `completion.retention` zero the row
+    /// keeps its expiry. Returns `false` if the claim is no longer owned by `token`.
+    fn finish<'c>(
+        pool: &'c Pool<Self>,
+        completion: &'c Completion<'c>,
+        token: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Deletes a `started` row owned by `token`, so that a retry runs the handler again.
+    fn release<'c>(
+        pool: &'c Pool<Self>,
+        key: &'c KeyRef,
+        token: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Deletes up to `limit` rows past their expiry, skipping rows that live requests hold.
+    fn purge_batch(pool: &Pool<Self>, limit: i64)
+    -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
+
+    /// Reclaims up to `limit` `started` rows whose lease ran out: renews their lease by `lease`
+    /// under `token`, so that no retry takes them over while the recovery decides.
+    fn reclaim_abandoned(
+        pool: &Pool<Self>,
+        limit: i64,
+        lease: Duration,
+        token: i64,
+    ) -> impl Future<Output = Result<Vec<Abandoned>, sqlx::Error>> + Send + '_;
 
     /// Creates or upgrades the key table.
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), MigrateError>> + Send + '_;

@@ -6,10 +6,15 @@ use sqlx::{
     types::Json,
 };
 
+use std::time::Duration;
+
 use super::Backend;
 use crate::{
     fingerprint::Fingerprint,
-    record::{Completion, KeyRecord, KeyRef, KeyStatus, Lookup, StoredResponse},
+    record::{
+        Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, Start, Started,
+        StoredResponse,
+    },
 };
 
 const CLAIM: &str = "SELECT acquired, status, method, path, fingerprint, \
@@ -26,6 +31,35 @@ const COMPLETE: &str = "INSERT INTO idem_keys AS k \
        response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, \
        created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at, locked_at = NULL \
      WHERE k.expires_at <= now()";
+
+const START: &str = "SELECT outcome, taken_over, status, method, path, fingerprint, \
+     response_status, response_headers, response_body, lease_left \
+     FROM idem_start($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $4, \
+     response_headers = $5, response_body = $6, locked_at = NULL, lease_until = NULL, \
+     claim_token = NULL, \
+     expires_at = CASE WHEN $7::float8 > 0 THEN now() + make_interval(secs => $7::float8) \
+       ELSE expires_at END \
+     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
+const RELEASE: &str = "DELETE FROM idem_keys \
+     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
+// ctid batches: the inner SELECT finds the oldest expired rows through the expires_at index and
+// locks them, skipping any row a live request holds; the DELETE removes exactly those.
+const PURGE: &str = "DELETE FROM idem_keys WHERE ctid = ANY(ARRAY( \
+     SELECT ctid FROM idem_keys WHERE expires_at <= now() \
+     ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))";
+
+const RECLAIM: &str = "WITH lapsed AS ( \
+       SELECT scope, key FROM idem_keys \
+       WHERE status = 'started' AND lease_until <= now() AND expires_at > now() \
+       ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED) \
+     UPDATE idem_keys k SET lease_until = now() + make_interval(secs => $2), claim_token = $3 \
+     FROM lapsed WHERE k.scope = lapsed.scope AND k.key = lapsed.key \
+     RETURNING k.scope, k.key, k.method, k.path, k.fingerprint, \
+       extract(epoch FROM now() - k.locked_at)::float8 AS age";
 
 impl Backend for Postgres {
     const NAME: &'static str = "postgres";
@@ -79,6 +113,98 @@ impl Backend for Postgres {
             .execute(conn)
             .await?;
         Ok(())
+    }
+
+    async fn start(pool: &PgPool, start: &Start<'_>) -> Result<Started, sqlx::Error> {
+        let row = sqlx::query(START)
+            .bind(&start.key.scope)
+            .bind(&start.key.key)
+            .bind(start.key.lock_id)
+            .bind(start.method)
+            .bind(start.path)
+            .bind(&start.fingerprint.as_bytes()[..])
+            .bind(start.lease.as_secs_f64())
+            .bind(start.retention.as_secs_f64())
+            .bind(start.token)
+            .fetch_one(pool)
+            .await?;
+        let outcome: String = row.try_get("outcome")?;
+        match outcome.as_str() {
+            "acquired" => Ok(Started::Acquired {
+                taken_over: row.try_get("taken_over")?,
+            }),
+            "busy" => Ok(Started::Busy),
+            "found" => {
+                let record = decode_record(&row)?.ok_or_else(|| {
+                    sqlx::Error::Decode("idem_start found a row without a status".into())
+                })?;
+                let lease_left = row
+                    .try_get::<Option<f64>, _>("lease_left")?
+                    .map(|secs| Duration::from_secs_f64(secs.max(0.0)));
+                Ok(Started::Found { record, lease_left })
+            }
+            other => Err(sqlx::Error::Decode(
+                format!("idem_start returned outcome {other:?}").into(),
+            )),
+        }
+    }
+
+    async fn finish(pool: &PgPool, c: &Completion<'_>, token: i64) -> Result<bool, sqlx::Error> {
+        let status = i16::try_from(c.response.status)
+            .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let done = sqlx::query(FINISH)
+            .bind(&c.key.scope)
+            .bind(&c.key.key)
+            .bind(token)
+            .bind(status)
+            .bind(Json(&c.response.headers))
+            .bind(&c.response.body)
+            .bind(c.retention.as_secs_f64())
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(pool: &PgPool, key: &KeyRef, token: i64) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(RELEASE)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_batch(pool: &PgPool, limit: i64) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::query(PURGE).bind(limit).execute(pool).await?.rows_affected())
+    }
+
+    async fn reclaim_abandoned(
+        pool: &PgPool,
+        limit: i64,
+        lease: Duration,
+        token: i64,
+    ) -> Result<Vec<Abandoned>, sqlx::Error> {
+        let rows = sqlx::query(RECLAIM)
+            .bind(limit)
+            .bind(lease.as_secs_f64())
+            .bind(token)
+            .fetch_all(pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+                Ok(Abandoned {
+                    key: KeyRef::new(row.try_get("scope")?, row.try_get("key")?),
+                    method: row.try_get("method")?,
+                    path: row.try_get("path")?,
+                    fingerprint: Fingerprint::from_slice(&fingerprint).ok_or_else(|| {
+                        sqlx::Error::Decode("idem_keys.fingerprint is not 32 bytes".into())
+                    })?,
+                    age: Duration::from_secs_f64(row.try_get::<f64, _>("age")?.max(0.0)),
+                })
+            })
+            .collect()
     }
 
     async fn migrate(pool: &PgPool) -> Result<(), MigrateError> {

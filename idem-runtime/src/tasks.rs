@@ -1,0 +1,266 @@
+//! Background tasks: the purge of expired keys and the recovery of abandoned claims.
+//!
+//! Both run on demand (`Store::purge_expired`, `Store::recover_abandoned`, for a cron job or a
+//! test) or in the background (`spawn_purge`, `spawn_recovery`), stopped by a
+//! [`CancellationToken`]: cancel the same token that triggers the server's graceful shutdown.
+
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    IdempotencyContext,
+    backend::Backend,
+    record::{Abandoned, Completion, StoredResponse, fresh_token},
+    store::Store,
+};
+
+/// What one purge pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Rows deleted.
+    pub rows: u64,
+    /// Statements run (each deletes at most the batch size, in its own short transaction).
+    pub batches: u64,
+    /// Time the pass took.
+    pub elapsed: Duration,
+}
+
+/// What one recovery pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Abandoned claims found (their lease had run out).
+    pub found: u64,
+    /// Claims released: a retry will run the handler again.
+    pub released: u64,
+    /// Claims completed with a response from the hook: a retry replays it.
+    pub completed: u64,
+    /// Claims the hook left for a later pass.
+    pub kept: u64,
+    /// Age of the oldest claim found.
+    pub oldest: Duration,
+}
+
+/// A claim whose handler never completed (a crash between the external call and the
+/// completion), handed to a [`RecoveryHook`].
+#[derive(Debug, Clone)]
+pub struct AbandonedClaim {
+    /// The caller's scope (`""` for global keys).
+    pub scope: String,
+    /// Method of the request that claimed the key.
+    pub method: String,
+    /// Path and query of that request.
+    pub path: String,
+    /// Time since the claim was taken.
+    pub age: Duration,
+    context: IdempotencyContext,
+}
+
+impl AbandonedClaim {
+    /// The handler's context: [`IdempotencyContext::derive`] gives the same downstream keys the
+    /// handler used, to ask the downstream service whether the side effect happened.
+    pub fn context(&self) -> &IdempotencyContext {
+        &self.context
+    }
+}
+
+/// What to do with an abandoned claim.
+#[derive(Debug, Clone)]
+pub enum Recovery {
+    /// Delete the claim: the next retry runs the handler again.
+    Release,
+    /// Complete the key with this response: retries replay it.
+    Complete(StoredResponse),
+    /// Leave the claim for a later pass (the lease is renewed meanwhile).
+    Keep,
+}
+
+/// Decides the fate of abandoned claims; registered with [`spawn_recovery`].
+///
+/// ```
+/// use idem_runtime::tasks::{AbandonedClaim, Recovery, RecoveryHook};
+///
+/// struct AskTheProcessor;
+///
+/// impl RecoveryHook for AskTheProcessor {
+///     async fn recover(&self, claim: AbandonedClaim) -> Recovery {
+///         let _downstream_key = claim.context().derive("charge");
+///         // look the charge up downstream with that key; complete or release accordingly
+///         Recovery::Release
+///     }
+/// }
+/// ```
+pub trait RecoveryHook: Send + Sync + 'static {
+    /// Decides what happens to `claim`.
+    fn recover(&self, claim: AbandonedClaim) -> impl Future<Output = Recovery> + Send;
+}
+
+/// The default hook: release every abandoned claim, so that retries run the handler again
+/// (safe when the handler's downstream calls use derived keys).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReleaseAbandoned;
+
+impl RecoveryHook for ReleaseAbandoned {
+    async fn recover(&self, _claim: AbandonedClaim) -> Recovery {
+        Recovery::Release
+    }
+}
+
+/// How long the recovery holds a claim while its hook decides.
+const RECOVERY_LEASE: Duration = Duration::from_secs(60);
+
+impl<DB: Backend> Store<DB> {
+    /// Deletes every key past its expiry, in batches of `batch_size` rows, each in its own
+    /// short statement that skips rows live requests hold. Reports through `tracing`.
+    ///
+    /// # Errors
+    ///
+    /// The first database error; the batches before it stay deleted.
+    pub async fn purge_expired(&self, batch_size: u32) -> Result<PurgeReport, sqlx::Error> {
+        let started = Instant::now();
+        let batch = i64::from(batch_size.max(1));
+        let mut report = PurgeReport::default();
+        loop {
+            let rows = DB::purge_batch(self.pool(), batch).await?;
+            report.rows += rows;
+            report.batches += 1;
+            if rows < batch as u64 {
+                break;
+            }
+            // Let live requests through between batches.
+            tokio::task::yield_now().await;
+        }
+        report.elapsed = started.elapsed();
+        tracing::info!(
+            rows = report.rows,
+            batches = report.batches,
+            elapsed_ms = report.elapsed.as_millis() as u64,
+            "purged expired idempotency keys"
+        );
+        Ok(report)
+    }
+
+    /// Finds claims whose lease ran out and hands each to `hook`, up to `limit` per pass.
+    ///
+    /// # Errors
+    ///
+    /// A database error while finding or settling claims; claims not settled stay reclaimed
+    /// until the recovery lease (60 s) runs out, then are found again.
+    pub async fn recover_abandoned<H: RecoveryHook>(
+        &self,
+        hook: &H,
+        limit: u32,
+    ) -> Result<RecoveryReport, sqlx::Error> {
+        let token = fresh_token();
+        let claims =
+            DB::reclaim_abandoned(self.pool(), i64::from(limit.max(1)), RECOVERY_LEASE, token)
+                .await?;
+        let mut report = RecoveryReport {
+            found: claims.len() as u64,
+            ..RecoveryReport::default()
+        };
+        for Abandoned {
+            key,
+            method,
+            path,
+            fingerprint,
+            age,
+        } in claims
+        {
+            report.oldest = report.oldest.max(age);
+            let claim = AbandonedClaim {
+                scope: key.scope.clone(),
+                method: method.clone(),
+                path: path.clone(),
+                age,
+                context: IdempotencyContext::new(&key.scope, &key.key),
+            };
+            match hook.recover(claim).await {
+                Recovery::Release => {
+                    DB::release(self.pool(), &key, token).await?;
+                    report.released += 1;
+                }
+                Recovery::Complete(response) => {
+                    let completion = Completion {
+                        key: &key,
+                        method: &method,
+                        path: &path,
+                        fingerprint: &fingerprint,
+                        response: &response,
+                        // Keep the expiry the claim was given.
+                        retention: Duration::ZERO,
+                    };
+                    DB::finish(self.pool(), &completion, token).await?;
+                    report.completed += 1;
+                }
+                Recovery::Keep => report.kept += 1,
+            }
+        }
+        if report.found > 0 {
+            tracing::warn!(
+                found = report.found,
+                released = report.released,
+                completed = report.completed,
+                kept = report.kept,
+                oldest_secs = report.oldest.as_secs(),
+                "recovered abandoned idempotency claims"
+            );
+        }
+        Ok(report)
+    }
+}
+
+/// Runs [`Store::purge_expired`] now and then every `every`, until `shutdown` is cancelled.
+pub fn spawn_purge<DB: Backend>(
+    store: Store<DB>,
+    every: Duration,
+    batch_size: u32,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                result = store.purge_expired(batch_size) => {
+                    if let Err(error) = result {
+                        tracing::warn!(%error, "purging idempotency keys failed; retrying later");
+                    }
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+    })
+}
+
+/// Runs [`Store::recover_abandoned`] now and then every `every`, until `shutdown` is
+/// cancelled.
+pub fn spawn_recovery<DB: Backend, H: RecoveryHook>(
+    store: Store<DB>,
+    hook: H,
+    every: Duration,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                result = store.recover_abandoned(&hook, 100) => {
+                    if let Err(error) = result {
+                        tracing::warn!(%error, "recovering idempotency claims failed; retrying later");
+                    }
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+    })
+}
