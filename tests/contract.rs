@@ -408,7 +408,11 @@ async fn a_dropped_request_leaves_no_write_and_no_key(pool: PgPool) {
     });
     // The handler body runs only after its key is claimed.
     until_called(&app.calls.slow, 1).await;
-    assert_eq!(app.advisory_locks().await, 1, "the running handler holds its key");
+    assert_eq!(
+        app.advisory_locks().await,
+        1,
+        "the running handler holds its key"
+    );
     // The client goes away mid-request: the handler's future is dropped.
     in_flight.abort();
     assert!(in_flight.await.unwrap_err().is_cancelled());

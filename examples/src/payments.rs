@@ -14,8 +14,8 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::{
     auth::Tenant,
-    error::{ApiError, ApiJson},
     card::{self, Decision},
+    error::{ApiError, ApiJson},
 };
 
 /// The router's state: the idempotency store, whose pool the read routes use too, and the

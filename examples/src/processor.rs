@@ -98,12 +98,24 @@ async fn refund(
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     if replayed {
-        (StatusCode::OK, [("idempotent-replayed", "true")], Json(refund)).into_response()
+        (
+            StatusCode::OK,
+            [("idempotent-replayed", "true")],
+            Json(refund),
+        )
+            .into_response()
     } else {
         (StatusCode::CREATED, Json(refund)).into_response()
     }
 }
 
 async fn list(State(processor): State<Processor>) -> Json<Vec<ExecutedRefund>> {
-    Json(processor.ledger.lock().expect("ledger lock").executed.clone())
+    Json(
+        processor
+            .ledger
+            .lock()
+            .expect("ledger lock")
+            .executed
+            .clone(),
+    )
 }

@@ -50,7 +50,10 @@ impl ProcessorClient {
         if !response.status().is_success() {
             return Err(unavailable(format!("it answered {}", response.status())));
         }
-        response.json().await.map_err(|e| unavailable(e.to_string()))
+        response
+            .json()
+            .await
+            .map_err(|e| unavailable(e.to_string()))
     }
 }
 
@@ -101,7 +104,10 @@ pub async fn create_refund(
             .fetch_optional(pool)
             .await?;
     let Some(customer) = customer else {
-        return Err(ApiError::NotFound(format!("no payment {} for this tenant", body.payment)));
+        return Err(ApiError::NotFound(format!(
+            "no payment {} for this tenant",
+            body.payment
+        )));
     };
     let request = RefundRequest {
         payment: body.payment,
@@ -109,7 +115,10 @@ pub async fn create_refund(
         customer,
     };
     // The same derived key on every retry and takeover: the processor refunds once.
-    let executed = state.processor.refund(&ctx.derive("refund"), &request).await?;
+    let executed = state
+        .processor
+        .refund(&ctx.derive("refund"), &request)
+        .await?;
     let refund = Refund {
         id: executed.id,
         payment: executed.payment,
@@ -129,7 +138,11 @@ pub async fn create_refund(
     .execute(pool)
     .await?;
     let location = format!("/v1/refunds/{}", refund.id);
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(refund)))
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(refund),
+    ))
 }
 
 /// `GET /v1/refunds`: the caller's refunds, newest first.

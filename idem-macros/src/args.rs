@@ -77,11 +77,21 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
             None
         }
     };
+    if let Some((lease, span)) = raw.lock_timeout
+        && lease > raw.retention.unwrap_or(DEFAULT_RETENTION)
+    {
+        errors.push(syn::Error::new(
+            span,
+            "`lock_timeout` is longer than `retention`: a claim would expire before its lease ends; shorten the lease",
+        ));
+    }
     let args = Args {
         scope,
         retention_secs: raw.retention.unwrap_or(DEFAULT_RETENTION),
         replay_5xx: raw.replay_5xx.unwrap_or(false),
-        lock_timeout_secs: raw.lock_timeout.map_or(DEFAULT_LOCK_TIMEOUT, |(secs, _)| secs),
+        lock_timeout_secs: raw
+            .lock_timeout
+            .map_or(DEFAULT_LOCK_TIMEOUT, |(secs, _)| secs),
         lock_timeout_span: raw.lock_timeout.map(|(_, span)| span),
     };
     (args, errors)
@@ -186,7 +196,9 @@ fn duration_value(meta: &ParseNestedMeta<'_>, name: &str, example: &str) -> syn:
             .map_err(|message| syn::Error::new(lit.span(), message)),
         other => Err(syn::Error::new_spanned(
             other,
-            format!("expected a duration string, e.g. `{name} = \"{example}\"` (units `s`, `m`, `h`, `d`)"),
+            format!(
+                "expected a duration string, e.g. `{name} = \"{example}\"` (units `s`, `m`, `h`, `d`)"
+            ),
         )),
     }
 }

@@ -1,5 +1,8 @@
 //! Durations written as `"90m"`, `"24h"`, `"7d"` or `"1h30m"`.
 
+/// The longest duration accepted: 100 years of 365 days.
+const MAX_SECONDS: u64 = 100 * 365 * 86_400;
+
 /// Parses a duration into whole seconds.
 pub fn parse_seconds(text: &str) -> Result<u64, String> {
     const HINT: &str =
@@ -52,6 +55,11 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
     if total == 0 {
         return Err(format!(
             "invalid duration `{text}`: must be longer than zero"
+        ));
+    }
+    if total > MAX_SECONDS {
+        return Err(format!(
+            "invalid duration `{text}`: longer than 100 years; the database cannot date keys that far"
         ));
     }
     Ok(total)

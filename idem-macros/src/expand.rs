@@ -49,7 +49,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         block,
     } = item;
     let ident = &sig.ident;
-    let private = quote!(::idem_runtime::__private);
+    let private = runtime_private();
     let db = db.map_or_else(|| quote!(#private::DefaultBackend), |db| quote!(#db));
 
     // The last extractor is wrapped in `Input`, which takes the key and the body first.
@@ -145,6 +145,20 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
             )
             .await
         }
+    }
+}
+
+/// `::idem_runtime::__private`, under whatever name the user's crate gives `idem-runtime`.
+fn runtime_private() -> TokenStream {
+    use proc_macro_crate::{FoundCrate, crate_name};
+    match crate_name("idem-runtime") {
+        Ok(FoundCrate::Name(name)) => {
+            let name = syn::Ident::new(&name, proc_macro2::Span::call_site());
+            quote!(::#name::__private)
+        }
+        // `Itself` (idem-runtime's own doc tests) and a manifest that cannot be read both
+        // mean the usual name.
+        Ok(FoundCrate::Itself) | Err(_) => quote!(::idem_runtime::__private),
     }
 }
 

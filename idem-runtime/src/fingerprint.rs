@@ -7,7 +7,8 @@ use sha2::{Digest, Sha256};
 ///
 /// A JSON body (a `Content-Type` of `application/json` or `application/*+json` that parses as
 /// JSON) is canonicalised with RFC 8785 (JCS) first, so key order, whitespace and number
-/// spelling do not make two requests different. Any other body is hashed byte for byte.
+/// spelling do not make two requests different. Any other body, and a JSON body with an integer
+/// beyond 2^53 (which JCS's doubles cannot hold exactly), is hashed byte for byte.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
 
@@ -89,7 +90,26 @@ fn canonical_json(headers: &HeaderMap, body: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    // JCS writes numbers as IEEE doubles; an integer beyond 2^53 would lose digits and two
+    // different amounts could look the same. Such bodies are compared byte for byte instead.
+    if !integers_fit_f64(&value) {
+        return None;
+    }
     serde_json_canonicalizer::to_vec(&value).ok()
+}
+
+fn integers_fit_f64(value: &serde_json::Value) -> bool {
+    const EXACT: u64 = 1 << 53;
+    match value {
+        serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u <= EXACT,
+            (None, Some(i)) => i.unsigned_abs() <= EXACT,
+            _ => true,
+        },
+        serde_json::Value::Array(items) => items.iter().all(integers_fit_f64),
+        serde_json::Value::Object(map) => map.values().all(integers_fit_f64),
+        _ => true,
+    }
 }
 
 #[cfg(test)]
@@ -153,6 +173,23 @@ mod tests {
         assert_ne!(
             base,
             Fingerprint::of(&Method::POST, "/p?x=1", &headers, b"{}")
+        );
+    }
+
+    #[test]
+    fn large_integers_keep_every_digit() {
+        assert_ne!(
+            fp("/p", "application/json", r#"{"amount":9007199254740993}"#),
+            fp("/p", "application/json", r#"{"amount":9007199254740992}"#)
+        );
+        assert_eq!(
+            fp("/p", "application/json", r#"{"amount":9007199254740992}"#),
+            fp(
+                "/p",
+                "application/json",
+                r#"{ "amount" : 9007199254740992 }"#
+            ),
+            "integers up to 2^53 are still canonicalised"
         );
     }
 

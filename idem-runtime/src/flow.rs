@@ -13,6 +13,11 @@
 //!
 //! [`Settings::max_request_body`]: crate::Settings::max_request_body
 
+#![allow(
+    clippy::result_large_err,
+    reason = "an early answer is an axum `Response`, as axum's own rejections are"
+)]
+
 use std::time::Duration;
 
 use axum::{
@@ -31,7 +36,9 @@ use crate::{
     fingerprint::Fingerprint,
     header::{self, IdempotencyKey, KeyError},
     problem::ProblemKind,
-    record::{Completion, KeyRecord, KeyRef, KeyStatus, Start, Started, StoredResponse, fresh_token},
+    record::{
+        Completion, KeyRecord, KeyRef, KeyStatus, Start, Started, StoredResponse, fresh_token,
+    },
     replay::{self, CaptureError, Captured},
     scope::IdempotencyScope,
     store::Store,
@@ -155,10 +162,15 @@ where
 {
     let store = Store::<DB>::from_ref(state);
     let (parts, body) = request.into_parts();
-    let path = parts
-        .uri
+    // Inside `Router::nest` the handler sees its path without the prefix; the fingerprint must
+    // see the whole path, or two resources under different prefixes would share keys.
+    let uri = parts
+        .extensions
+        .get::<axum::extract::OriginalUri>()
+        .map_or(&parts.uri, |original| &original.0);
+    let path = uri
         .path_and_query()
-        .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
+        .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned());
     let span = tracing::info_span!(
         "idempotency",
         method = %parts.method,
@@ -210,10 +222,6 @@ fn axum_problem_bad_body(reason: &str) -> crate::Problem {
 }
 
 impl<T, DB: Backend> Input<T, DB> {
-    #[allow(
-        clippy::result_large_err,
-        reason = "the extractor's rejection is a `Response`"
-    )]
     fn accept<R: IntoResponse>(
         extracted: Result<T, R>,
         request: IdemRequest<DB>,
@@ -307,6 +315,22 @@ impl<DB: Backend> IdemRequest<DB> {
         Ok(key)
     }
 
+    /// The database refused the COMMIT (a deferred constraint, a serialization failure), or
+    /// the connection broke during it and the outcome is unknown.
+    fn commit_failed(&self, error: &sqlx::Error) -> Response {
+        tracing::error!(parent: &self.span, %error, "committing the handler's transaction failed");
+        let problem = match error {
+            sqlx::Error::Database(refusal) => ProblemKind::CommitRefused.with_detail(format!(
+                "the database refused to commit the handler's writes ({}); nothing was stored, retry with the same key",
+                refusal.message()
+            )),
+            _ => ProblemKind::OutcomeUnknown.with_detail(
+                "the connection failed while committing; retry with the same key to get the stored outcome, or to run the request if it was not committed",
+            ),
+        };
+        self.finish(Outcome::Failed, problem.into_response())
+    }
+
     /// 409: the key is held by another request, for about `retry_after`.
     fn in_progress(&self, retry_after: Option<Duration>) -> Response {
         let default = self.store.settings().retry_after;
@@ -361,15 +385,23 @@ impl<DB: Backend> IdemRequest<DB> {
                 tracing::error!(parent: &self.span, %error, "response body failed");
                 Err(self.finish(
                     Outcome::Failed,
-                    crate::Problem::new(http::StatusCode::INTERNAL_SERVER_ERROR, "Response body failed")
-                        .with_detail("the handler's response body failed; its outcome was not stored")
-                        .into_response(),
+                    crate::Problem::new(
+                        http::StatusCode::INTERNAL_SERVER_ERROR,
+                        "Response body failed",
+                    )
+                    .with_detail("the handler's response body failed; its outcome was not stored")
+                    .into_response(),
                 ))
             }
         }
     }
 
-    fn completion<'a>(&'a self, key: &'a KeyRef, stored: &'a StoredResponse, retention: Duration) -> Completion<'a> {
+    fn completion<'a>(
+        &'a self,
+        key: &'a KeyRef,
+        stored: &'a StoredResponse,
+        retention: Duration,
+    ) -> Completion<'a> {
         Completion {
             key,
             method: self.method.as_str(),
@@ -474,11 +506,24 @@ impl<DB: Backend> Claim<DB> {
         let completion = request.completion(&key, &stored, options.retention);
         match DB::complete(&mut tx, &completion).await {
             Ok(true) => {}
-            Ok(false) => return request.in_progress(None),
+            Ok(false) => {
+                return request.finish(
+                    Outcome::Failed,
+                    ProblemKind::CommitRefused
+                        .with_detail("the key's claim was gone at completion (did the handler run COMMIT or ROLLBACK itself?); the outcome was not stored")
+                        .into_response(),
+                );
+            }
+            Err(error) if DB::is_transaction_aborted(&error) => {
+                // A statement of the handler failed and the handler answered anyway: its
+                // answer stands, but nothing can be committed with it.
+                tracing::warn!(parent: &request.span, "the handler's transaction was aborted by a failed statement; its answer was not stored");
+                return request.finish(Outcome::NotStored, captured.into_response());
+            }
             Err(error) => return request.store_failed(&error),
         }
         if let Err(error) = tx.commit().await {
-            return request.store_failed(&error);
+            return request.commit_failed(&error);
         }
         request.finish(Outcome::Executed, captured.into_response())
     }
@@ -565,18 +610,24 @@ impl<DB: Backend> ExternalClaim<DB> {
             }
         };
         let stored = captured.to_stored();
-        let completion = self.request.completion(&self.key, &stored, self.options.retention);
+        let completion = self
+            .request
+            .completion(&self.key, &stored, self.options.retention);
         match DB::finish(pool, &completion, self.token).await {
-            Ok(true) => self.request.finish(Outcome::Executed, captured.into_response()),
+            Ok(true) => self
+                .request
+                .finish(Outcome::Executed, captured.into_response()),
             Ok(false) => {
                 // The lease ran out and another request took the key over; it will store its
                 // own outcome. This client still gets what the handler answered.
                 tracing::warn!(parent: &self.request.span, "the claim's lease ran out before completion; the outcome was not stored");
-                self.request.finish(Outcome::NotStored, captured.into_response())
+                self.request
+                    .finish(Outcome::NotStored, captured.into_response())
             }
             Err(error) => {
                 tracing::error!(parent: &self.request.span, %error, "storing the outcome failed");
-                self.request.finish(Outcome::NotStored, captured.into_response())
+                self.request
+                    .finish(Outcome::NotStored, captured.into_response())
             }
         }
     }

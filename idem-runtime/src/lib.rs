@@ -62,8 +62,7 @@ pub use tokio_util::sync::CancellationToken;
 pub mod __private {
     pub use crate::IdempotencyContext;
     pub use crate::flow::{
-        Claim, ExternalClaim, IdemRequest, Input, Options, Scope, ViaBody, ViaParts, hint,
-        scope_of,
+        Claim, ExternalClaim, IdemRequest, Input, Options, Scope, ViaBody, ViaParts, hint, scope_of,
     };
     /// The backend of handlers that have no transaction parameter to name one.
     pub type DefaultBackend = sqlx::Postgres;

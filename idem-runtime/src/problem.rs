@@ -34,6 +34,12 @@ pub enum ProblemKind {
     InvalidScope,
     /// 503: the idempotency store could not be reached or failed; nothing was stored.
     StoreUnavailable,
+    /// 500: the database refused to commit the handler's writes (a deferred constraint, a
+    /// serialization failure), or the handler ended its transaction itself; nothing was stored.
+    CommitRefused,
+    /// 503: the connection failed during the commit, so whether the handler's writes and the
+    /// key were committed is unknown; a retry with the same key finds out.
+    OutcomeUnknown,
 }
 
 impl ProblemKind {
@@ -44,8 +50,10 @@ impl ProblemKind {
             Self::InProgress => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ResponseTooLarge | Self::InvalidScope => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ResponseTooLarge | Self::InvalidScope | Self::CommitRefused => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            Self::StoreUnavailable | Self::OutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -65,6 +73,8 @@ impl ProblemKind {
             Self::ResponseTooLarge => "Response too large to store",
             Self::InvalidScope => "Idempotency scope is empty",
             Self::StoreUnavailable => "Idempotency store unavailable",
+            Self::CommitRefused => "The handler's writes could not be committed",
+            Self::OutcomeUnknown => "The outcome of the commit is unknown",
         }
     }
 

@@ -69,10 +69,11 @@ impl Captured {
         let headers = REPLAYED_HEADERS
             .iter()
             .flat_map(|name| {
-                self.parts.headers.get_all(name).iter().filter_map(|value| {
-                    // Header values that are not text cannot be stored as JSON; none of the
-                    // replayed headers has a legitimate use for them.
-                    Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+                self.parts.headers.get_all(name).iter().map(|value| {
+                    // Each byte as the character of the same number (Latin-1), so that values
+                    // with non-ASCII bytes survive the JSON column exactly.
+                    let text = value.as_bytes().iter().map(|&b| char::from(b)).collect();
+                    (name.as_str().to_owned(), text)
                 })
             })
             .collect();
@@ -96,9 +97,10 @@ pub fn replay(stored: StoredResponse) -> Response {
     let headers = response.headers_mut();
     headers.remove(header::CONTENT_TYPE);
     for (name, value) in stored.headers {
-        if let (Ok(name), Ok(value)) = (
+        let bytes: Option<Vec<u8>> = value.chars().map(|c| u8::try_from(c).ok()).collect();
+        if let (Ok(name), Some(Ok(value))) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(&value),
+            bytes.map(|b| HeaderValue::from_bytes(&b)),
         ) {
             headers.append(name, value);
         }
@@ -135,6 +137,25 @@ mod tests {
         assert!(replayed.headers().get(header::SET_COOKIE).is_none());
         let original = captured.into_response();
         assert_eq!(original.headers()[header::SET_COOKIE], "session=1");
+    }
+
+    #[tokio::test]
+    async fn non_ascii_header_bytes_survive_storage() {
+        let location = HeaderValue::from_bytes(b"/files/caf\xe9").unwrap();
+        let response = (
+            StatusCode::CREATED,
+            [(header::LOCATION, location.clone())],
+            "",
+        )
+            .into_response();
+        let stored = Captured::read(response, 1024).await.unwrap().to_stored();
+        let json = serde_json::to_string(&stored.headers).unwrap();
+        let back: Vec<(String, String)> = serde_json::from_str(&json).unwrap();
+        let replayed = replay(StoredResponse {
+            headers: back,
+            ..stored
+        });
+        assert_eq!(replayed.headers()[header::LOCATION], location);
     }
 
     #[tokio::test]

@@ -60,6 +60,10 @@ BEGIN
         RETURN;
     END IF;
 
+    -- Mark the claim in the transaction: the completion checks the mark, so a handler that
+    -- ends the transaction itself (COMMIT, ROLLBACK) cannot have its outcome stored.
+    PERFORM set_config('idem.claim', p_lock::text, true);
+
     RETURN QUERY
         SELECT true, k.status, k.method, k.path, k.fingerprint,
                k.response_status, k.response_headers, k.response_body

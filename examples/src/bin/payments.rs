@@ -62,8 +62,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // claims lease for 5 s; abandoned ones are released so that a retry runs again (the
     // processor deduplicates through the derived key).
     let purge = tasks::spawn_purge(store.clone(), Duration::from_secs(60), 1000, stop.clone());
-    let recovery =
-        tasks::spawn_recovery(store.clone(), ReleaseAbandoned, Duration::from_secs(10), stop.clone());
+    let recovery = tasks::spawn_recovery(
+        store.clone(),
+        ReleaseAbandoned,
+        Duration::from_secs(10),
+        stop.clone(),
+    );
     let state = AppState {
         store,
         processor: ProcessorClient::new(processor_url),

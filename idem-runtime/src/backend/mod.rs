@@ -77,8 +77,10 @@ pub trait Backend: sqlx::Database + Sized {
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
     /// Deletes up to `limit` rows past their expiry, skipping rows that live requests hold.
-    fn purge_batch(pool: &Pool<Self>, limit: i64)
-    -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
+    fn purge_batch(
+        pool: &Pool<Self>,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
 
     /// Reclaims up to `limit` `started` rows whose lease ran out: renews their lease by `lease`
     /// under `token`, so that no retry takes them over while the recovery decides.
@@ -88,6 +90,9 @@ pub trait Backend: sqlx::Database + Sized {
         lease: Duration,
         token: i64,
     ) -> impl Future<Output = Result<Vec<Abandoned>, sqlx::Error>> + Send + '_;
+
+    /// Whether `error` says the transaction was aborted by an earlier failed statement.
+    fn is_transaction_aborted(error: &sqlx::Error) -> bool;
 
     /// Creates or upgrades the key table.
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), MigrateError>> + Send + '_;

@@ -12,24 +12,28 @@ use super::Backend;
 use crate::{
     fingerprint::Fingerprint,
     record::{
-        Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, Start, Started,
-        StoredResponse,
+        Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, Start, Started, StoredResponse,
     },
 };
 
 const CLAIM: &str = "SELECT acquired, status, method, path, fingerprint, \
      response_status, response_headers, response_body FROM idem_claim($1, $2, $3)";
 
+// INSERT ... SELECT ... WHERE: the row is written only while the claim's marker (set by
+// idem_claim, local to the transaction) is still there, i.e. the handler did not end the
+// transaction itself.
 const COMPLETE: &str = "INSERT INTO idem_keys AS k \
      (scope, key, method, path, fingerprint, status, response_status, response_headers, \
       response_body, created_at, expires_at, locked_at) \
-     VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), \
-             now() + make_interval(secs => $9), NULL) \
+     SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), \
+            now() + make_interval(secs => $9), NULL \
+     WHERE current_setting('idem.claim', true) = $10 \
      ON CONFLICT (scope, key) DO UPDATE SET \
        method = EXCLUDED.method, path = EXCLUDED.path, fingerprint = EXCLUDED.fingerprint, \
        status = 'completed', response_status = EXCLUDED.response_status, \
        response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, \
-       created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at, locked_at = NULL \
+       created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at, locked_at = NULL, \
+       lease_until = NULL, claim_token = NULL \
      WHERE k.expires_at <= now()";
 
 const START: &str = "SELECT outcome, taken_over, status, method, path, fingerprint, \
@@ -96,6 +100,7 @@ impl Backend for Postgres {
             .bind(Json(&c.response.headers))
             .bind(&c.response.body)
             .bind(c.retention.as_secs_f64())
+            .bind(c.key.lock_id.to_string())
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -150,8 +155,8 @@ impl Backend for Postgres {
     }
 
     async fn finish(pool: &PgPool, c: &Completion<'_>, token: i64) -> Result<bool, sqlx::Error> {
-        let status = i16::try_from(c.response.status)
-            .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let status =
+            i16::try_from(c.response.status).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         let done = sqlx::query(FINISH)
             .bind(&c.key.scope)
             .bind(&c.key.key)
@@ -176,7 +181,11 @@ impl Backend for Postgres {
     }
 
     async fn purge_batch(pool: &PgPool, limit: i64) -> Result<u64, sqlx::Error> {
-        Ok(sqlx::query(PURGE).bind(limit).execute(pool).await?.rows_affected())
+        Ok(sqlx::query(PURGE)
+            .bind(limit)
+            .execute(pool)
+            .await?
+            .rows_affected())
     }
 
     async fn reclaim_abandoned(
@@ -205,6 +214,11 @@ impl Backend for Postgres {
                 })
             })
             .collect()
+    }
+
+    fn is_transaction_aborted(error: &sqlx::Error) -> bool {
+        // SQLSTATE 25P02: in_failed_sql_transaction.
+        matches!(error, sqlx::Error::Database(e) if e.code().as_deref() == Some("25P02"))
     }
 
     async fn migrate(pool: &PgPool) -> Result<(), MigrateError> {

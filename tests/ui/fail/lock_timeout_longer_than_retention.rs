@@ -1,0 +1,9 @@
+use axum::extract::Path;
+use idem_runtime::idempotent;
+
+#[idempotent(scope = "account", retention = "1h", lock_timeout = "2h")]
+async fn create(Path(account): Path<String>) -> String {
+    account
+}
+
+fn main() {}

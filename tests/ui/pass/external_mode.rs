@@ -1,0 +1,40 @@
+//! External mode: no transaction parameter; a `lock_timeout` lease; the idempotency context
+//! for a downstream key; with and without a body.
+
+use axum::{Json, Router, extract::Path, http::StatusCode, routing::post};
+use idem_runtime::{IdempotencyContext, Store, idempotent};
+use sqlx::Postgres;
+
+#[idempotent(scope = "account", retention = "24h", lock_timeout = "5s")]
+async fn send_email(
+    Path(account): Path<String>,
+    ctx: IdempotencyContext,
+    Json(body): Json<serde_json::Value>,
+) -> (StatusCode, String) {
+    let downstream_key = ctx.derive("email");
+    (StatusCode::ACCEPTED, format!("{account} {downstream_key} {body}"))
+}
+
+/// Default lease, no context, no body.
+#[idempotent(scope = "account")]
+async fn ping(Path(account): Path<String>) -> String {
+    account
+}
+
+/// The context in transactional mode too.
+#[idempotent(global)]
+async fn charge(ctx: IdempotencyContext, tx: &mut sqlx::Transaction<'_, Postgres>) -> String {
+    let _ = &mut **tx;
+    ctx.derive("charge")
+}
+
+fn router() -> Router<Store<Postgres>> {
+    Router::new()
+        .route("/accounts/{account}/emails", post(send_email))
+        .route("/accounts/{account}/ping", post(ping))
+        .route("/charges", post(charge))
+}
+
+fn main() {
+    let _ = router;
+}
