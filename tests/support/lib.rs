@@ -118,6 +118,31 @@ impl App {
             .expect("count rows")
     }
 
+    /// Makes a payment for `tenant` and returns its id.
+    pub async fn paid(&self, tenant: &str, customer: &str) -> String {
+        let key = format!("pay-{}", uuid_like());
+        let reply = self
+            .send(
+                Req::post("/v1/payments")
+                    .tenant(tenant)
+                    .key(&key)
+                    .json(&payment(100, customer))
+                    .build(),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED);
+        reply.json()["id"].as_str().expect("payment id").to_owned()
+    }
+
+    /// The status of `key`'s row, if there is one.
+    pub async fn key_status(&self, key: &str) -> Option<String> {
+        sqlx::query_scalar("SELECT status FROM idem_keys WHERE key = $1")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .expect("read key")
+    }
+
     /// Rows of the key table for `key`, in any scope.
     pub async fn keys_named(&self, key: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM idem_keys WHERE key = $1")
@@ -135,6 +160,30 @@ impl App {
             .await
             .expect("read pg_locks")
     }
+}
+
+/// Serves the simulated card processor on a loopback port; returns its base URL.
+pub async fn spawn_processor() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        axum::serve(listener, idem_examples::processor::router())
+            .await
+            .expect("serve processor");
+    });
+    format!("http://{addr}")
+}
+
+/// The refunds the processor at `url` has executed.
+pub async fn executed_refunds(url: &str) -> Vec<Value> {
+    reqwest::get(format!("{url}/v1/refunds"))
+        .await
+        .expect("processor answers")
+        .json()
+        .await
+        .expect("a JSON list")
 }
 
 /// Counts the granted advisory locks of the current database.
@@ -277,6 +326,15 @@ impl Req {
             .body(Body::from(self.body.clone()))
             .expect("valid request")
     }
+}
+
+fn uuid_like() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// A valid payment body.
