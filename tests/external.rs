@@ -14,10 +14,16 @@ fn refund(tenant: &str, key: &str, payment: &str) -> Req {
         .json(&format!(r#"{{"payment": "{payment}", "amount": 50}}"#))
 }
 
-async fn until_started(app: &App, key: &str) {
-    while app.key_status(key).await.as_deref() != Some("started") {
+/// Sends refund `r1` of tenant `t1` in the background; returns once its claim is taken.
+async fn spawn_refund(app: &App, payment: &str) -> tokio::task::JoinHandle<idem_tests::Reply> {
+    let task = tokio::spawn({
+        let (app, payment) = (app.clone(), payment.to_owned());
+        async move { app.send(refund("t1", "r1", &payment).build()).await }
+    });
+    while app.key_status("r1").await.as_deref() != Some("started") {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+    task
 }
 
 #[sqlx::test(migrations = false)]
@@ -97,11 +103,7 @@ async fn a_duplicate_within_the_lease_gets_409_with_the_lease_left(pool: PgPool)
     let processor = spawn_processor().await;
     let app = App::with_processor(pool, processor.clone()).await;
     let payment = app.paid("t1", "cus_slow").await;
-    let first = tokio::spawn({
-        let (app, payment) = (app.clone(), payment.clone());
-        async move { app.send(refund("t1", "r1", &payment).build()).await }
-    });
-    until_started(&app, "r1").await;
+    let first = spawn_refund(&app, &payment).await;
     let duplicate = app.send(refund("t1", "r1", &payment).build()).await;
     assert_eq!(
         duplicate.problem(StatusCode::CONFLICT),
@@ -128,11 +130,7 @@ async fn a_takeover_after_the_lease_refunds_once(pool: PgPool) {
     let processor = spawn_processor().await;
     let app = App::with_processor(pool, processor.clone()).await;
     let payment = app.paid("t1", "cus_slow").await;
-    let first = tokio::spawn({
-        let (app, payment) = (app.clone(), payment.clone());
-        async move { app.send(refund("t1", "r1", &payment).build()).await }
-    });
-    until_started(&app, "r1").await;
+    let first = spawn_refund(&app, &payment).await;
     // The first request is stuck past its lease (as if its process had stalled).
     sqlx::query("UPDATE idem_keys SET lease_until = now() - interval '1 second' WHERE key = 'r1'")
         .execute(&app.pool)
@@ -160,11 +158,7 @@ async fn a_cancelled_external_request_releases_its_key(pool: PgPool) {
     let processor = spawn_processor().await;
     let app = App::with_processor(pool, processor.clone()).await;
     let payment = app.paid("t1", "cus_slow").await;
-    let first = tokio::spawn({
-        let (app, payment) = (app.clone(), payment.clone());
-        async move { app.send(refund("t1", "r1", &payment).build()).await }
-    });
-    until_started(&app, "r1").await;
+    let first = spawn_refund(&app, &payment).await;
     while executed_refunds(&processor).await.is_empty() {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }

@@ -8,7 +8,7 @@ use idem_runtime::{
     CancellationToken, Store,
     fingerprint::Fingerprint,
     record::StoredResponse,
-    tasks::{self, AbandonedClaim, Recovery, RecoveryHook, ReleaseAbandoned},
+    tasks::{self, AbandonedClaim, PurgeOptions, Recovery, RecoveryHook, ReleaseAbandoned},
 };
 use idem_tests::{App, Req, executed_refunds, payment, spawn_processor};
 use sqlx::PgPool;
@@ -37,7 +37,14 @@ async fn purge_deletes_exactly_the_expired_rows_in_batches_while_requests_go_on(
     seed_keys(&pool, "live", 300, "1 hour").await;
     let store = Store::new(pool.clone());
 
-    let purge = tokio::spawn(async move { store.purge_expired(1000).await });
+    let purge = tokio::spawn(async move {
+        store
+            .purge_expired(PurgeOptions {
+                batch_size: 1000,
+                pause: Duration::ZERO,
+            })
+            .await
+    });
     let mut requests = Vec::new();
     for i in 0..20 {
         let app = app.clone();
@@ -82,7 +89,10 @@ async fn a_purged_key_runs_again(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let report = Store::new(pool.clone()).purge_expired(100).await.unwrap();
+    let report = Store::new(pool.clone())
+        .purge_expired(PurgeOptions::default())
+        .await
+        .unwrap();
     assert_eq!((report.rows, report.batches), (1, 1));
     assert_eq!(app.keys_named("k1").await, 0);
     let second = app
@@ -107,7 +117,7 @@ async fn the_purge_task_stops_when_cancelled(pool: PgPool) {
     let task = tasks::spawn_purge(
         Store::new(pool.clone()),
         Duration::from_millis(20),
-        100,
+        PurgeOptions::default(),
         stop.clone(),
     );
     loop {

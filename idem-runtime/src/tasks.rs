@@ -19,6 +19,24 @@ use crate::{
     store::Store,
 };
 
+/// How a purge pass paces itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeOptions {
+    /// Rows per statement; each statement is its own short transaction. Default 1000.
+    pub batch_size: u32,
+    /// Pause between statements, leaving the database to live requests. Default 10 ms.
+    pub pause: Duration,
+}
+
+impl Default for PurgeOptions {
+    fn default() -> Self {
+        Self {
+            batch_size: 1000,
+            pause: Duration::from_millis(10),
+        }
+    }
+}
+
 /// What one purge pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PurgeReport {
@@ -114,15 +132,15 @@ impl RecoveryHook for ReleaseAbandoned {
 const RECOVERY_LEASE: Duration = Duration::from_secs(60);
 
 impl<DB: Backend> Store<DB> {
-    /// Deletes every key past its expiry, in batches of `batch_size` rows, each in its own
-    /// short statement that skips rows live requests hold. Reports through `tracing`.
+    /// Deletes every key past its expiry, in batches, each in its own short statement that
+    /// skips rows live requests hold, pausing between batches. Reports through `tracing`.
     ///
     /// # Errors
     ///
     /// The first database error; the batches before it stay deleted.
-    pub async fn purge_expired(&self, batch_size: u32) -> Result<PurgeReport, sqlx::Error> {
+    pub async fn purge_expired(&self, options: PurgeOptions) -> Result<PurgeReport, sqlx::Error> {
         let started = Instant::now();
-        let batch = i64::from(batch_size.max(1));
+        let batch = i64::from(options.batch_size.max(1));
         let mut report = PurgeReport::default();
         loop {
             let rows = DB::purge_batch(self.pool(), batch).await?;
@@ -132,7 +150,7 @@ impl<DB: Backend> Store<DB> {
                 break;
             }
             // Let live requests through between batches.
-            tokio::task::yield_now().await;
+            tokio::time::sleep(options.pause).await;
         }
         report.elapsed = started.elapsed();
         tracing::info!(
@@ -218,22 +236,14 @@ impl<DB: Backend> Store<DB> {
 pub fn spawn_purge<DB: Backend>(
     store: Store<DB>,
     every: Duration,
-    batch_size: u32,
+    options: PurgeOptions,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                result = store.purge_expired(batch_size) => {
-                    if let Err(error) = result {
-                        tracing::warn!(%error, "purging idempotency keys failed; retrying later");
-                    }
-                }
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(every) => {}
+    periodically(every, shutdown, move || {
+        let store = store.clone();
+        async move {
+            if let Err(error) = store.purge_expired(options).await {
+                tracing::warn!(%error, "purging idempotency keys failed; retrying later");
             }
         }
     })
@@ -247,15 +257,29 @@ pub fn spawn_recovery<DB: Backend, H: RecoveryHook>(
     every: Duration,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
+    let hook = std::sync::Arc::new(hook);
+    periodically(every, shutdown, move || {
+        let (store, hook) = (store.clone(), std::sync::Arc::clone(&hook));
+        async move {
+            if let Err(error) = store.recover_abandoned(&*hook, 100).await {
+                tracing::warn!(%error, "recovering idempotency claims failed; retrying later");
+            }
+        }
+    })
+}
+
+/// Runs `pass` now and then every `every`; a cancellation stops it between passes or cuts a
+/// pass short (each statement of a pass is its own transaction, so nothing is half-done).
+fn periodically<F, Fut>(every: Duration, shutdown: CancellationToken, mut pass: F) -> JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
     tokio::spawn(async move {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                result = store.recover_abandoned(&hook, 100) => {
-                    if let Err(error) = result {
-                        tracing::warn!(%error, "recovering idempotency claims failed; retrying later");
-                    }
-                }
+                () = pass() => {}
             }
             tokio::select! {
                 () = shutdown.cancelled() => break,

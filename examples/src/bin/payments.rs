@@ -16,7 +16,7 @@ use idem_examples::{
 };
 use idem_runtime::{
     CancellationToken, Store,
-    tasks::{self, ReleaseAbandoned},
+    tasks::{self, PurgeOptions, ReleaseAbandoned},
 };
 use sqlx::postgres::PgPoolOptions;
 use tracing_subscriber::EnvFilter;
@@ -61,7 +61,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // Keys expire per route (24 h, 7 d); sweeping every minute keeps the table small. Refund
     // claims lease for 5 s; abandoned ones are released so that a retry runs again (the
     // processor deduplicates through the derived key).
-    let purge = tasks::spawn_purge(store.clone(), Duration::from_secs(60), 1000, stop.clone());
+    let purge = tasks::spawn_purge(
+        store.clone(),
+        Duration::from_secs(60),
+        PurgeOptions::default(),
+        stop.clone(),
+    );
     let recovery = tasks::spawn_recovery(
         store.clone(),
         ReleaseAbandoned,

@@ -1,0 +1,57 @@
+//! A scratch database per run, dropped at the end.
+
+use sqlx::{Connection, PgConnection, PgPool, postgres::PgPoolOptions};
+
+/// The error type of the benchmarks.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// A database created for this run.
+pub struct Scratch {
+    admin_url: String,
+    name: String,
+    /// A pool on it.
+    pub pool: PgPool,
+}
+
+impl Scratch {
+    /// Creates `idem_bench_<pid>` on the server of `$DATABASE_URL` (default: the local server)
+    /// with idem's and the example's tables.
+    pub async fn create(max_connections: u32) -> Result<Self, Error> {
+        let admin_url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let name = format!("idem_bench_{}", std::process::id());
+        let mut admin = PgConnection::connect(&admin_url)
+            .await
+            .map_err(|e| format!("cannot connect to {admin_url}: {e} (set DATABASE_URL)"))?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await?;
+        let url = match admin_url.rsplit_once('/') {
+            Some((server, _)) => format!("{server}/{name}"),
+            None => return Err("DATABASE_URL has no database path".into()),
+        };
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .connect(&url)
+            .await?;
+        idem_examples::schema::create(&pool).await?;
+        Ok(Self {
+            admin_url,
+            name,
+            pool,
+        })
+    }
+
+    /// Drops the database.
+    pub async fn drop(self) -> Result<(), Error> {
+        self.pool.close().await;
+        let mut admin = PgConnection::connect(&self.admin_url).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&mut admin)
+        .await?;
+        Ok(())
+    }
+}

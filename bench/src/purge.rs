@@ -1,0 +1,130 @@
+//! `purge`: how fast the purge task empties a table of expired keys, and how much it slows the
+//! live requests that run beside it.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use idem_runtime::{Store, tasks::PurgeOptions};
+
+use crate::{db, load};
+
+/// Arguments of the purge benchmark.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Expired keys to seed.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: i64,
+    /// Rows per purge statement.
+    #[arg(long, default_value_t = 1000)]
+    batch: u32,
+    /// Pause between purge statements, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    pause_ms: u64,
+    /// Concurrent live clients.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Seconds of live load measured before the purge, as the baseline.
+    #[arg(long, default_value_t = 10)]
+    baseline_secs: u64,
+}
+
+/// Runs the benchmark and prints its table.
+pub async fn run(args: Args) -> Result<(), db::Error> {
+    let scratch = db::Scratch::create(args.concurrency as u32 + 4).await?;
+    let result = measure(&args, &scratch).await;
+    scratch.drop().await?;
+    result
+}
+
+async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
+    let pool = &scratch.pool;
+    eprintln!("seeding {} expired keys...", args.rows);
+    sqlx::query(
+        "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, response_status, \
+           response_headers, response_body, created_at, expires_at) \
+         SELECT 'tenant_' || (g % 1000), 'key-' || g, 'POST', '/v1/payments', \
+           sha256(g::text::bytea), 'completed', 201, \
+           '[[\"content-type\",\"application/json\"]]'::jsonb, \
+           convert_to(repeat('x', 120), 'UTF8'), now() - interval '2 days', \
+           now() - interval '1 day' + make_interval(secs => g % 3600) \
+         FROM generate_series(1, $1) g",
+    )
+    .bind(args.rows)
+    .execute(pool)
+    .await?;
+    sqlx::raw_sql("VACUUM ANALYZE idem_keys")
+        .execute(pool)
+        .await?;
+
+    let store = Store::new(pool.clone());
+    let addr = load::serve(store.clone()).await?;
+
+    eprintln!("baseline: {} s of live load...", args.baseline_secs);
+    let stop = Arc::new(AtomicBool::new(false));
+    let baseline = tokio::spawn(load::fresh_payments(
+        addr,
+        args.concurrency,
+        Arc::clone(&stop),
+    ));
+    tokio::time::sleep(Duration::from_secs(args.baseline_secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let baseline = baseline.await?;
+
+    eprintln!("purging while the same load runs...");
+    let stop = Arc::new(AtomicBool::new(false));
+    let during = tokio::spawn(load::fresh_payments(
+        addr,
+        args.concurrency,
+        Arc::clone(&stop),
+    ));
+    let report = store
+        .purge_expired(PurgeOptions {
+            batch_size: args.batch,
+            pause: Duration::from_millis(args.pause_ms),
+        })
+        .await?;
+    stop.store(true, Ordering::Relaxed);
+    let during = during.await?;
+
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_keys WHERE expires_at <= now()")
+        .fetch_one(pool)
+        .await?;
+    println!(
+        "purge of {} expired keys, batches of {}, {} ms pauses, {} live clients",
+        args.rows, args.batch, args.pause_ms, args.concurrency
+    );
+    println!("  rows purged      {:>12}", report.rows);
+    println!("  statements       {:>12}", report.batches);
+    println!("  duration         {:>11.2}s", report.elapsed.as_secs_f64());
+    println!(
+        "  rate             {:>10.0} rows/s",
+        report.rows as f64 / report.elapsed.as_secs_f64()
+    );
+    println!("  expired left     {:>12}", left);
+    println!();
+    println!(
+        "  live requests    {:>10} {:>10} {:>10} {:>8}",
+        "req/s", "p50 ms", "p99 ms", "errors"
+    );
+    for (name, stats) in [("before purge", &baseline), ("during purge", &during)] {
+        println!(
+            "  {name:<16} {:>10.0} {:>10.2} {:>10.2} {:>8}",
+            stats.rate(),
+            stats.ms(0.5),
+            stats.ms(0.99),
+            stats.errors
+        );
+    }
+    println!(
+        "  during/before    {:>10.2} {:>10.2} {:>10.2}",
+        during.rate() / baseline.rate(),
+        during.ms(0.5) / baseline.ms(0.5),
+        during.ms(0.99) / baseline.ms(0.99)
+    );
+    Ok(())
+}
