@@ -17,9 +17,14 @@ impl Scratch {
     /// Creates `idem_bench_<pid>` on the server of `$DATABASE_URL` (default: the local server)
     /// with idem's and the example's tables.
     pub async fn create(max_connections: u32) -> Result<Self, Error> {
+        Self::named(max_connections, "main").await
+    }
+
+    /// As [`Scratch::create`], for a second database of the same run: `idem_bench_<pid>_<label>`.
+    pub async fn named(max_connections: u32, label: &str) -> Result<Self, Error> {
         let admin_url = std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-        let name = format!("idem_bench_{}", std::process::id());
+        let name = format!("idem_bench_{}_{label}", std::process::id());
         let mut admin = PgConnection::connect(&admin_url)
             .await
             .map_err(|e| format!("cannot connect to {admin_url}: {e} (set DATABASE_URL)"))?;

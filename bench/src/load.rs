@@ -1,5 +1,5 @@
 //! A closed-loop HTTP load generator: `concurrency` clients send requests back to back over
-//! loopback, each latency recorded in a histogram.
+//! loopback for a fixed time, each latency recorded in a histogram.
 
 use std::{
     net::SocketAddr,
@@ -10,27 +10,66 @@ use std::{
     time::{Duration, Instant},
 };
 
+use axum::routing::post;
 use hdrhistogram::Histogram;
+use idem_examples::payments::{self, AppState};
 use idem_runtime::Store;
+use reqwest::StatusCode;
 use sqlx::Postgres;
 
-/// Serves the example's router on a loopback port.
+/// Serves the example's router on a loopback port, plus `POST /bare/payments`: the same
+/// payment handler and business writes in a transaction, without idempotency.
 pub async fn serve(store: Store<Postgres>) -> Result<SocketAddr, crate::db::Error> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    let app = payments::routes()
+        .route("/bare/payments", post(payments::create_payment_bare))
+        .with_state(AppState::new(store));
     tokio::spawn(async move {
-        let _ = axum::serve(listener, idem_examples::payments::router(store)).await;
+        let _ = axum::serve(listener, app).await;
     });
     Ok(addr)
+}
+
+/// What the clients send.
+#[derive(Clone, Debug)]
+pub enum Workload {
+    /// `POST /bare/payments`, no key.
+    Bare,
+    /// `POST /v1/payments`, a fresh key every time.
+    First,
+    /// `POST /v1/payments` with keys that are already completed.
+    Replay(Arc<Vec<String>>),
+    /// Groups of `n` clients send the same sequence of keys at the same time.
+    Contended(usize),
+    /// Fresh keys, except every `n`-th request, which retries the client's previous key.
+    Mixed(u64),
+}
+
+impl Workload {
+    /// The scenario's name in the tables.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Bare => "bare",
+            Self::First => "first",
+            Self::Replay(_) => "replay",
+            Self::Contended(_) => "contended",
+            Self::Mixed(_) => "mixed",
+        }
+    }
 }
 
 /// What a load run measured.
 #[derive(Debug)]
 pub struct Stats {
-    /// Requests answered as expected.
+    /// Requests answered as the workload expects.
     pub ok: u64,
     /// Requests answered otherwise, or failed.
     pub errors: u64,
+    /// 201s that were replays.
+    pub replays: u64,
+    /// 409s (expected in `contended` only).
+    pub conflicts: u64,
     /// Wall time of the run.
     pub elapsed: Duration,
     /// Latencies, in microseconds.
@@ -38,9 +77,30 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// Requests per second.
+    fn empty() -> Self {
+        Self {
+            ok: 0,
+            errors: 0,
+            replays: 0,
+            conflicts: 0,
+            elapsed: Duration::ZERO,
+            latency: Histogram::new(3).expect("histogram"),
+        }
+    }
+
+    fn merge(&mut self, other: Self) {
+        self.ok += other.ok;
+        self.errors += other.errors;
+        self.replays += other.replays;
+        self.conflicts += other.conflicts;
+        self.latency
+            .add(other.latency)
+            .expect("same histogram bounds");
+    }
+
+    /// Answered requests per second.
     pub fn rate(&self) -> f64 {
-        self.ok as f64 / self.elapsed.as_secs_f64()
+        (self.ok + self.conflicts) as f64 / self.elapsed.as_secs_f64()
     }
 
     /// A latency quantile, in milliseconds.
@@ -49,54 +109,155 @@ impl Stats {
     }
 }
 
-/// Sends fresh-key payments from `concurrency` clients until `stop` is set.
-pub async fn fresh_payments(addr: SocketAddr, concurrency: usize, stop: Arc<AtomicBool>) -> Stats {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let client = reqwest::Client::new();
-    let url = format!("http://{addr}/v1/payments");
+static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
+
+/// A key no request has used.
+pub fn fresh_key() -> String {
+    format!(
+        "k{}-{}",
+        std::process::id(),
+        NEXT_KEY.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// One client's view of the server.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    /// A client of the server at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base: format!("http://{addr}"),
+        }
+    }
+
+    /// Sends one payment; `key: None` goes to the bare route.
+    pub async fn pay(&self, key: Option<&str>) -> Result<(StatusCode, bool), reqwest::Error> {
+        let path = if key.is_some() {
+            "/v1/payments"
+        } else {
+            "/bare/payments"
+        };
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth("bench")
+            .header("content-type", "application/json")
+            .body(r#"{"amount": 100, "currency": "usd", "customer": "cus_1"}"#);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let reply = request.send().await?;
+        let replayed = reply.headers().contains_key("idempotent-replayed");
+        let status = reply.status();
+        let _ = reply.bytes().await?;
+        Ok((status, replayed))
+    }
+}
+
+/// Runs `workload` from `concurrency` clients for `duration`.
+pub async fn run(
+    client: &Client,
+    workload: &Workload,
+    concurrency: usize,
+    duration: Duration,
+) -> Stats {
+    let stop = Arc::new(AtomicBool::new(false));
+    let running = run_until(client, workload, concurrency, Arc::clone(&stop));
+    let timer = async {
+        tokio::time::sleep(duration).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    let (stats, ()) = tokio::join!(running, timer);
+    stats
+}
+
+/// Runs `workload` from `concurrency` clients until `stop` is set.
+pub async fn run_until(
+    client: &Client,
+    workload: &Workload,
+    concurrency: usize,
+    stop: Arc<AtomicBool>,
+) -> Stats {
     let started = Instant::now();
+    let base: Arc<str> = fresh_key().into();
     let mut workers = Vec::new();
     for worker in 0..concurrency {
-        let (client, url, stop) = (client.clone(), url.clone(), Arc::clone(&stop));
+        let (client, workload, stop) = (client.clone(), workload.clone(), Arc::clone(&stop));
+        let base = Arc::clone(&base);
         workers.push(tokio::spawn(async move {
-            let mut latency = Histogram::<u64>::new(3).expect("histogram");
-            let (mut ok, mut errors) = (0, 0);
-            while !stop.load(Ordering::Relaxed) {
-                let key = format!("load-{worker}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-                let sent = Instant::now();
-                let reply = client
-                    .post(&url)
-                    .bearer_auth("bench")
-                    .header("idempotency-key", key)
-                    .json(
-                        &serde_json::json!({"amount": 100, "currency": "usd", "customer": "cus_1"}),
-                    )
-                    .send()
-                    .await;
-                let micros = sent.elapsed().as_micros() as u64;
-                match reply {
-                    Ok(reply) if reply.status() == reqwest::StatusCode::CREATED => {
-                        ok += 1;
-                        let _ = latency.record(micros.max(1));
-                    }
-                    _ => errors += 1,
-                }
-            }
-            (latency, ok, errors)
+            work(client, workload, worker, &base, stop).await
         }));
     }
-    let mut stats = Stats {
-        ok: 0,
-        errors: 0,
-        elapsed: Duration::ZERO,
-        latency: Histogram::new(3).expect("histogram"),
-    };
+    let mut stats = Stats::empty();
     for worker in workers {
-        let (latency, ok, errors) = worker.await.expect("worker");
-        stats.latency.add(latency).expect("same histogram bounds");
-        stats.ok += ok;
-        stats.errors += errors;
+        stats.merge(worker.await.expect("worker"));
     }
     stats.elapsed = started.elapsed();
+    stats
+}
+
+async fn work(
+    client: Client,
+    workload: Workload,
+    worker: usize,
+    base: &str,
+    stop: Arc<AtomicBool>,
+) -> Stats {
+    let mut stats = Stats::empty();
+    let mut previous: Option<String> = None;
+    let mut i: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let key = match &workload {
+            Workload::Bare => None,
+            Workload::First => Some(fresh_key()),
+            Workload::Replay(keys) => Some(keys[(worker * 7919 + i as usize) % keys.len()].clone()),
+            Workload::Contended(group) => Some(format!("{base}-g{}-{i}", worker / group)),
+            Workload::Mixed(every) => match (&previous, i.is_multiple_of(*every)) {
+                (Some(previous), true) => Some(previous.clone()),
+                _ => Some(fresh_key()),
+            },
+        };
+        let sent = Instant::now();
+        let reply = client.pay(key.as_deref()).await;
+        let micros = (sent.elapsed().as_micros() as u64).max(1);
+        let expected = match (&workload, &reply) {
+            (_, Err(_)) => false,
+            (Workload::Bare | Workload::First, Ok((status, replayed))) => {
+                *status == StatusCode::CREATED && !replayed
+            }
+            (Workload::Replay(_), Ok((status, replayed))) => {
+                *status == StatusCode::CREATED && *replayed
+            }
+            (Workload::Mixed(_), Ok((status, _))) => *status == StatusCode::CREATED,
+            (Workload::Contended(_), Ok((status, _))) => {
+                *status == StatusCode::CREATED || *status == StatusCode::CONFLICT
+            }
+        };
+        if !expected {
+            stats.errors += 1;
+            continue;
+        }
+        let _ = stats.latency.record(micros);
+        match reply {
+            Ok((StatusCode::CONFLICT, _)) => stats.conflicts += 1,
+            Ok((_, replayed)) => {
+                stats.ok += 1;
+                stats.replays += u64::from(replayed);
+            }
+            Err(_) => {}
+        }
+        if let Workload::Contended(_) = workload {
+            // Workers of a group drift apart; keep them on the same keys.
+            tokio::task::yield_now().await;
+        }
+        previous = key;
+    }
     stats
 }

@@ -1,10 +1,13 @@
-//! `cargo run --release -p idem-bench -- <scenario>`: benchmarks of idem against a real
+//! `cargo run --release -p idem-bench [-- <benchmark>]`: benchmarks of idem against a real
 //! PostgreSQL (`$DATABASE_URL`, else the local server), printing ratios against a baseline
-//! measured in the same run.
+//! measured in the same run. Without a benchmark name it runs `http`.
 
 mod db;
+mod http;
 mod load;
 mod purge;
+mod scale;
+mod statements;
 
 use clap::{Parser, Subcommand};
 
@@ -12,19 +15,30 @@ use clap::{Parser, Subcommand};
 #[command(about = "Benchmarks of the idem idempotency layer")]
 struct Cli {
     #[command(subcommand)]
-    scenario: Scenario,
+    scenario: Option<Scenario>,
 }
 
 #[derive(Subcommand)]
 enum Scenario {
+    /// Requests/s, p50, p99 and SQL statements per request of bare, first, replay, contended and
+    /// mixed traffic over HTTP, in interleaved rounds, with the ratios to bare.
+    Http(http::Args),
+    /// Claim latency with millions of keys in the table against an empty table.
+    Scale(scale::Args),
     /// Purge throughput on a table of expired keys, and live request latency while it runs.
     Purge(purge::Args),
 }
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    statements::install();
     let cli = Cli::parse();
-    let result = match cli.scenario {
+    let result = match cli
+        .scenario
+        .unwrap_or(Scenario::Http(http::Args::default()))
+    {
+        Scenario::Http(args) => http::run(args).await,
+        Scenario::Scale(args) => scale::run(args).await,
         Scenario::Purge(args) => purge::run(args).await,
     };
     match result {

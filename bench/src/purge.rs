@@ -11,7 +11,10 @@ use std::{
 
 use idem_runtime::{Store, tasks::PurgeOptions};
 
-use crate::{db, load};
+use crate::{
+    db,
+    load::{self, Workload},
+};
 
 /// Arguments of the purge benchmark.
 #[derive(clap::Args)]
@@ -62,34 +65,37 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         .await?;
 
     let store = Store::new(pool.clone());
-    let addr = load::serve(store.clone()).await?;
+    let client = load::Client::new(load::serve(store.clone()).await?);
 
     eprintln!("baseline: {} s of live load...", args.baseline_secs);
-    let stop = Arc::new(AtomicBool::new(false));
-    let baseline = tokio::spawn(load::fresh_payments(
-        addr,
+    let baseline = load::run(
+        &client,
+        &Workload::First,
         args.concurrency,
-        Arc::clone(&stop),
-    ));
-    tokio::time::sleep(Duration::from_secs(args.baseline_secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    let baseline = baseline.await?;
+        Duration::from_secs(args.baseline_secs),
+    )
+    .await;
 
     eprintln!("purging while the same load runs...");
     let stop = Arc::new(AtomicBool::new(false));
-    let during = tokio::spawn(load::fresh_payments(
-        addr,
+    let during = load::run_until(
+        &client,
+        &Workload::First,
         args.concurrency,
         Arc::clone(&stop),
-    ));
-    let report = store
-        .purge_expired(PurgeOptions {
-            batch_size: args.batch,
-            pause: Duration::from_millis(args.pause_ms),
-        })
-        .await?;
-    stop.store(true, Ordering::Relaxed);
-    let during = during.await?;
+    );
+    let purge = async {
+        let report = store
+            .purge_expired(PurgeOptions {
+                batch_size: args.batch,
+                pause: Duration::from_millis(args.pause_ms),
+            })
+            .await;
+        stop.store(true, Ordering::Relaxed);
+        report
+    };
+    let (during, report) = tokio::join!(during, purge);
+    let report = report?;
 
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_keys WHERE expires_at <= now()")
         .fetch_one(pool)
