@@ -31,7 +31,7 @@ use sqlx::Transaction;
 use tracing::{Span, field::Empty};
 
 use crate::{
-    backend::Backend,
+    backend::{Backend, Begun},
     context::IdempotencyContext,
     fingerprint::Fingerprint,
     header::{self, IdempotencyKey, KeyError},
@@ -41,6 +41,7 @@ use crate::{
     },
     replay::{self, CaptureError, Captured},
     scope::IdempotencyScope,
+    store::HeldKey,
     store::Store,
 };
 
@@ -420,6 +421,9 @@ pub struct Claim<DB: Backend> {
     request: IdemRequest<DB>,
     key: KeyRef,
     options: Options,
+    /// Dropped after `tx` (fields drop in order): the process lets go of the key only once the
+    /// database has.
+    _held: HeldKey,
 }
 
 impl<DB: Backend> Claim<DB> {
@@ -436,14 +440,11 @@ impl<DB: Backend> Claim<DB> {
         options: Options,
     ) -> Result<Self, Response> {
         let key = request.key_ref(scope)?;
-        let mut tx = DB::begin(request.store.pool())
-            .await
-            .map_err(|e| request.store_failed(&e))?;
-        let lookup = DB::claim(&mut tx, &key)
-            .await
-            .map_err(|e| request.store_failed(&e))?;
-        match lookup.record {
-            None if lookup.acquired => {
+        let Some(held) = request.store.hold(key.lock_id) else {
+            return Err(request.in_progress(None));
+        };
+        match DB::begin_claim(request.store.pool(), &key).await {
+            Ok(Begun::Acquired(mut tx)) => {
                 if options.replay_5xx {
                     DB::savepoint(&mut tx)
                         .await
@@ -454,17 +455,12 @@ impl<DB: Backend> Claim<DB> {
                     request,
                     key,
                     options,
+                    _held: held,
                 })
             }
-            None => {
-                drop(tx);
-                Err(request.in_progress(None))
-            }
-            Some(record) => {
-                // A read-only transaction: ending it now frees the connection sooner.
-                let _ = tx.rollback().await;
-                Err(request.answer_existing(record, None))
-            }
+            Ok(Begun::Busy) => Err(request.in_progress(None)),
+            Ok(Begun::Live(record)) => Err(request.answer_existing(record, None)),
+            Err(error) => Err(request.store_failed(&error)),
         }
     }
 
@@ -485,6 +481,7 @@ impl<DB: Backend> Claim<DB> {
             request,
             key,
             options,
+            _held,
         } = self;
         if response.status().is_server_error() {
             if !options.replay_5xx {

@@ -48,7 +48,7 @@ mod flow;
 mod scope;
 mod store;
 
-pub use backend::{Backend, migrate};
+pub use backend::{Backend, Begun, migrate};
 pub use context::IdempotencyContext;
 pub use idem_macros::idempotent;
 pub use problem::{Problem, ProblemKind};
@@ -64,8 +64,14 @@ pub mod __private {
     pub use crate::flow::{
         Claim, ExternalClaim, IdemRequest, Input, Options, Scope, ViaBody, ViaParts, hint, scope_of,
     };
-    /// The backend of handlers that have no transaction parameter to name one.
+    /// The backend of handlers that have no transaction parameter to name one: PostgreSQL
+    /// when its feature is on, else SQLite.
+    #[cfg(feature = "postgres")]
     pub type DefaultBackend = sqlx::Postgres;
+    /// The backend of handlers that have no transaction parameter to name one: PostgreSQL
+    /// when its feature is on, else SQLite.
+    #[cfg(all(feature = "sqlite", not(feature = "postgres")))]
+    pub type DefaultBackend = sqlx::Sqlite;
     pub use axum::response::{IntoResponse, Response};
     pub use tracing::Instrument;
 }

@@ -1,6 +1,10 @@
 //! The store handed to idempotent handlers through router state: a pool and its settings.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use sqlx::Pool;
 
@@ -51,6 +55,7 @@ impl Default for Settings {
 pub struct Store<DB: Backend> {
     pool: Pool<DB>,
     settings: Arc<Settings>,
+    held: Arc<HeldKeys>,
 }
 
 impl<DB: Backend> Clone for Store<DB> {
@@ -58,7 +63,31 @@ impl<DB: Backend> Clone for Store<DB> {
         Self {
             pool: self.pool.clone(),
             settings: Arc::clone(&self.settings),
+            held: Arc::clone(&self.held),
         }
+    }
+}
+
+/// The keys this process's transactional handlers hold right now. A duplicate within the
+/// process is answered 409 from here, without waiting on the database (SQLite has a single
+/// writer, so waiting there would mean waiting for the whole handler).
+#[derive(Debug, Default)]
+pub(crate) struct HeldKeys(Mutex<HashSet<i64>>);
+
+/// Releases a held key when dropped.
+#[derive(Debug)]
+pub(crate) struct HeldKey {
+    keys: Arc<HeldKeys>,
+    lock_id: i64,
+}
+
+impl Drop for HeldKey {
+    fn drop(&mut self) {
+        self.keys
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.lock_id);
     }
 }
 
@@ -82,6 +111,7 @@ impl<DB: Backend> Store<DB> {
         Self {
             pool,
             settings: Arc::new(settings),
+            held: Arc::default(),
         }
     }
 
@@ -108,6 +138,24 @@ impl<DB: Backend> Store<DB> {
     /// The layer's settings.
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// How many keys this process's transactional handlers hold right now (in flight).
+    pub fn keys_in_flight(&self) -> usize {
+        self.held
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Holds `lock_id` for this process, or `None` if a handler here holds it already.
+    pub(crate) fn hold(&self, lock_id: i64) -> Option<HeldKey> {
+        let mut held = self.held.0.lock().unwrap_or_else(PoisonError::into_inner);
+        held.insert(lock_id).then(|| HeldKey {
+            keys: Arc::clone(&self.held),
+            lock_id,
+        })
     }
 
     fn map_settings(mut self, change: impl FnOnce(&mut Settings)) -> Self {

@@ -6,9 +6,32 @@ use sqlx::{Pool, Transaction, migrate::MigrateError};
 
 use std::time::Duration;
 
-use crate::record::{Abandoned, Completion, KeyRef, Lookup, Start, Started};
+use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, Lookup, Start, Started};
 
+/// What [`Backend::begin_claim`] found.
+pub enum Begun<DB: sqlx::Database> {
+    /// The transaction holds the key; the handler may run in it.
+    Acquired(Transaction<'static, DB>),
+    /// Another transaction holds the key.
+    Busy,
+    /// The key has a live row.
+    Live(KeyRecord),
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for Begun<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Acquired(_) => f.write_str("Acquired"),
+            Self::Busy => f.write_str("Busy"),
+            Self::Live(record) => f.debug_tuple("Live").field(record).finish(),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 /// A database that can hold idempotency keys in the same transaction as the handler's writes.
 ///
@@ -28,6 +51,23 @@ pub trait Backend: sqlx::Database + Sized {
     fn begin(
         pool: &Pool<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_;
+
+    /// Begins the handler's transaction and claims `key` in it. The default begins, then
+    /// calls [`Backend::claim`].
+    fn begin_claim<'c>(
+        pool: &'c Pool<Self>,
+        key: &'c KeyRef,
+    ) -> impl Future<Output = Result<Begun<Self>, sqlx::Error>> + Send + 'c {
+        async move {
+            let mut tx = Self::begin(pool).await?;
+            let lookup = Self::claim(&mut tx, key).await?;
+            Ok(match lookup.record {
+                Some(record) => Begun::Live(record),
+                None if lookup.acquired => Begun::Acquired(tx),
+                None => Begun::Busy,
+            })
+        }
+    }
 
     /// Claims `key` inside `conn`'s transaction, in one round trip and without waiting for other
     /// transactions: either this transaction now holds the key, or the live record (if any) is
@@ -94,7 +134,7 @@ pub trait Backend: sqlx::Database + Sized {
     /// Whether `error` says the transaction was aborted by an earlier failed statement.
     fn is_transaction_aborted(error: &sqlx::Error) -> bool;
 
-    /// Creates or upgrades the key table.
+    /// Creates or upgrades the key table, and checks the settings the backend relies on.
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), MigrateError>> + Send + '_;
 }
 

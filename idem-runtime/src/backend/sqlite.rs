@@ -1,0 +1,324 @@
+//! SQLite: one writer at a time. The handler's transaction begins `IMMEDIATE` (it takes the
+//! write lock at once, so it can never fail to upgrade later); within a process a duplicate is
+//! refused before it waits for that lock; completed keys are read without it (WAL readers do
+//! not wait for the writer). Times are Unix milliseconds, taken from this process's clock.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::{
+    Row, Sqlite, SqliteConnection, SqlitePool, Transaction, migrate::MigrateError,
+    sqlite::SqliteRow, types::Json,
+};
+
+use super::{Backend, Begun};
+use crate::{
+    fingerprint::Fingerprint,
+    record::{
+        Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, Start, Started, StoredResponse,
+    },
+};
+
+const LIVE: &str = "SELECT status, method, path, fingerprint, response_status, response_headers, \
+     response_body, lease_until FROM idem_keys WHERE scope = $1 AND key = $2 AND expires_at > $3";
+
+const COMPLETE: &str = "INSERT INTO idem_keys \
+     (scope, key, method, path, fingerprint, status, response_status, response_headers, \
+      response_body, created_at, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, $10) \
+     ON CONFLICT (scope, key) DO UPDATE SET \
+       method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint, \
+       status = 'completed', response_status = excluded.response_status, \
+       response_headers = excluded.response_headers, response_body = excluded.response_body, \
+       created_at = excluded.created_at, expires_at = excluded.expires_at, locked_at = NULL, \
+       lease_until = NULL, claim_token = NULL \
+     WHERE idem_keys.expires_at <= $9";
+
+const START: &str = "INSERT INTO idem_keys \
+     (scope, key, method, path, fingerprint, status, created_at, expires_at, locked_at, \
+      lease_until, claim_token) \
+     VALUES ($1, $2, $3, $4, $5, 'started', $6, $7, $6, $8, $9) \
+     ON CONFLICT (scope, key) DO UPDATE SET \
+       method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint, \
+       status = 'started', created_at = excluded.created_at, expires_at = excluded.expires_at, \
+       locked_at = excluded.locked_at, lease_until = excluded.lease_until, \
+       claim_token = excluded.claim_token, response_status = NULL, response_headers = NULL, \
+       response_body = NULL";
+
+const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $4, \
+     response_headers = $5, response_body = $6, locked_at = NULL, lease_until = NULL, \
+     claim_token = NULL, expires_at = CASE WHEN $7 > 0 THEN $8 + $7 ELSE expires_at END \
+     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
+const RELEASE: &str = "DELETE FROM idem_keys \
+     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
+const PURGE: &str = "DELETE FROM idem_keys WHERE rowid IN ( \
+     SELECT rowid FROM idem_keys WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)";
+
+const RECLAIM: &str = "UPDATE idem_keys SET lease_until = $2, claim_token = $3 \
+     WHERE rowid IN (SELECT rowid FROM idem_keys \
+       WHERE status = 'started' AND lease_until <= $1 AND expires_at > $1 \
+       ORDER BY lease_until LIMIT $4) \
+     RETURNING scope, key, method, path, fingerprint, locked_at";
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+async fn live_row(
+    conn: &mut SqliteConnection,
+    key: &KeyRef,
+    now: i64,
+) -> Result<Option<(KeyRecord, Option<i64>)>, sqlx::Error> {
+    let row = sqlx::query(LIVE)
+        .bind(&key.scope)
+        .bind(&key.key)
+        .bind(now)
+        .fetch_optional(conn)
+        .await?;
+    row.map(|row| Ok((decode_record(&row)?, row.try_get("lease_until")?)))
+        .transpose()
+}
+
+impl Backend for Sqlite {
+    const NAME: &'static str = "sqlite";
+
+    async fn begin(pool: &SqlitePool) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        // IMMEDIATE takes the write lock now: a deferred transaction that read first could fail
+        // with "database is locked" when it later writes.
+        pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    async fn begin_claim(pool: &SqlitePool, key: &KeyRef) -> Result<Begun<Sqlite>, sqlx::Error> {
+        // A completed key is answered without the write lock.
+        let mut conn = pool.acquire().await?;
+        if let Some((record, _)) = live_row(&mut conn, key, now_ms()).await?
+            && record.status == KeyStatus::Completed
+        {
+            return Ok(Begun::Live(record));
+        }
+        drop(conn);
+        let mut tx = Self::begin(pool).await?;
+        let lookup = Self::claim(&mut tx, key).await?;
+        Ok(match lookup.record {
+            Some(record) => Begun::Live(record),
+            None => Begun::Acquired(tx),
+        })
+    }
+
+    async fn claim(conn: &mut SqliteConnection, key: &KeyRef) -> Result<Lookup, sqlx::Error> {
+        // The transaction holds SQLite's write lock: nobody else can complete the key now.
+        let record = live_row(conn, key, now_ms())
+            .await?
+            .map(|(record, _)| record);
+        Ok(Lookup {
+            acquired: true,
+            record,
+        })
+    }
+
+    async fn complete(
+        conn: &mut SqliteConnection,
+        c: &Completion<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let now = now_ms();
+        let done = sqlx::query(COMPLETE)
+            .bind(&c.key.scope)
+            .bind(&c.key.key)
+            .bind(c.method)
+            .bind(c.path)
+            .bind(&c.fingerprint.as_bytes()[..])
+            .bind(i64::from(c.response.status))
+            .bind(Json(&c.response.headers))
+            .bind(&c.response.body)
+            .bind(now)
+            .bind(now.saturating_add(ms(c.retention)))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn savepoint(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("SAVEPOINT idem_handler")
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("ROLLBACK TO SAVEPOINT idem_handler")
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn start(pool: &SqlitePool, start: &Start<'_>) -> Result<Started, sqlx::Error> {
+        let mut tx = Self::begin(pool).await?;
+        let now = now_ms();
+        let existing = live_row(&mut tx, start.key, now).await?;
+        let taken_over = match existing {
+            Some((record, lease_until)) => {
+                let leased = lease_until.is_some_and(|until| until > now);
+                if record.status == KeyStatus::Completed
+                    || leased
+                    || record.fingerprint != *start.fingerprint
+                {
+                    let lease_left = lease_until.map(|until| {
+                        Duration::from_millis(until.saturating_sub(now).max(0) as u64)
+                    });
+                    return Ok(Started::Found { record, lease_left });
+                }
+                true
+            }
+            None => {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM idem_keys WHERE scope = $1 AND key = $2",
+                )
+                .bind(&start.key.scope)
+                .bind(&start.key.key)
+                .fetch_one(&mut *tx)
+                .await?
+                    > 0
+            }
+        };
+        sqlx::query(START)
+            .bind(&start.key.scope)
+            .bind(&start.key.key)
+            .bind(start.method)
+            .bind(start.path)
+            .bind(&start.fingerprint.as_bytes()[..])
+            .bind(now)
+            .bind(now.saturating_add(ms(start.retention)))
+            .bind(now.saturating_add(ms(start.lease)))
+            .bind(start.token)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Started::Acquired { taken_over })
+    }
+
+    async fn finish(
+        pool: &SqlitePool,
+        c: &Completion<'_>,
+        token: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(FINISH)
+            .bind(&c.key.scope)
+            .bind(&c.key.key)
+            .bind(token)
+            .bind(i64::from(c.response.status))
+            .bind(Json(&c.response.headers))
+            .bind(&c.response.body)
+            .bind(ms(c.retention))
+            .bind(now_ms())
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(pool: &SqlitePool, key: &KeyRef, token: i64) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(RELEASE)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_batch(pool: &SqlitePool, limit: i64) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::query(PURGE)
+            .bind(now_ms())
+            .bind(limit)
+            .execute(pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn reclaim_abandoned(
+        pool: &SqlitePool,
+        limit: i64,
+        lease: Duration,
+        token: i64,
+    ) -> Result<Vec<Abandoned>, sqlx::Error> {
+        let now = now_ms();
+        let rows = sqlx::query(RECLAIM)
+            .bind(now)
+            .bind(now.saturating_add(ms(lease)))
+            .bind(token)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+                let locked_at: Option<i64> = row.try_get("locked_at")?;
+                Ok(Abandoned {
+                    key: KeyRef::new(row.try_get("scope")?, row.try_get("key")?),
+                    method: row.try_get("method")?,
+                    path: row.try_get("path")?,
+                    fingerprint: Fingerprint::from_slice(&fingerprint).ok_or_else(|| {
+                        sqlx::Error::Decode("idem_keys.fingerprint is not 32 bytes".into())
+                    })?,
+                    age: Duration::from_millis(
+                        now.saturating_sub(locked_at.unwrap_or(now)).max(0) as u64
+                    ),
+                })
+            })
+            .collect()
+    }
+
+    fn is_transaction_aborted(_error: &sqlx::Error) -> bool {
+        // SQLite does not abort a transaction when one of its statements fails.
+        false
+    }
+
+    async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
+        let mut migrator = sqlx::migrate!("../migrations/sqlite");
+        migrator.set_ignore_missing(true);
+        migrator.dangerous_set_table_name("_idem_migrations");
+        migrator.run(pool).await
+    }
+}
+
+fn decode_record(row: &SqliteRow) -> Result<KeyRecord, sqlx::Error> {
+    let status: String = row.try_get("status")?;
+    let status = match status.as_str() {
+        "completed" => KeyStatus::Completed,
+        "started" => KeyStatus::Started,
+        other => {
+            return Err(sqlx::Error::Decode(
+                format!("unknown idem_keys.status {other:?}").into(),
+            ));
+        }
+    };
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    let fingerprint = Fingerprint::from_slice(&fingerprint)
+        .ok_or_else(|| sqlx::Error::Decode("idem_keys.fingerprint is not 32 bytes".into()))?;
+    let response = match row.try_get::<Option<i64>, _>("response_status")? {
+        Some(code) => Some(StoredResponse {
+            status: u16::try_from(code).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+            headers: row
+                .try_get::<Option<Json<Vec<(String, String)>>>, _>("response_headers")?
+                .map(|Json(h)| h)
+                .unwrap_or_default(),
+            body: row
+                .try_get::<Option<Vec<u8>>, _>("response_body")?
+                .unwrap_or_default(),
+        }),
+        None => None,
+    };
+    Ok(KeyRecord {
+        status,
+        method: row.try_get("method")?,
+        path: row.try_get("path")?,
+        fingerprint,
+        response,
+    })
+}
