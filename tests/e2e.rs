@@ -1,23 +1,19 @@
-//! The example service over a real TCP socket: served by `axum::serve` on a loopback port,
-//! driven by an HTTP client, exactly as a client would see it.
+//! The example service over a real TCP socket, on both backends: served by `axum::serve` on a
+//! loopback port, driven by an HTTP client, exactly as a client would see it.
 
 use std::net::SocketAddr;
 
-use idem_examples::{payments, schema};
-use idem_runtime::Store;
+use idem_tests::{App, backend_tests, until_in_flight};
 use reqwest::{Client, StatusCode};
-use sqlx::PgPool;
 
-async fn serve(pool: PgPool) -> SocketAddr {
-    schema::create(&pool).await.expect("create tables");
+async fn serve(app: &App) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
     let addr = listener.local_addr().expect("local addr");
+    let router = app.router.clone();
     tokio::spawn(async move {
-        axum::serve(listener, payments::router(Store::new(pool)))
-            .await
-            .expect("serve");
+        axum::serve(listener, router).await.expect("serve");
     });
     addr
 }
@@ -26,95 +22,67 @@ fn body(customer: &str) -> serde_json::Value {
     serde_json::json!({"amount": 4200, "currency": "usd", "customer": customer})
 }
 
-#[sqlx::test(migrations = false)]
-async fn a_client_retrying_over_tcp_gets_one_payment(pool: PgPool) {
-    let addr = serve(pool.clone()).await;
-    let client = Client::new();
-    let url = format!("http://{addr}/v1/payments");
-    let post = |key: &str, customer: &str| {
-        client
-            .post(&url)
-            .bearer_auth("tenant_tcp")
-            .header("Idempotency-Key", key)
-            .json(&body(customer))
-            .send()
-    };
+backend_tests! {
+    async fn a_client_retrying_over_tcp_gets_one_payment(db) {
+        let app = App::new(db).await;
+        let addr = serve(&app).await;
+        let client = Client::new();
+        let url = format!("http://{addr}/v1/payments");
+        let post = |key: &str, customer: &str| {
+            client
+                .post(&url)
+                .bearer_auth("tenant_tcp")
+                .header("Idempotency-Key", key)
+                .json(&body(customer))
+                .send()
+        };
 
-    // A slow first attempt, and a duplicate sent while it runs.
-    let first = tokio::spawn(post("\"tcp-key-1\"", "cus_slow"));
-    loop {
-        // The slow first request holds its key (only this test's database is looked at).
-        let locks: i64 = sqlx::query_scalar(idem_tests::ADVISORY_LOCKS_HERE)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        if locks > 0 {
-            break;
-        }
-        tokio::task::yield_now().await;
+        // A slow first attempt, and a duplicate sent while it runs.
+        let first = tokio::spawn(post("\"tcp-key-1\"", "cus_slow"));
+        until_in_flight(&app, 1).await;
+        let duplicate = post("tcp-key-1", "cus_slow").await.unwrap();
+        assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+        assert_eq!(duplicate.headers()["retry-after"], "1");
+        assert_eq!(duplicate.headers()["content-type"], "application/problem+json");
+        assert!(!first.is_finished(), "the 409 did not wait for the first request");
+
+        let first = first.await.unwrap().unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED);
+        let location = first.headers()["location"].to_str().unwrap().to_owned();
+        let created: serde_json::Value = first.json().await.unwrap();
+
+        // The retry after the first finished: the same payment, marked as a replay.
+        let retry = post("tcp-key-1", "cus_slow").await.unwrap();
+        assert_eq!(retry.status(), StatusCode::CREATED);
+        assert_eq!(retry.headers()["idempotent-replayed"], "true");
+        assert_eq!(retry.headers()["location"].to_str().unwrap(), location);
+        assert_eq!(retry.json::<serde_json::Value>().await.unwrap(), created);
+
+        let read = |url: String| async {
+            let response = client.get(url).bearer_auth("tenant_tcp").send().await.unwrap();
+            response.json::<serde_json::Value>().await.unwrap()
+        };
+        assert_eq!(read(format!("http://{addr}{location}")).await, created);
+        assert_eq!(read(url.clone()).await, serde_json::json!([created]));
     }
-    let duplicate = post("tcp-key-1", "cus_slow").await.unwrap();
-    assert_eq!(duplicate.status(), StatusCode::CONFLICT);
-    assert_eq!(duplicate.headers()["retry-after"], "1");
-    assert_eq!(
-        duplicate.headers()["content-type"],
-        "application/problem+json"
-    );
-    assert!(
-        !first.is_finished(),
-        "the 409 did not wait for the first request"
-    );
 
-    let first = first.await.unwrap().unwrap();
-    assert_eq!(first.status(), StatusCode::CREATED);
-    let location = first.headers()["location"].to_str().unwrap().to_owned();
-    let created: serde_json::Value = first.json().await.unwrap();
-
-    // The retry after the first finished: the same payment, marked as a replay.
-    let retry = post("tcp-key-1", "cus_slow").await.unwrap();
-    assert_eq!(retry.status(), StatusCode::CREATED);
-    assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    assert_eq!(retry.headers()["location"].to_str().unwrap(), location);
-    assert_eq!(retry.json::<serde_json::Value>().await.unwrap(), created);
-
-    let read = |url: String| async {
-        let response = client
-            .get(url)
-            .bearer_auth("tenant_tcp")
+    async fn problems_over_tcp_are_problem_json(db) {
+        let app = App::new(db).await;
+        let addr = serve(&app).await;
+        let client = Client::new();
+        let url = format!("http://{addr}/v1/payments");
+        let missing = client.post(&url).bearer_auth("t").json(&body("cus_1")).send().await.unwrap();
+        assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(missing.headers()["content-type"], "application/problem+json");
+        let problem: serde_json::Value = missing.json().await.unwrap();
+        assert_eq!(problem["status"], 400);
+        let unauthenticated = client
+            .post(&url)
+            .header("Idempotency-Key", "k")
+            .json(&body("cus_1"))
             .send()
             .await
             .unwrap();
-        response.json::<serde_json::Value>().await.unwrap()
-    };
-    assert_eq!(read(format!("http://{addr}{location}")).await, created);
-    assert_eq!(read(url.clone()).await, serde_json::json!([created]));
-}
-
-#[sqlx::test(migrations = false)]
-async fn problems_over_tcp_are_problem_json(pool: PgPool) {
-    let addr = serve(pool).await;
-    let client = Client::new();
-    let url = format!("http://{addr}/v1/payments");
-    let missing = client
-        .post(&url)
-        .bearer_auth("t")
-        .json(&body("cus_1"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(
-        missing.headers()["content-type"],
-        "application/problem+json"
-    );
-    let problem: serde_json::Value = missing.json().await.unwrap();
-    assert_eq!(problem["status"], 400);
-    let unauthenticated = client
-        .post(&url)
-        .header("Idempotency-Key", "k")
-        .json(&body("cus_1"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+    }
 }

@@ -1,11 +1,10 @@
-//! External mode through the refunds route (CONTRACT.md §4): the claim is committed before the
-//! processor call, a duplicate within the lease gets 409, a takeover after the lease runs the
+//! External mode through the refunds route (CONTRACT.md §4), on both backends: the claim is
+//! committed before the processor call, a duplicate within the lease gets 409, a takeover after the lease runs the
 //! handler again, and the derived key makes the processor refund once.
 
 use axum::http::StatusCode;
 use idem_runtime::ProblemKind;
-use idem_tests::{App, Req, executed_refunds, spawn_processor};
-use sqlx::PgPool;
+use idem_tests::{App, Req, backend_tests, executed_refunds, spawn_processor};
 
 fn refund(tenant: &str, key: &str, payment: &str) -> Req {
     Req::post("/v1/refunds")
@@ -26,173 +25,165 @@ async fn spawn_refund(app: &App, payment: &str) -> tokio::task::JoinHandle<idem_
     task
 }
 
-#[sqlx::test(migrations = false)]
-async fn a_refund_runs_once_and_is_replayed(pool: PgPool) {
-    let processor = spawn_processor().await;
-    let app = App::with_processor(pool, processor.clone()).await;
-    let payment = app.paid("t1", "cus_1").await;
-    let first = app.send(refund("t1", "r1", &payment).build()).await;
-    assert_eq!(
-        first.status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&first.body)
-    );
-    let body = first.json();
-    assert_eq!(body["status"], "refunded");
-    assert_eq!(body["payment"], payment.as_str());
-    let id = body["id"].as_str().unwrap();
-    assert_eq!(
-        first.header("location"),
-        Some(format!("/v1/refunds/{id}").as_str())
-    );
-    let second = app.send(refund("t1", "r1", &payment).build()).await;
-    assert!(second.replayed());
-    assert_eq!(second.body, first.body);
-    assert_eq!(executed_refunds(&processor).await.len(), 1);
-    let listed = app
-        .send(Req::get("/v1/refunds").tenant("t1").build())
-        .await
-        .json();
-    assert_eq!(listed.as_array().unwrap().len(), 1);
-    let fetched = app
-        .send(Req::get(&format!("/v1/refunds/{id}")).tenant("t1").build())
-        .await;
-    assert_eq!(fetched.json(), body);
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_refund_of_an_unknown_or_foreign_payment_is_a_stored_404(pool: PgPool) {
-    let processor = spawn_processor().await;
-    let app = App::with_processor(pool, processor.clone()).await;
-    let foreign = app.paid("someone_else", "cus_1").await;
-    for (key, payment) in [("r1", "pay_missing"), ("r2", foreign.as_str())] {
-        let first = app.send(refund("t1", key, payment).build()).await;
-        first.problem(StatusCode::NOT_FOUND);
-        let second = app.send(refund("t1", key, payment).build()).await;
+backend_tests! {
+    async fn a_refund_runs_once_and_is_replayed(db) {
+        let processor = spawn_processor().await;
+        let app = App::with_processor(db, processor.clone()).await;
+        let payment = app.paid("t1", "cus_1").await;
+        let first = app.send(refund("t1", "r1", &payment).build()).await;
+        assert_eq!(
+            first.status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&first.body)
+        );
+        let body = first.json();
+        assert_eq!(body["status"], "refunded");
+        assert_eq!(body["payment"], payment.as_str());
+        let id = body["id"].as_str().unwrap();
+        assert_eq!(
+            first.header("location"),
+            Some(format!("/v1/refunds/{id}").as_str())
+        );
+        let second = app.send(refund("t1", "r1", &payment).build()).await;
         assert!(second.replayed());
-        assert_eq!(second.status, StatusCode::NOT_FOUND);
-    }
-    assert!(executed_refunds(&processor).await.is_empty());
-}
-
-#[sqlx::test(migrations = false)]
-async fn an_unreachable_processor_is_a_503_that_stores_nothing(pool: PgPool) {
-    // Nothing listens on this port: bind one, learn it, close it.
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", listener.local_addr().unwrap())
-    };
-    let down = App::with_processor(pool.clone(), closed).await;
-    let payment = down.paid("t1", "cus_1").await;
-    let reply = down.send(refund("t1", "r1", &payment).build()).await;
-    reply.problem(StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(down.keys_named("r1").await, 0, "the claim was released");
-    assert_eq!(down.count("refunds").await, 0);
-
-    let processor = spawn_processor().await;
-    let up = App::with_processor(pool, processor.clone()).await;
-    let retry = up.send(refund("t1", "r1", &payment).build()).await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert!(!retry.replayed());
-    assert_eq!(executed_refunds(&processor).await.len(), 1);
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_duplicate_within_the_lease_gets_409_with_the_lease_left(pool: PgPool) {
-    let processor = spawn_processor().await;
-    let app = App::with_processor(pool, processor.clone()).await;
-    let payment = app.paid("t1", "cus_slow").await;
-    let first = spawn_refund(&app, &payment).await;
-    let duplicate = app.send(refund("t1", "r1", &payment).build()).await;
-    assert_eq!(
-        duplicate.problem(StatusCode::CONFLICT),
-        ProblemKind::InProgress.type_uri()
-    );
-    let retry_after: u64 = duplicate.header("retry-after").unwrap().parse().unwrap();
-    assert!(
-        (1..=5).contains(&retry_after),
-        "the lease is 5 s, {retry_after} s left"
-    );
-    assert!(!first.is_finished());
-    let first = first.await.unwrap();
-    assert_eq!(first.status, StatusCode::CREATED);
-    assert!(
-        app.send(refund("t1", "r1", &payment).build())
+        assert_eq!(second.body, first.body);
+        assert_eq!(executed_refunds(&processor).await.len(), 1);
+        let listed = app
+            .send(Req::get("/v1/refunds").tenant("t1").build())
             .await
-            .replayed()
-    );
-    assert_eq!(executed_refunds(&processor).await.len(), 1);
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_takeover_after_the_lease_refunds_once(pool: PgPool) {
-    let processor = spawn_processor().await;
-    let app = App::with_processor(pool, processor.clone()).await;
-    let payment = app.paid("t1", "cus_slow").await;
-    let first = spawn_refund(&app, &payment).await;
-    // The first request is stuck past its lease (as if its process had stalled).
-    sqlx::query("UPDATE idem_keys SET lease_until = now() - interval '1 second' WHERE key = 'r1'")
-        .execute(&app.pool)
-        .await
-        .unwrap();
-    let takeover = app.send(refund("t1", "r1", &payment).build()).await;
-    assert_eq!(takeover.status, StatusCode::CREATED);
-    assert!(!takeover.replayed(), "the handler ran again");
-    let first = first.await.unwrap();
-    assert_eq!(first.status, StatusCode::CREATED);
-    assert_eq!(
-        first.json()["id"],
-        takeover.json()["id"],
-        "the processor refunded once"
-    );
-    assert_eq!(executed_refunds(&processor).await.len(), 1);
-    // The takeover owns the key; the first request's late completion was refused.
-    let replay = app.send(refund("t1", "r1", &payment).build()).await;
-    assert!(replay.replayed());
-    assert_eq!(replay.body, takeover.body);
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_cancelled_external_request_releases_its_key(pool: PgPool) {
-    let processor = spawn_processor().await;
-    let app = App::with_processor(pool, processor.clone()).await;
-    let payment = app.paid("t1", "cus_slow").await;
-    let first = spawn_refund(&app, &payment).await;
-    while executed_refunds(&processor).await.is_empty() {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            .json();
+        assert_eq!(listed.as_array().unwrap().len(), 1);
+        let fetched = app
+            .send(Req::get(&format!("/v1/refunds/{id}")).tenant("t1").build())
+            .await;
+        assert_eq!(fetched.json(), body);
     }
-    // The client hangs up after the processor executed the refund.
-    first.abort();
-    assert!(first.await.unwrap_err().is_cancelled());
-    while app.keys_named("r1").await > 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    let retry = app.send(refund("t1", "r1", &payment).build()).await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert_eq!(
-        executed_refunds(&processor).await.len(),
-        1,
-        "the derived key deduplicated"
-    );
-}
 
-#[sqlx::test(migrations = false)]
-async fn derived_keys_differ_per_scope_and_hide_the_client_key(pool: PgPool) {
-    let processor = spawn_processor().await;
-    let app = App::with_processor(pool, processor.clone()).await;
-    let a = app.paid("tenant_a", "cus_1").await;
-    let b = app.paid("tenant_b", "cus_1").await;
-    let ra = app.send(refund("tenant_a", "same-key", &a).build()).await;
-    let rb = app.send(refund("tenant_b", "same-key", &b).build()).await;
-    assert_eq!(
-        (ra.status, rb.status),
-        (StatusCode::CREATED, StatusCode::CREATED)
-    );
-    assert_ne!(
-        ra.json()["id"],
-        rb.json()["id"],
-        "two refunds: the downstream keys differ"
-    );
-    assert_eq!(executed_refunds(&processor).await.len(), 2);
+    async fn a_refund_of_an_unknown_or_foreign_payment_is_a_stored_404(db) {
+        let processor = spawn_processor().await;
+        let app = App::with_processor(db, processor.clone()).await;
+        let foreign = app.paid("someone_else", "cus_1").await;
+        for (key, payment) in [("r1", "pay_missing"), ("r2", foreign.as_str())] {
+            let first = app.send(refund("t1", key, payment).build()).await;
+            first.problem(StatusCode::NOT_FOUND);
+            let second = app.send(refund("t1", key, payment).build()).await;
+            assert!(second.replayed());
+            assert_eq!(second.status, StatusCode::NOT_FOUND);
+        }
+        assert!(executed_refunds(&processor).await.is_empty());
+    }
+
+    async fn an_unreachable_processor_is_a_503_that_stores_nothing(db) {
+        // Nothing listens on this port: bind one, learn it, close it.
+        let closed = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", listener.local_addr().unwrap())
+        };
+        let down = App::with_processor(db, closed).await;
+        let payment = down.paid("t1", "cus_1").await;
+        let reply = down.send(refund("t1", "r1", &payment).build()).await;
+        reply.problem(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(down.keys_named("r1").await, 0, "the claim was released");
+        assert_eq!(down.count("refunds").await, 0);
+
+        let processor = spawn_processor().await;
+        let up = down.sibling_with_processor(processor.clone()).await;
+        let retry = up.send(refund("t1", "r1", &payment).build()).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert!(!retry.replayed());
+        assert_eq!(executed_refunds(&processor).await.len(), 1);
+    }
+
+    async fn a_duplicate_within_the_lease_gets_409_with_the_lease_left(db) {
+        let processor = spawn_processor().await;
+        let app = App::with_processor(db, processor.clone()).await;
+        let payment = app.paid("t1", "cus_slow").await;
+        let first = spawn_refund(&app, &payment).await;
+        let duplicate = app.send(refund("t1", "r1", &payment).build()).await;
+        assert_eq!(
+            duplicate.problem(StatusCode::CONFLICT),
+            ProblemKind::InProgress.type_uri()
+        );
+        let retry_after: u64 = duplicate.header("retry-after").unwrap().parse().unwrap();
+        assert!(
+            (1..=5).contains(&retry_after),
+            "the lease is 5 s, {retry_after} s left"
+        );
+        assert!(!first.is_finished());
+        let first = first.await.unwrap();
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert!(
+            app.send(refund("t1", "r1", &payment).build())
+                .await
+                .replayed()
+        );
+        assert_eq!(executed_refunds(&processor).await.len(), 1);
+    }
+
+    async fn a_takeover_after_the_lease_refunds_once(db) {
+        let processor = spawn_processor().await;
+        let app = App::with_processor(db, processor.clone()).await;
+        let payment = app.paid("t1", "cus_slow").await;
+        let first = spawn_refund(&app, &payment).await;
+        // The first request is stuck past its lease (as if its process had stalled).
+        app.lapse_lease("r1").await;
+        let takeover = app.send(refund("t1", "r1", &payment).build()).await;
+        assert_eq!(takeover.status, StatusCode::CREATED);
+        assert!(!takeover.replayed(), "the handler ran again");
+        let first = first.await.unwrap();
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert_eq!(
+            first.json()["id"],
+            takeover.json()["id"],
+            "the processor refunded once"
+        );
+        assert_eq!(executed_refunds(&processor).await.len(), 1);
+        // The takeover owns the key; the first request's late completion was refused.
+        let replay = app.send(refund("t1", "r1", &payment).build()).await;
+        assert!(replay.replayed());
+        assert_eq!(replay.body, takeover.body);
+    }
+
+    async fn a_cancelled_external_request_releases_its_key(db) {
+        let processor = spawn_processor().await;
+        let app = App::with_processor(db, processor.clone()).await;
+        let payment = app.paid("t1", "cus_slow").await;
+        let first = spawn_refund(&app, &payment).await;
+        while executed_refunds(&processor).await.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // The client hangs up after the processor executed the refund.
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        while app.keys_named("r1").await > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let retry = app.send(refund("t1", "r1", &payment).build()).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert_eq!(
+            executed_refunds(&processor).await.len(),
+            1,
+            "the derived key deduplicated"
+        );
+    }
+
+    async fn derived_keys_differ_per_scope_and_hide_the_client_key(db) {
+        let processor = spawn_processor().await;
+        let app = App::with_processor(db, processor.clone()).await;
+        let a = app.paid("tenant_a", "cus_1").await;
+        let b = app.paid("tenant_b", "cus_1").await;
+        let ra = app.send(refund("tenant_a", "same-key", &a).build()).await;
+        let rb = app.send(refund("tenant_b", "same-key", &b).build()).await;
+        assert_eq!(
+            (ra.status, rb.status),
+            (StatusCode::CREATED, StatusCode::CREATED)
+        );
+        assert_ne!(
+            ra.json()["id"],
+            rb.json()["id"],
+            "two refunds: the downstream keys differ"
+        );
+        assert_eq!(executed_refunds(&processor).await.len(), 2);
+    }
 }

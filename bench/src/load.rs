@@ -22,8 +22,11 @@ use sqlx::Postgres;
 pub async fn serve(store: Store<Postgres>) -> Result<SocketAddr, crate::db::Error> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let app = payments::routes()
-        .route("/bare/payments", post(payments::create_payment_bare))
+    let app = payments::postgres::routes()
+        .route(
+            "/bare/payments",
+            post(payments::postgres::create_payment_bare),
+        )
         .with_state(AppState::new(store));
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;

@@ -1,36 +1,41 @@
-//! The routes of the payments service (`CONTRACT.md` §3).
+//! The routes of the payments service (`CONTRACT.md` §3 and §4), once per database:
+//! [`postgres`] and [`sqlite`] hold the same handlers over `Transaction<'_, Postgres>` and
+//! `Transaction<'_, Sqlite>` (an `#[idempotent]` handler names its database, so the set is
+//! written once, in a macro, and instantiated twice).
 
 use axum::{
-    Json, Router,
-    extract::{FromRef, Path, State},
+    Json,
+    extract::FromRef,
     http::{StatusCode, header},
     response::{IntoResponse, Response},
-    routing::{get, post},
 };
-use idem_runtime::{Store, idempotent};
+use idem_runtime::{Backend, Store};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgPool, Postgres, Transaction};
-use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::{
-    auth::Tenant,
-    card::{self, Decision},
-    error::{ApiError, ApiJson},
-};
+use crate::error::ApiError;
 
 /// The router's state: the idempotency store, whose pool the read routes use too, and the
 /// client of the card processor that refunds go to.
-#[derive(Clone, Debug)]
-pub struct AppState {
+#[derive(Debug)]
+pub struct AppState<DB: Backend> {
     /// Pool and idempotency settings.
-    pub store: Store<Postgres>,
+    pub store: Store<DB>,
     /// Where refunds are executed.
     pub processor: crate::refunds::ProcessorClient,
 }
 
-impl AppState {
+impl<DB: Backend> Clone for AppState<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            processor: self.processor.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> AppState<DB> {
     /// State over `store`, with the processor at its default address (`http://127.0.0.1:3001`).
-    pub fn new(store: Store<Postgres>) -> Self {
+    pub fn new(store: Store<DB>) -> Self {
         Self {
             store,
             processor: crate::refunds::ProcessorClient::new("http://127.0.0.1:3001"),
@@ -38,31 +43,10 @@ impl AppState {
     }
 }
 
-impl FromRef<AppState> for Store<Postgres> {
-    fn from_ref(state: &AppState) -> Self {
+impl<DB: Backend> FromRef<AppState<DB>> for Store<DB> {
+    fn from_ref(state: &AppState<DB>) -> Self {
         state.store.clone()
     }
-}
-
-/// The payments API over `store`, with the processor at its default address; its tables must
-/// exist ([`crate::schema::create`]).
-pub fn router(store: Store<Postgres>) -> Router {
-    routes().with_state(AppState::new(store))
-}
-
-/// The routes of [`router`], before the state is given, for embedding in a larger router.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/payments", post(create_payment).get(list_payments))
-        .route("/v1/payments/{id}", get(get_payment))
-        .route("/v1/payouts", post(create_payout).get(list_payouts))
-        .route("/v1/payouts/{id}", get(get_payout))
-        .route(
-            "/v1/refunds",
-            post(crate::refunds::create_refund).get(crate::refunds::list_refunds),
-        )
-        .route("/v1/refunds/{id}", get(crate::refunds::get_refund))
-        .layer(CatchPanicLayer::custom(panic_problem))
 }
 
 /// The body of `POST /v1/payments` and `POST /v1/payouts`.
@@ -77,7 +61,7 @@ pub struct NewTransfer {
 }
 
 impl NewTransfer {
-    fn validate(&self) -> Result<(), ApiError> {
+    pub(crate) fn validate(&self) -> Result<(), ApiError> {
         if self.amount <= 0 {
             return Err(ApiError::Invalid(format!(
                 "`amount` must be a positive integer in minor units, got {}",
@@ -158,155 +142,309 @@ type Created = (
     Json<Transfer>,
 );
 
-/// `POST /v1/payments`: a 5xx is rolled back and not stored, so a retry charges again.
-#[idempotent(scope = "tenant", retention = "24h", replay_5xx = false)]
-pub async fn create_payment(
-    tenant: Tenant,
-    tx: &mut Transaction<'_, Postgres>,
-    ApiJson(body): ApiJson<NewTransfer>,
-) -> Result<Created, ApiError> {
-    create(&PAYMENTS, &tenant, tx, body).await
-}
-
-/// `POST /v1/payouts`: a 5xx is stored and replayed (Stripe v1), its writes undone.
-#[idempotent(scope = "tenant", retention = "7d", replay_5xx = true)]
-pub async fn create_payout(
-    tenant: Tenant,
-    tx: &mut Transaction<'_, Postgres>,
-    ApiJson(body): ApiJson<NewTransfer>,
-) -> Result<Created, ApiError> {
-    create(&PAYOUTS, &tenant, tx, body).await
-}
-
-/// `POST /v1/payments` without idempotency: the same work in a transaction of its own. Not
-/// routed by [`router`]; it is the baseline that tests and benchmarks compare against.
-pub async fn create_payment_bare(
-    tenant: Tenant,
-    State(state): State<AppState>,
-    ApiJson(body): ApiJson<NewTransfer>,
-) -> Result<Created, ApiError> {
-    let mut tx = state.store.pool().begin().await?;
-    let created = create(&PAYMENTS, &tenant, &mut tx, body).await?;
-    tx.commit().await?;
-    Ok(created)
-}
-
-/// Records the attempt, asks the processor, and settles the record with its decision.
-async fn create(
-    kind: &Kind,
-    tenant: &Tenant,
-    tx: &mut Transaction<'_, Postgres>,
-    body: NewTransfer,
-) -> Result<Created, ApiError> {
-    body.validate()?;
-    let id = format!("{}_{}", kind.id_prefix, uuid::Uuid::new_v4().simple());
-    sqlx::query(kind.insert)
-        .bind(&id)
-        .bind(&tenant.0)
-        .bind(body.amount)
-        .bind(&body.currency)
-        .bind(&body.customer)
-        .execute(&mut **tx)
-        .await?;
-    let status = match card::decide(&body.customer).await {
-        Decision::Approved => kind.approved,
-        Decision::Declined => "declined",
-        Decision::Unavailable => {
-            return Err(ApiError::Unavailable(format!(
-                "the processor did not answer; the {} was not made, retry with the same key",
-                kind.noun
-            )));
-        }
-    };
-    sqlx::query(kind.settle)
-        .bind(&id)
-        .bind(status)
-        .execute(&mut **tx)
-        .await?;
-    if status == "declined" {
-        return Err(ApiError::Declined(format!(
-            "the {} {id} was declined by the card issuer",
-            kind.noun
-        )));
-    }
-    let location = format!("{}/{id}", kind.path);
-    let transfer = Transfer {
-        id,
-        amount: body.amount,
-        currency: body.currency,
-        customer: body.customer,
-        status: status.to_owned(),
-    };
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        Json(transfer),
-    ))
-}
-
-/// `GET /v1/payments`.
-pub async fn list_payments(
-    tenant: Tenant,
-    State(state): State<AppState>,
-) -> Result<Json<Vec<Transfer>>, ApiError> {
-    list(&PAYMENTS, state.store.pool(), &tenant).await
-}
-
-/// `GET /v1/payouts`.
-pub async fn list_payouts(
-    tenant: Tenant,
-    State(state): State<AppState>,
-) -> Result<Json<Vec<Transfer>>, ApiError> {
-    list(&PAYOUTS, state.store.pool(), &tenant).await
-}
-
-/// `GET /v1/payments/{id}`.
-pub async fn get_payment(
-    tenant: Tenant,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<Transfer>, ApiError> {
-    fetch(&PAYMENTS, state.store.pool(), &tenant, &id).await
-}
-
-/// `GET /v1/payouts/{id}`.
-pub async fn get_payout(
-    tenant: Tenant,
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<Transfer>, ApiError> {
-    fetch(&PAYOUTS, state.store.pool(), &tenant, &id).await
-}
-
-async fn list(
-    kind: &Kind,
-    pool: &PgPool,
-    tenant: &Tenant,
-) -> Result<Json<Vec<Transfer>>, ApiError> {
-    let rows = sqlx::query_as(kind.list)
-        .bind(&tenant.0)
-        .fetch_all(pool)
-        .await?;
-    Ok(Json(rows))
-}
-
-async fn fetch(
-    kind: &Kind,
-    pool: &PgPool,
-    tenant: &Tenant,
-    id: &str,
-) -> Result<Json<Transfer>, ApiError> {
-    sqlx::query_as(kind.fetch)
-        .bind(&tenant.0)
-        .bind(id)
-        .fetch_optional(pool)
-        .await?
-        .map(Json)
-        .ok_or_else(|| ApiError::NotFound(format!("no {} {id} for this tenant", kind.noun)))
-}
-
-fn panic_problem(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+/// The answer to a handler that panicked: nothing was committed.
+pub(crate) fn panic_problem(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
     idem_runtime::Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "Internal error")
         .with_detail("the handler failed; nothing was stored, retry with the same key")
         .into_response()
+}
+
+/// The handlers and router over one database type.
+macro_rules! api {
+    ($db:ty) => {
+        use axum::{
+            Json, Router,
+            extract::{Path, State},
+            http::{StatusCode, header},
+            routing::{get, post},
+        };
+        use idem_runtime::{IdempotencyContext, Store, idempotent};
+        use sqlx::{Pool, Transaction};
+        use tower_http::catch_panic::CatchPanicLayer;
+
+        use crate::{
+            auth::Tenant,
+            card::{self, Decision},
+            error::{ApiError, ApiJson},
+            payments::{Created, Kind, NewTransfer, PAYMENTS, PAYOUTS, Transfer, panic_problem},
+            processor::RefundRequest,
+            refunds::{NewRefund, Refund},
+        };
+
+        /// The router's state over this database.
+        pub type AppState = crate::payments::AppState<$db>;
+
+        /// The payments API over `store`, with the processor at its default address; its tables must
+        /// exist ([`crate::schema::create`]).
+        pub fn router(store: Store<$db>) -> Router {
+            routes().with_state(AppState::new(store))
+        }
+
+        /// The routes of [`router`], before the state is given, for embedding in a larger router.
+        pub fn routes() -> Router<AppState> {
+            Router::new()
+                .route("/v1/payments", post(create_payment).get(list_payments))
+                .route("/v1/payments/{id}", get(get_payment))
+                .route("/v1/payouts", post(create_payout).get(list_payouts))
+                .route("/v1/payouts/{id}", get(get_payout))
+                .route(
+                    "/v1/refunds",
+                    post(create_refund).get(list_refunds),
+                )
+                .route("/v1/refunds/{id}", get(get_refund))
+                .layer(CatchPanicLayer::custom(panic_problem))
+        }
+
+        /// `POST /v1/payments`: a 5xx is rolled back and not stored, so a retry charges again.
+        #[idempotent(scope = "tenant", retention = "24h", replay_5xx = false)]
+        pub async fn create_payment(
+            tenant: Tenant,
+            tx: &mut Transaction<'_, $db>,
+            ApiJson(body): ApiJson<NewTransfer>,
+        ) -> Result<Created, ApiError> {
+            create(&PAYMENTS, &tenant, tx, body).await
+        }
+
+        /// `POST /v1/payouts`: a 5xx is stored and replayed (Stripe v1), its writes undone.
+        #[idempotent(scope = "tenant", retention = "7d", replay_5xx = true)]
+        pub async fn create_payout(
+            tenant: Tenant,
+            tx: &mut Transaction<'_, $db>,
+            ApiJson(body): ApiJson<NewTransfer>,
+        ) -> Result<Created, ApiError> {
+            create(&PAYOUTS, &tenant, tx, body).await
+        }
+
+        /// `POST /v1/payments` without idempotency: the same work in a transaction of its own. Not
+        /// routed by [`router`]; it is the baseline that tests and benchmarks compare against.
+        pub async fn create_payment_bare(
+            tenant: Tenant,
+            State(state): State<AppState>,
+            ApiJson(body): ApiJson<NewTransfer>,
+        ) -> Result<Created, ApiError> {
+            let mut tx = state.store.pool().begin().await?;
+            let created = create(&PAYMENTS, &tenant, &mut tx, body).await?;
+            tx.commit().await?;
+            Ok(created)
+        }
+
+        /// Records the attempt, asks the processor, and settles the record with its decision.
+        async fn create(
+            kind: &Kind,
+            tenant: &Tenant,
+            tx: &mut Transaction<'_, $db>,
+            body: NewTransfer,
+        ) -> Result<Created, ApiError> {
+            body.validate()?;
+            let id = format!("{}_{}", kind.id_prefix, uuid::Uuid::new_v4().simple());
+            sqlx::query(kind.insert)
+                .bind(&id)
+                .bind(&tenant.0)
+                .bind(body.amount)
+                .bind(&body.currency)
+                .bind(&body.customer)
+                .execute(&mut **tx)
+                .await?;
+            let status = match card::decide(&body.customer).await {
+                Decision::Approved => kind.approved,
+                Decision::Declined => "declined",
+                Decision::Unavailable => {
+                    return Err(ApiError::Unavailable(format!(
+                        "the processor did not answer; the {} was not made, retry with the same key",
+                        kind.noun
+                    )));
+                }
+            };
+            sqlx::query(kind.settle)
+                .bind(&id)
+                .bind(status)
+                .execute(&mut **tx)
+                .await?;
+            if status == "declined" {
+                return Err(ApiError::Declined(format!(
+                    "the {} {id} was declined by the card issuer",
+                    kind.noun
+                )));
+            }
+            let location = format!("{}/{id}", kind.path);
+            let transfer = Transfer {
+                id,
+                amount: body.amount,
+                currency: body.currency,
+                customer: body.customer,
+                status: status.to_owned(),
+            };
+            Ok((
+                StatusCode::CREATED,
+                [(header::LOCATION, location)],
+                Json(transfer),
+            ))
+        }
+
+        /// `GET /v1/payments`.
+        pub async fn list_payments(
+            tenant: Tenant,
+            State(state): State<AppState>,
+        ) -> Result<Json<Vec<Transfer>>, ApiError> {
+            list(&PAYMENTS, state.store.pool(), &tenant).await
+        }
+
+        /// `GET /v1/payouts`.
+        pub async fn list_payouts(
+            tenant: Tenant,
+            State(state): State<AppState>,
+        ) -> Result<Json<Vec<Transfer>>, ApiError> {
+            list(&PAYOUTS, state.store.pool(), &tenant).await
+        }
+
+        /// `GET /v1/payments/{id}`.
+        pub async fn get_payment(
+            tenant: Tenant,
+            State(state): State<AppState>,
+            Path(id): Path<String>,
+        ) -> Result<Json<Transfer>, ApiError> {
+            fetch(&PAYMENTS, state.store.pool(), &tenant, &id).await
+        }
+
+        /// `GET /v1/payouts/{id}`.
+        pub async fn get_payout(
+            tenant: Tenant,
+            State(state): State<AppState>,
+            Path(id): Path<String>,
+        ) -> Result<Json<Transfer>, ApiError> {
+            fetch(&PAYOUTS, state.store.pool(), &tenant, &id).await
+        }
+
+        async fn list(
+            kind: &Kind,
+            pool: &Pool<$db>,
+            tenant: &Tenant,
+        ) -> Result<Json<Vec<Transfer>>, ApiError> {
+            let rows = sqlx::query_as(kind.list)
+                .bind(&tenant.0)
+                .fetch_all(pool)
+                .await?;
+            Ok(Json(rows))
+        }
+
+        async fn fetch(
+            kind: &Kind,
+            pool: &Pool<$db>,
+            tenant: &Tenant,
+            id: &str,
+        ) -> Result<Json<Transfer>, ApiError> {
+            sqlx::query_as(kind.fetch)
+                .bind(&tenant.0)
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+                .map(Json)
+                .ok_or_else(|| ApiError::NotFound(format!("no {} {id} for this tenant", kind.noun)))
+        }
+
+        /// `POST /v1/refunds`, in external mode: no transaction; the processor call happens between a
+        /// committed claim and the stored outcome, protected by a key derived from the client's.
+        #[idempotent(scope = "tenant", retention = "24h", lock_timeout = "5s", backend = $db)]
+        pub async fn create_refund(
+            tenant: Tenant,
+            ctx: IdempotencyContext,
+            State(state): State<AppState>,
+            ApiJson(body): ApiJson<NewRefund>,
+        ) -> Result<(StatusCode, [(header::HeaderName, String); 1], Json<Refund>), ApiError> {
+            if body.amount <= 0 {
+                return Err(ApiError::Invalid(format!(
+                    "`amount` must be a positive integer in minor units, got {}",
+                    body.amount
+                )));
+            }
+            let pool = state.store.pool();
+            let customer: Option<String> =
+                sqlx::query_scalar("SELECT customer FROM payments WHERE tenant = $1 AND id = $2")
+                    .bind(&tenant.0)
+                    .bind(&body.payment)
+                    .fetch_optional(pool)
+                    .await?;
+            let Some(customer) = customer else {
+                return Err(ApiError::NotFound(format!(
+                    "no payment {} for this tenant",
+                    body.payment
+                )));
+            };
+            let request = RefundRequest {
+                payment: body.payment,
+                amount: body.amount,
+                customer,
+            };
+            // The same derived key on every retry and takeover: the processor refunds once.
+            let executed = state
+                .processor
+                .refund(&ctx.derive("refund"), &request)
+                .await?;
+            let refund = Refund {
+                id: executed.id,
+                payment: executed.payment,
+                amount: executed.amount,
+                status: executed.status,
+            };
+            // A takeover after a crash may find the row written already: the insert is idempotent too.
+            sqlx::query(
+                "INSERT INTO refunds (id, tenant, payment, amount, status) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (id) DO NOTHING",
+            )
+            .bind(&refund.id)
+            .bind(&tenant.0)
+            .bind(&refund.payment)
+            .bind(refund.amount)
+            .bind(&refund.status)
+            .execute(pool)
+            .await?;
+            let location = format!("/v1/refunds/{}", refund.id);
+            Ok((
+                StatusCode::CREATED,
+                [(header::LOCATION, location)],
+                Json(refund),
+            ))
+        }
+
+        /// `GET /v1/refunds`: the caller's refunds, newest first.
+        pub async fn list_refunds(
+            tenant: Tenant,
+            State(state): State<AppState>,
+        ) -> Result<Json<Vec<Refund>>, ApiError> {
+            let rows = sqlx::query_as(
+                "SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 \
+                 ORDER BY created_at DESC, id DESC",
+            )
+            .bind(&tenant.0)
+            .fetch_all(state.store.pool())
+            .await?;
+            Ok(Json(rows))
+        }
+
+        /// `GET /v1/refunds/{id}`: one of the caller's refunds.
+        pub async fn get_refund(
+            tenant: Tenant,
+            State(state): State<AppState>,
+            Path(id): Path<String>,
+        ) -> Result<Json<Refund>, ApiError> {
+            sqlx::query_as("SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 AND id = $2")
+                .bind(&tenant.0)
+                .bind(&id)
+                .fetch_optional(state.store.pool())
+                .await?
+                .map(Json)
+                .ok_or_else(|| ApiError::NotFound(format!("no refund {id} for this tenant")))
+        }
+
+    };
+}
+
+/// The API over PostgreSQL.
+pub mod postgres {
+    api!(sqlx::Postgres);
+}
+
+/// The API over SQLite.
+pub mod sqlite {
+    api!(sqlx::Sqlite);
 }

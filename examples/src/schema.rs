@@ -1,8 +1,14 @@
-//! The example's own tables, created on start.
+//! The example's own tables, created on start, for each database.
 
-use sqlx::PgPool;
+use std::{future::Future, path::Path, time::Duration};
 
-const TABLES: &str = r"
+use idem_runtime::Backend;
+use sqlx::{
+    Pool, Postgres, Sqlite, SqlitePool,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
+};
+
+const POSTGRES_TABLES: &str = r"
 CREATE TABLE IF NOT EXISTS payments (
     id         text        PRIMARY KEY,
     tenant     text        NOT NULL,
@@ -34,13 +40,87 @@ CREATE TABLE IF NOT EXISTS refunds (
 CREATE INDEX IF NOT EXISTS refunds_tenant_created_idx ON refunds (tenant, created_at DESC);
 ";
 
+const SQLITE_TABLES: &str = r"
+CREATE TABLE IF NOT EXISTS payments (
+    id         text        PRIMARY KEY,
+    tenant     text        NOT NULL,
+    amount     INTEGER      NOT NULL,
+    currency   text        NOT NULL,
+    customer   text        NOT NULL,
+    status     text        NOT NULL,
+    created_at TEXT        NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+);
+CREATE INDEX IF NOT EXISTS payments_tenant_created_idx ON payments (tenant, created_at DESC);
+CREATE TABLE IF NOT EXISTS payouts (
+    id         text        PRIMARY KEY,
+    tenant     text        NOT NULL,
+    amount     INTEGER      NOT NULL,
+    currency   text        NOT NULL,
+    customer   text        NOT NULL,
+    status     text        NOT NULL,
+    created_at TEXT        NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+);
+CREATE INDEX IF NOT EXISTS payouts_tenant_created_idx ON payouts (tenant, created_at DESC);
+CREATE TABLE IF NOT EXISTS refunds (
+    id         text        PRIMARY KEY,
+    tenant     text        NOT NULL,
+    payment    text        NOT NULL,
+    amount     INTEGER      NOT NULL,
+    status     text        NOT NULL,
+    created_at TEXT        NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+);
+CREATE INDEX IF NOT EXISTS refunds_tenant_created_idx ON refunds (tenant, created_at DESC);
+";
+
+/// A database the example can create its tables in.
+pub trait Tables: Backend {
+    /// Creates the example's tables if they do not exist.
+    fn create_tables(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+impl Tables for Postgres {
+    async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(POSTGRES_TABLES).execute(pool).await?;
+        Ok(())
+    }
+}
+
+impl Tables for Sqlite {
+    async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(SQLITE_TABLES).execute(pool).await?;
+        Ok(())
+    }
+}
+
 /// Creates idem's key table and the example's tables, if they do not exist.
 ///
 /// # Errors
 ///
 /// When the database cannot be reached or a statement fails.
-pub async fn create(pool: &PgPool) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+pub async fn create<DB: Tables>(
+    pool: &Pool<DB>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     idem_runtime::migrate(pool).await?;
-    sqlx::raw_sql(TABLES).execute(pool).await?;
+    DB::create_tables(pool).await?;
     Ok(())
+}
+
+/// Opens (creating it if needed) the SQLite file at `path` the way idem wants it: WAL, so that
+/// readers never wait for the writer; a busy timeout, so that writers queue for SQLite's single
+/// write lock instead of failing with "database is locked".
+///
+/// # Errors
+///
+/// When the file cannot be opened or created.
+pub async fn connect_sqlite(path: &Path) -> Result<SqlitePool, sqlx::Error> {
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(30));
+    SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
 }

@@ -11,9 +11,64 @@ use std::{
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use sqlx::{
-    PgPool,
+    PgPool, SqlitePool,
     postgres::{PgConnectOptions, PgPoolOptions},
 };
+
+/// The service's database, as the test looks into it.
+enum Database {
+    /// PostgreSQL, at `url` for the service.
+    Postgres { pool: PgPool, url: String },
+    /// A SQLite file, shared with the service's process (WAL lets both open it).
+    Sqlite {
+        pool: SqlitePool,
+        path: std::path::PathBuf,
+    },
+}
+
+impl Database {
+    fn configure(&self, command: &mut Command) {
+        match self {
+            Self::Postgres { url, .. } => {
+                command.env("DATABASE_URL", url);
+            }
+            Self::Sqlite { path, .. } => {
+                command.env_remove("DATABASE_URL").env("SQLITE_PATH", path);
+            }
+        }
+    }
+
+    async fn key_status(&self, key: &str) -> String {
+        let sql = "SELECT status FROM idem_keys WHERE key = $1";
+        match self {
+            Self::Postgres { pool, .. } => sqlx::query_scalar(sql).bind(key).fetch_one(pool).await,
+            Self::Sqlite { pool, .. } => sqlx::query_scalar(sql).bind(key).fetch_one(pool).await,
+        }
+        .expect("the key's row")
+    }
+
+    /// Whether `key`'s lease is still running.
+    async fn leased(&self, key: &str) -> bool {
+        match self {
+            Self::Postgres { pool, .. } => {
+                sqlx::query_scalar("SELECT lease_until > now() FROM idem_keys WHERE key = $1")
+                    .bind(key)
+                    .fetch_one(pool)
+                    .await
+            }
+            Self::Sqlite { pool, .. } => {
+                sqlx::query_scalar(
+                    "SELECT lease_until > CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+                 FROM idem_keys WHERE key = $1",
+                )
+                .bind(key)
+                .fetch_one(pool)
+                .await
+            }
+        }
+        .expect("the key's lease")
+    }
+}
 
 /// A child process that is killed when the test ends, however it ends.
 struct Process(Child);
@@ -51,10 +106,15 @@ async fn wait_until_up(client: &Client, url: &str) {
     panic!("{url} did not come up");
 }
 
-async fn start_payments(client: &Client, database_url: &str, processor: &str) -> (Process, String) {
+async fn start_payments(
+    client: &Client,
+    database: &Database,
+    processor: &str,
+) -> (Process, String) {
     let addr = free_addr();
-    let child = Command::new(env!("CARGO_BIN_EXE_payments"))
-        .env("DATABASE_URL", database_url)
+    let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+    database.configure(&mut command);
+    let child = command
         .env("ADDR", &addr)
         .env("PROCESSOR_URL", processor)
         .env("RUST_LOG", "warn")
@@ -78,13 +138,30 @@ async fn refunds_executed(client: &Client, processor: &str) -> Vec<Value> {
 }
 
 #[sqlx::test(migrations = false)]
-async fn a_service_killed_after_the_refund_is_retried_safely(
+async fn postgres_service_killed_after_the_refund_is_retried_safely(
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let database = connect.get_database().expect("a test database").to_owned();
-    let database_url = url_of(&database);
+    let name = connect.get_database().expect("a test database").to_owned();
     let pool = PgPool::connect_with(connect).await.expect("connect");
+    killed_after_the_refund(Database::Postgres {
+        pool,
+        url: url_of(&name),
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite_service_killed_after_the_refund_is_retried_safely() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("payments.db");
+    let pool = idem_examples::schema::connect_sqlite(&path)
+        .await
+        .expect("open the file");
+    killed_after_the_refund(Database::Sqlite { pool, path }).await;
+}
+
+async fn killed_after_the_refund(database: Database) {
     let client = Client::new();
 
     let processor_addr = free_addr();
@@ -98,7 +175,7 @@ async fn a_service_killed_after_the_refund_is_retried_safely(
     let processor = format!("http://{processor_addr}");
     wait_until_up(&client, &format!("{processor}/v1/refunds")).await;
 
-    let (mut payments, base) = start_payments(&client, &database_url, &processor).await;
+    let (mut payments, base) = start_payments(&client, &database, &processor).await;
     let payment: Value = client
         .post(format!("{base}/v1/payments"))
         .bearer_auth("t1")
@@ -136,20 +213,18 @@ async fn a_service_killed_after_the_refund_is_retried_safely(
         in_flight.await.unwrap().is_err(),
         "the client saw the connection die"
     );
-    let status: String = sqlx::query_scalar("SELECT status FROM idem_keys WHERE key = 'refund-1'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(status, "started", "the crash left the claim behind");
+    assert_eq!(
+        database.key_status("refund-1").await,
+        "started",
+        "the crash left the claim behind"
+    );
 
     // A new process; a retry within the 5 s lease is told to come back later.
-    let (_payments, base) = start_payments(&client, &database_url, &processor).await;
-    let lease_live: bool =
-        sqlx::query_scalar("SELECT lease_until > now() FROM idem_keys WHERE key = 'refund-1'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert!(lease_live, "the restart took longer than the lease");
+    let (_payments, base) = start_payments(&client, &database, &processor).await;
+    assert!(
+        database.leased("refund-1").await,
+        "the restart took longer than the lease"
+    );
     let early = send_refund(base.clone()).await.unwrap();
     assert_eq!(early.status(), StatusCode::CONFLICT);
     let retry_after: u64 = early.headers()["retry-after"]
@@ -161,15 +236,7 @@ async fn a_service_killed_after_the_refund_is_retried_safely(
 
     // After the lease, the retry takes the key over and runs the handler again; the processor
     // sees the same derived key and does not refund twice.
-    loop {
-        let lapsed: bool =
-            sqlx::query_scalar("SELECT lease_until <= now() FROM idem_keys WHERE key = 'refund-1'")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        if lapsed {
-            break;
-        }
+    while database.leased("refund-1").await {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let late = send_refund(base.clone()).await.unwrap();

@@ -6,7 +6,7 @@ use syn::{Expr, ExprLit, Lit, LitStr, meta::ParseNestedMeta, parse::Parser};
 use crate::duration;
 
 const EXPECTED: &str =
-    "expected one of `scope`, `global`, `retention`, `replay_5xx`, `lock_timeout`";
+    "expected one of `scope`, `global`, `retention`, `replay_5xx`, `lock_timeout`, `backend`";
 
 /// Seconds in the default lease of external mode.
 const DEFAULT_LOCK_TIMEOUT: u64 = 30;
@@ -31,6 +31,8 @@ pub struct Args {
     /// The lease of external mode, and where it was written (an error in transactional mode).
     pub lock_timeout_secs: u64,
     pub lock_timeout_span: Option<Span>,
+    /// External mode: the database, when it is not the default one.
+    pub backend: Option<syn::Type>,
 }
 
 #[derive(Default)]
@@ -42,6 +44,7 @@ struct Raw {
     retention: Option<u64>,
     replay_5xx: Option<bool>,
     lock_timeout: Option<(u64, Span)>,
+    backend: Option<syn::Type>,
 }
 
 /// Parses the arguments, collecting every error; the values that could be read are returned
@@ -93,6 +96,7 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
             .lock_timeout
             .map_or(DEFAULT_LOCK_TIMEOUT, |(secs, _)| secs),
         lock_timeout_span: raw.lock_timeout.map(|(_, span)| span),
+        backend: raw.backend,
     };
     (args, errors)
 }
@@ -156,6 +160,16 @@ fn parse_one(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
             }
             let span = path_span(meta);
             raw.lock_timeout = Some((duration_value(meta, "lock_timeout", "30s")?, span));
+            Ok(())
+        }
+        "backend" => {
+            if raw.backend.is_some() {
+                return Err(repeated("backend"));
+            }
+            if !meta.input.peek(syn::Token![=]) {
+                return Err(meta.error("expected a database type: `backend = sqlx::Sqlite`"));
+            }
+            raw.backend = Some(meta.value()?.parse()?);
             Ok(())
         }
         "replay_5xx" => {

@@ -162,6 +162,12 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
             }
         }
     }
+    if let (Some(_), Some(backend)) = (&tx, &args.backend) {
+        errors.push(syn::Error::new_spanned(
+            backend,
+            "`backend` is for handlers without a transaction parameter; this handler's database is its transaction's",
+        ));
+    }
     if let (Some(_), Some(span)) = (&tx, args.lock_timeout_span) {
         errors.push(syn::Error::new(
             span,
@@ -228,6 +234,7 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
         return Err(error);
     }
     let (tx, db) = tx.unzip();
+    let db = db.or_else(|| args.backend.clone());
     Ok(Handler {
         item,
         tx,

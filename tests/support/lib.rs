@@ -1,25 +1,90 @@
 //! Shared pieces of the behaviour tests: the app under test (the example's router plus a few
-//! test-only handlers), a request builder, and database probes.
+//! test-only handlers) on either database, a request builder, and database probes.
+//!
+//! Every behaviour test is written once and run on both backends through [`backend_tests!`].
 
 use std::sync::{
-    Arc, Mutex,
+    Arc,
     atomic::{AtomicUsize, Ordering},
 };
 
-use axum::{
-    Extension, Router,
-    body::Body,
-    http::{HeaderMap, Method, Request, StatusCode},
-    response::IntoResponse,
-    routing::post,
+use axum::{Router, body::Body, http::Request, routing::post};
+use idem_examples::{payments, schema};
+use idem_runtime::{
+    Settings, Store,
+    tasks::{PurgeOptions, PurgeReport, RecoveryHook, RecoveryReport},
 };
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use idem_examples::{auth::Tenant, payments, schema};
-use idem_runtime::{Store, idempotent};
 use serde_json::Value;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{
+    PgPool, SqlitePool,
+    postgres::{PgConnectOptions, PgPoolOptions},
+};
 use tower::ServiceExt;
+
+mod handlers;
+mod http;
+mod statements;
+
+pub use http::{Reply, Req, payment};
+pub use statements::StatementLog;
+
+/// Runs each test body on PostgreSQL (a fresh database from `#[sqlx::test]`) and on SQLite (a
+/// fresh file), as `postgres::<name>` and `sqlite::<name>`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($(async fn $name:ident($db:ident) $body:block)*) => {
+        mod postgres {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[sqlx::test(migrations = false)]
+                async fn $name(
+                    _: sqlx::postgres::PgPoolOptions,
+                    connect: sqlx::postgres::PgConnectOptions,
+                ) {
+                    let $db = $crate::TestDb::Postgres(Box::new(connect));
+                    $body
+                }
+            )*
+        }
+        mod sqlite {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let $db = $crate::TestDb::sqlite();
+                    $body
+                }
+            )*
+        }
+    };
+}
+
+/// Where a test's data lives.
+#[derive(Debug)]
+pub enum TestDb {
+    /// A database of its own on the PostgreSQL server.
+    Postgres(Box<PgConnectOptions>),
+    /// A SQLite file in a directory of its own, removed after the test.
+    Sqlite(tempfile::TempDir),
+}
+
+impl TestDb {
+    /// A fresh SQLite file.
+    pub fn sqlite() -> Self {
+        Self::Sqlite(tempfile::tempdir().expect("a temporary directory"))
+    }
+}
+
+/// A pool on either database.
+#[derive(Clone, Debug)]
+pub enum Db {
+    /// PostgreSQL.
+    Postgres(PgPool),
+    /// SQLite.
+    Sqlite(SqlitePool),
+}
 
 /// How many times each test-only handler body ran.
 #[derive(Debug, Default)]
@@ -34,68 +99,142 @@ pub struct Calls {
     pub slow: AtomicUsize,
 }
 
+/// How to build the app under test.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// The store's settings.
+    pub settings: Settings,
+    /// Where refunds go (default: the processor's default address).
+    pub processor: Option<String>,
+    /// Pool size (default 10).
+    pub connections: Option<u32>,
+}
+
 /// The service under test.
 #[derive(Clone)]
 pub struct App {
     /// The example's router with the test routes merged in.
     pub router: Router,
     /// The test's own database.
-    pub pool: PgPool,
+    pub db: Db,
     /// Handler call counters.
     pub calls: Arc<Calls>,
     /// Released to let `POST /test/slow` finish.
     pub gate: Arc<tokio::sync::Semaphore>,
+    in_flight: Arc<dyn Fn() -> usize + Send + Sync>,
+    _dir: Option<Arc<tempfile::TempDir>>,
 }
 
 impl App {
-    /// Creates the tables in `pool` and builds the router with default settings.
-    pub async fn new(pool: PgPool) -> Self {
-        Self::build(pool.clone(), Store::new(pool), None).await
+    /// The app with default settings.
+    pub async fn new(db: TestDb) -> Self {
+        Self::build(db, Options::default()).await
     }
 
-    /// As [`App::new`], with a store of the caller's settings.
-    pub async fn with_store(pool: PgPool, store: Store<Postgres>) -> Self {
-        Self::build(pool, store, None).await
-    }
-
-    /// As [`App::new`], sending refunds to the processor at `url`.
-    pub async fn with_processor(pool: PgPool, url: String) -> Self {
-        Self::build(pool.clone(), Store::new(pool), Some(url)).await
-    }
-
-    async fn build(pool: PgPool, store: Store<Postgres>, processor_url: Option<String>) -> Self {
-        schema::create(&pool).await.expect("create tables");
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS test_effects (route text NOT NULL, tenant text NOT NULL)",
+    /// The app, sending refunds to the processor at `url`.
+    pub async fn with_processor(db: TestDb, url: String) -> Self {
+        Self::build(
+            db,
+            Options {
+                processor: Some(url),
+                ..Options::default()
+            },
         )
-        .execute(&pool)
         .await
-        .expect("create test_effects");
+    }
+
+    /// The app as `options` say.
+    pub async fn build(db: TestDb, options: Options) -> Self {
+        let connections = options.connections.unwrap_or(10);
+        match db {
+            TestDb::Postgres(connect) => {
+                let pool = PgPoolOptions::new()
+                    .max_connections(connections)
+                    .connect_with(*connect)
+                    .await
+                    .expect("connect to the test database");
+                Self::build_on(Db::Postgres(pool), options, None).await
+            }
+            TestDb::Sqlite(dir) => {
+                let pool = sqlite_pool(&dir, connections).await;
+                Self::build_on(Db::Sqlite(pool), options, Some(Arc::new(dir))).await
+            }
+        }
+    }
+
+    /// A second app on the same database, sending refunds to the processor at `url` (another
+    /// process of the same service, as it were).
+    pub async fn sibling_with_processor(&self, url: String) -> Self {
+        let options = Options {
+            processor: Some(url),
+            ..Options::default()
+        };
+        Self::build_on(self.db.clone(), options, self._dir.clone()).await
+    }
+
+    async fn build_on(db: Db, options: Options, dir: Option<Arc<tempfile::TempDir>>) -> Self {
         let calls = Arc::new(Calls::default());
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let test_routes = Router::new()
-            .route("/test/flaky", post(flaky))
-            .route("/test/panic", post(panicky))
-            .route("/test/global", post(global))
-            .route("/test/slow", post(slow))
-            .layer(Extension(Arc::clone(&calls)))
-            .layer(Extension(Arc::clone(&gate)))
-            .layer(tower_http::catch_panic::CatchPanicLayer::new())
-            .with_state(store.clone());
-        let mut state = payments::AppState::new(store);
-        if let Some(url) = processor_url {
-            state.processor = idem_examples::refunds::ProcessorClient::new(url);
-        }
-        let router = payments::routes()
-            .route("/test/bare-payments", post(payments::create_payment_bare))
-            .with_state(state)
-            .merge(test_routes);
-        Self {
+        let processor = options
+            .processor
+            .map(idem_examples::refunds::ProcessorClient::new);
+        let (router, in_flight): (Router, Arc<dyn Fn() -> usize + Send + Sync>) = match &db {
+            Db::Postgres(pool) => {
+                schema::create(pool).await.expect("create tables");
+                let store = Store::with_settings(pool.clone(), options.settings);
+                let mut state = payments::AppState::new(store.clone());
+                if let Some(processor) = processor {
+                    state.processor = processor;
+                }
+                let router = payments::postgres::routes()
+                    .route(
+                        "/test/bare-payments",
+                        post(payments::postgres::create_payment_bare),
+                    )
+                    .with_state(state)
+                    .merge(
+                        handlers::postgres::routes(Arc::clone(&calls), Arc::clone(&gate))
+                            .with_state(store.clone()),
+                    );
+                (router, Arc::new(move || store.keys_in_flight()))
+            }
+            Db::Sqlite(pool) => {
+                schema::create(pool).await.expect("create tables");
+                let store = Store::with_settings(pool.clone(), options.settings);
+                let mut state = payments::AppState::new(store.clone());
+                if let Some(processor) = processor {
+                    state.processor = processor;
+                }
+                let router = payments::sqlite::routes()
+                    .route(
+                        "/test/bare-payments",
+                        post(payments::sqlite::create_payment_bare),
+                    )
+                    .with_state(state)
+                    .merge(
+                        handlers::sqlite::routes(Arc::clone(&calls), Arc::clone(&gate))
+                            .with_state(store.clone()),
+                    );
+                (router, Arc::new(move || store.keys_in_flight()))
+            }
+        };
+        let app = Self {
             router,
-            pool,
+            db,
             calls,
             gate,
-        }
+            in_flight,
+            _dir: dir,
+        };
+        app.create_effects_table().await;
+        app
+    }
+
+    async fn create_effects_table(&self) {
+        self.execute(
+            "CREATE TABLE IF NOT EXISTS test_effects (route text NOT NULL, tenant text NOT NULL)",
+        )
+        .await;
     }
 
     /// Sends one request through the router.
@@ -109,18 +248,303 @@ impl App {
         Reply::read(response).await
     }
 
+    /// Keys the app's transactional handlers hold right now.
+    pub fn keys_in_flight(&self) -> usize {
+        (self.in_flight)()
+    }
+
+    /// Runs a statement that has no parameters.
+    pub async fn execute(&self, sql: &'static str) {
+        match &self.db {
+            Db::Postgres(pool) => sqlx::raw_sql(sql).execute(pool).await.map(|_| ()),
+            Db::Sqlite(pool) => sqlx::raw_sql(sql).execute(pool).await.map(|_| ()),
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    async fn scalar(&self, sql: String, bind: Option<&str>) -> i64 {
+        let sql = sqlx::AssertSqlSafe(sql);
+        match &self.db {
+            Db::Postgres(pool) => {
+                let query = sqlx::query_scalar::<_, i64>(sql);
+                match bind {
+                    Some(value) => query.bind(value).fetch_one(pool).await,
+                    None => query.fetch_one(pool).await,
+                }
+            }
+            Db::Sqlite(pool) => {
+                let query = sqlx::query_scalar::<_, i64>(sql);
+                match bind {
+                    Some(value) => query.bind(value).fetch_one(pool).await,
+                    None => query.fetch_one(pool).await,
+                }
+            }
+        }
+        .expect("a number")
+    }
+
+    /// Locks the database holds for keys right now: PostgreSQL's advisory locks in this test's
+    /// database (other databases on the server are not counted); always 0 on SQLite, whose
+    /// write lock a retry simply waits for.
+    pub async fn db_locks(&self) -> i64 {
+        match self.db {
+            Db::Postgres(_) => {
+                self.scalar(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                        .into(),
+                    None,
+                )
+                .await
+            }
+            Db::Sqlite(_) => 0,
+        }
+    }
+
     /// Rows in `table` (a fixed name from the tests).
     pub async fn count(&self, table: &str) -> i64 {
-        let sql = format!("SELECT count(*) FROM {table}");
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .fetch_one(&self.pool)
+        self.scalar(format!("SELECT count(*) FROM {table}"), None)
             .await
-            .expect("count rows")
+    }
+
+    /// Rows of the key table for `key`, in any scope.
+    pub async fn keys_named(&self, key: &str) -> i64 {
+        self.scalar(
+            "SELECT count(*) FROM idem_keys WHERE key = $1".into(),
+            Some(key),
+        )
+        .await
+    }
+
+    /// Rows of the key table with `status`.
+    pub async fn keys_with_status(&self, status: &str) -> i64 {
+        self.scalar(
+            "SELECT count(*) FROM idem_keys WHERE status = $1".into(),
+            Some(status),
+        )
+        .await
+    }
+
+    /// The status of `key`'s row, if there is one.
+    pub async fn key_status(&self, key: &str) -> Option<String> {
+        let sql = "SELECT status FROM idem_keys WHERE key = $1";
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await,
+            Db::Sqlite(pool) => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await,
+        }
+        .expect("read key")
+    }
+
+    /// Seconds between `key`'s creation and its expiry.
+    pub async fn retention_secs(&self, key: &str) -> i64 {
+        let sql = match self.db {
+            Db::Postgres(_) => {
+                "SELECT extract(epoch FROM expires_at - created_at)::int8 FROM idem_keys WHERE key = $1"
+            }
+            Db::Sqlite(_) => {
+                "SELECT (expires_at - created_at) / 1000 FROM idem_keys WHERE key = $1"
+            }
+        };
+        self.scalar(sql.into(), Some(key)).await
+    }
+
+    /// The stored response status of `key`.
+    pub async fn response_status(&self, key: &str) -> i64 {
+        self.scalar(
+            "SELECT CAST(response_status AS BIGINT) FROM idem_keys WHERE key = $1".into(),
+            Some(key),
+        )
+        .await
+    }
+
+    /// The statuses of all payments.
+    pub async fn payment_statuses(&self) -> Vec<String> {
+        let sql = "SELECT status FROM payments";
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
+            Db::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
+        }
+        .expect("read payments")
+    }
+
+    /// Moves every key past its expiry, as time would.
+    pub async fn expire_all_keys(&self) {
+        match self.db {
+            Db::Postgres(_) => {
+                self.execute("UPDATE idem_keys SET expires_at = now() - interval '1 second'")
+                    .await;
+            }
+            Db::Sqlite(_) => {
+                self.execute(
+                    "UPDATE idem_keys SET expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000",
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Ends the lease of `key`'s claim, as if its process had stalled.
+    pub async fn lapse_lease(&self, key: &str) {
+        let sql = match self.db {
+            Db::Postgres(_) => {
+                "UPDATE idem_keys SET lease_until = now() - interval '1 second' WHERE key = $1"
+            }
+            Db::Sqlite(_) => {
+                "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000 WHERE key = $1"
+            }
+        };
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
+            Db::Sqlite(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
+        }
+        .expect("lapse lease");
+    }
+
+    /// Inserts `n` completed keys in `scope`, expiring `expires_in_secs` from now (negative:
+    /// already expired).
+    pub async fn seed_keys(&self, scope: &str, n: i64, expires_in_secs: i64) {
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query(
+                "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, \
+                   response_status, response_headers, response_body, expires_at) \
+                 SELECT $1, 'seed-' || $1 || '-' || g, 'POST', '/v1/payments', \
+                   sha256(g::text::bytea), 'completed', 201, '[]'::jsonb, ''::bytea, \
+                   now() + make_interval(secs => $3) \
+                 FROM generate_series(1, $2) g",
+            )
+            .bind(scope)
+            .bind(n)
+            .bind(expires_in_secs as f64)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+            Db::Sqlite(pool) => sqlx::query(
+                "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < $2) \
+                 INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, \
+                   response_status, response_headers, response_body, created_at, expires_at) \
+                 SELECT $1, 'seed-' || $1 || '-' || n, 'POST', '/v1/payments', randomblob(32), \
+                   'completed', 201, '[]', x'', CAST(unixepoch('subsec') * 1000 AS INTEGER), \
+                   CAST(unixepoch('subsec') * 1000 AS INTEGER) + $3 * 1000 \
+                 FROM g",
+            )
+            .bind(scope)
+            .bind(n)
+            .bind(expires_in_secs)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+        }
+        .expect("seed keys");
+    }
+
+    /// Writes a `started` claim taken a minute ago whose lease ran out 55 s ago, as a crash
+    /// between the external call and the completion leaves it.
+    pub async fn abandoned_claim(&self, scope: &str, key: &str, fingerprint: &[u8]) {
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query(
+                "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, expires_at, \
+                   locked_at, lease_until, claim_token) \
+                 VALUES ($1, $2, 'POST', '/v1/refunds', $3, 'started', now() + interval '1 day', \
+                   now() - interval '1 minute', now() - interval '55 seconds', 42)",
+            )
+            .bind(scope)
+            .bind(key)
+            .bind(fingerprint)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+            Db::Sqlite(pool) => sqlx::query(
+                "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at, \
+                   expires_at, locked_at, lease_until, claim_token) \
+                 VALUES ($1, $2, 'POST', '/v1/refunds', $3, 'started', $4 - 60000, \
+                   $4 + 86400000, $4 - 60000, $4 - 55000, 42)",
+            )
+            .bind(scope)
+            .bind(key)
+            .bind(fingerprint)
+            .bind(now_ms())
+            .execute(pool)
+            .await
+            .map(|_| ()),
+        }
+        .expect("insert claim");
+    }
+
+    /// Keeps `key`'s claim within its lease for another minute.
+    pub async fn renew_lease(&self, key: &str) {
+        let sql = match self.db {
+            Db::Postgres(_) => {
+                "UPDATE idem_keys SET lease_until = now() + interval '1 minute' WHERE key = $1"
+            }
+            Db::Sqlite(_) => {
+                "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + 60000 WHERE key = $1"
+            }
+        };
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
+            Db::Sqlite(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
+        }
+        .expect("renew lease");
+    }
+
+    /// One purge pass.
+    pub async fn purge(&self, options: PurgeOptions) -> PurgeReport {
+        match &self.db {
+            Db::Postgres(pool) => Store::new(pool.clone()).purge_expired(options).await,
+            Db::Sqlite(pool) => Store::new(pool.clone()).purge_expired(options).await,
+        }
+        .expect("purge")
+    }
+
+    /// One recovery pass.
+    pub async fn recover<H: RecoveryHook>(&self, hook: &H) -> RecoveryReport {
+        match &self.db {
+            Db::Postgres(pool) => Store::new(pool.clone()).recover_abandoned(hook, 100).await,
+            Db::Sqlite(pool) => Store::new(pool.clone()).recover_abandoned(hook, 100).await,
+        }
+        .expect("recover")
+    }
+
+    /// The background purge task.
+    pub fn spawn_purge(
+        &self,
+        every: std::time::Duration,
+        stop: idem_runtime::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        use idem_runtime::tasks::spawn_purge;
+        match &self.db {
+            Db::Postgres(pool) => spawn_purge(
+                Store::new(pool.clone()),
+                every,
+                PurgeOptions::default(),
+                stop,
+            ),
+            Db::Sqlite(pool) => spawn_purge(
+                Store::new(pool.clone()),
+                every,
+                PurgeOptions::default(),
+                stop,
+            ),
+        }
+    }
+
+    /// The background recovery task with `hook`.
+    pub fn spawn_recovery<H: RecoveryHook>(
+        &self,
+        hook: H,
+        every: std::time::Duration,
+        stop: idem_runtime::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        use idem_runtime::tasks::spawn_recovery;
+        match &self.db {
+            Db::Postgres(pool) => spawn_recovery(Store::new(pool.clone()), hook, every, stop),
+            Db::Sqlite(pool) => spawn_recovery(Store::new(pool.clone()), hook, every, stop),
+        }
     }
 
     /// Makes a payment for `tenant` and returns its id.
     pub async fn paid(&self, tenant: &str, customer: &str) -> String {
-        let key = format!("pay-{}", uuid_like());
+        let key = format!("pay-{}", unique());
         let reply = self
             .send(
                 Req::post("/v1/payments")
@@ -130,38 +554,45 @@ impl App {
                     .build(),
             )
             .await;
-        assert_eq!(reply.status, StatusCode::CREATED);
+        assert_eq!(reply.status, axum::http::StatusCode::CREATED);
         reply.json()["id"].as_str().expect("payment id").to_owned()
-    }
-
-    /// The status of `key`'s row, if there is one.
-    pub async fn key_status(&self, key: &str) -> Option<String> {
-        sqlx::query_scalar("SELECT status FROM idem_keys WHERE key = $1")
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await
-            .expect("read key")
-    }
-
-    /// Rows of the key table for `key`, in any scope.
-    pub async fn keys_named(&self, key: &str) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM idem_keys WHERE key = $1")
-            .bind(key)
-            .fetch_one(&self.pool)
-            .await
-            .expect("count keys")
-    }
-
-    /// Advisory locks held right now in this test's database (a handler holding its key).
-    /// Other databases on the server (other tests, other users) are not counted.
-    pub async fn advisory_locks(&self) -> i64 {
-        sqlx::query_scalar(ADVISORY_LOCKS_HERE)
-            .fetch_one(&self.pool)
-            .await
-            .expect("read pg_locks")
     }
 }
 
+async fn sqlite_pool(dir: &tempfile::TempDir, connections: u32) -> SqlitePool {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.path().join("test.db"))
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::from_secs(30));
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(connections)
+        .connect_with(options)
+        .await
+        .expect("open the SQLite file")
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn unique() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Waits until the app's handlers hold `n` keys.
+pub async fn until_in_flight(app: &App, n: usize) {
+    while app.keys_in_flight() < n {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
 /// Serves the simulated card processor on a loopback port; returns its base URL.
 pub async fn spawn_processor() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -186,273 +617,9 @@ pub async fn executed_refunds(url: &str) -> Vec<Value> {
         .expect("a JSON list")
 }
 
-/// Counts the granted advisory locks of the current database.
-pub const ADVISORY_LOCKS_HERE: &str = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
-     AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
-
 /// Waits until `counter` reaches `n` (a handler body has started).
 pub async fn until_called(counter: &AtomicUsize, n: usize) {
     while counter.load(Ordering::SeqCst) < n {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-}
-
-/// A response, read whole.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    /// Status.
-    pub status: StatusCode,
-    /// Headers.
-    pub headers: HeaderMap,
-    /// Body.
-    pub body: Bytes,
-}
-
-impl Reply {
-    /// Reads a response.
-    pub async fn read(response: axum::response::Response) -> Self {
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.expect("read body").to_bytes();
-        Self {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        }
-    }
-
-    /// The body as JSON.
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "body is not JSON ({e}): {:?}",
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
-
-    /// A header as text, if present.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().expect("text header"))
-    }
-
-    /// Whether the response is a replay.
-    pub fn replayed(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
-    }
-
-    /// Asserts a problem+json of `status` and returns its `type`.
-    pub fn problem(&self, status: StatusCode) -> String {
-        assert_eq!(
-            self.status,
-            status,
-            "body: {}",
-            String::from_utf8_lossy(&self.body)
-        );
-        assert_eq!(
-            self.header("content-type"),
-            Some("application/problem+json")
-        );
-        let json = self.json();
-        assert_eq!(json["status"], status.as_u16());
-        assert!(
-            json["title"].is_string() && json["detail"].is_string(),
-            "{json}"
-        );
-        json["type"].as_str().expect("problem type").to_owned()
-    }
-}
-
-/// Builds a request.
-#[derive(Debug, Clone)]
-pub struct Req {
-    method: Method,
-    path: String,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Req {
-    /// `POST path`.
-    pub fn post(path: &str) -> Self {
-        Self {
-            method: Method::POST,
-            path: path.to_owned(),
-            headers: Vec::new(),
-            body: String::new(),
-        }
-    }
-
-    /// `GET path`.
-    pub fn get(path: &str) -> Self {
-        Self {
-            method: Method::GET,
-            ..Self::post(path)
-        }
-    }
-
-    /// `Authorization: Bearer <tenant>`.
-    pub fn tenant(self, tenant: &str) -> Self {
-        self.header("authorization", &format!("Bearer {tenant}"))
-    }
-
-    /// `Idempotency-Key: <key>` (bare form).
-    pub fn key(self, key: &str) -> Self {
-        self.header("idempotency-key", key)
-    }
-
-    /// Any header.
-    pub fn header(mut self, name: &str, value: &str) -> Self {
-        self.headers.push((name.to_owned(), value.to_owned()));
-        self
-    }
-
-    /// A JSON body, sent as written.
-    pub fn json(mut self, body: &str) -> Self {
-        self.body = body.to_owned();
-        self.header("content-type", "application/json")
-    }
-
-    /// The request.
-    pub fn build(&self) -> Request<Body> {
-        let mut builder = Request::builder()
-            .method(self.method.clone())
-            .uri(&self.path);
-        for (name, value) in &self.headers {
-            builder = builder.header(name, value);
-        }
-        builder
-            .body(Body::from(self.body.clone()))
-            .expect("valid request")
-    }
-}
-
-fn uuid_like() -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::SeqCst)
-    )
-}
-
-/// A valid payment body.
-pub fn payment(amount: i64, customer: &str) -> String {
-    format!(r#"{{"amount": {amount}, "currency": "usd", "customer": "{customer}"}}"#)
-}
-
-async fn record_effect(tx: &mut Transaction<'_, Postgres>, route: &str, tenant: &Tenant) {
-    sqlx::query("INSERT INTO test_effects (route, tenant) VALUES ($1, $2)")
-        .bind(route)
-        .bind(&tenant.0)
-        .execute(&mut **tx)
-        .await
-        .expect("insert effect");
-}
-
-/// Writes, then answers 503 on its first call and 201 afterwards.
-#[idempotent(scope = "tenant", retention = "1h")]
-async fn flaky(
-    tenant: Tenant,
-    Extension(calls): Extension<Arc<Calls>>,
-    tx: &mut Transaction<'_, Postgres>,
-) -> impl IntoResponse {
-    record_effect(tx, "flaky", &tenant).await;
-    let call = calls.flaky.fetch_add(1, Ordering::SeqCst) + 1;
-    if call == 1 {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("call {call}"))
-    } else {
-        (StatusCode::CREATED, format!("call {call}"))
-    }
-}
-
-/// Writes, then panics on its first call; answers 201 afterwards.
-#[idempotent(scope = "tenant", retention = "1h")]
-async fn panicky(
-    tenant: Tenant,
-    Extension(calls): Extension<Arc<Calls>>,
-    tx: &mut Transaction<'_, Postgres>,
-) -> (StatusCode, String) {
-    record_effect(tx, "panic", &tenant).await;
-    let call = calls.panic.fetch_add(1, Ordering::SeqCst) + 1;
-    assert!(call > 1, "the handler panics on its first call");
-    (StatusCode::CREATED, format!("call {call}"))
-}
-
-/// Keys shared by every caller.
-#[idempotent(global, retention = "1h")]
-async fn global(
-    Extension(calls): Extension<Arc<Calls>>,
-    tx: &mut Transaction<'_, Postgres>,
-    body: String,
-) -> (StatusCode, String) {
-    sqlx::query("SELECT 1")
-        .execute(&mut **tx)
-        .await
-        .expect("select");
-    let call = calls.global.fetch_add(1, Ordering::SeqCst) + 1;
-    (StatusCode::CREATED, format!("call {call}: {body}"))
-}
-
-/// Writes, then waits for the test to open the gate.
-#[idempotent(scope = "tenant", retention = "1h")]
-async fn slow(
-    tenant: Tenant,
-    Extension(calls): Extension<Arc<Calls>>,
-    Extension(gate): Extension<Arc<tokio::sync::Semaphore>>,
-    tx: &mut Transaction<'_, Postgres>,
-) -> (StatusCode, String) {
-    record_effect(tx, "slow", &tenant).await;
-    calls.slow.fetch_add(1, Ordering::SeqCst);
-    gate.acquire().await.expect("gate open").forget();
-    (StatusCode::CREATED, "done".to_owned())
-}
-
-/// Collects the SQL statements sqlx runs on the current thread while installed.
-#[derive(Debug, Clone, Default)]
-pub struct StatementLog(Arc<Mutex<Vec<String>>>);
-
-impl StatementLog {
-    /// Installs the log as the thread's default subscriber until the guard drops.
-    pub fn install(&self) -> tracing::subscriber::DefaultGuard {
-        use tracing_subscriber::{filter::Targets, layer::SubscriberExt};
-        let filter = Targets::new().with_target("sqlx::query", tracing::Level::TRACE);
-        let subscriber = tracing_subscriber::registry()
-            .with(self.clone())
-            .with(filter);
-        tracing::subscriber::set_default(subscriber)
-    }
-
-    /// Takes the statements logged so far.
-    pub fn take(&self) -> Vec<String> {
-        std::mem::take(&mut self.0.lock().expect("log lock"))
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StatementLog {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if event.metadata().target() != "sqlx::query" {
-            return;
-        }
-        struct Statement(Option<String>);
-        impl tracing::field::Visit for Statement {
-            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-                // The full statement when sqlx gives it, else its summary.
-                let full = field.name() == "db.statement" && !value.is_empty();
-                let summary = field.name() == "summary" && self.0.is_none();
-                if full || summary {
-                    self.0 = Some(value.trim().to_owned());
-                }
-            }
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                self.record_str(field, &format!("{value:?}"));
-            }
-        }
-        let mut statement = Statement(None);
-        event.record(&mut statement);
-        if let Some(sql) = statement.0 {
-            self.0.lock().expect("log lock").push(sql);
-        }
     }
 }

@@ -1,25 +1,31 @@
-//! `cargo run --bin payments`: the payments API of `CONTRACT.md` §3.
+//! `cargo run --bin payments`: the payments API of `CONTRACT.md` §3 and §4.
 //!
-//! Listens on `$ADDR` (default `127.0.0.1:3000`), stores everything in `$DATABASE_URL`
-//! (PostgreSQL), creating its tables on start, and sends refunds to the processor at
-//! `$PROCESSOR_URL` (default `http://127.0.0.1:3001`). The purge and recovery tasks run in the
-//! background and stop with the server.
+//! Listens on `$ADDR` (default `127.0.0.1:3000`). Stores everything in `$DATABASE_URL`
+//! (PostgreSQL, or `sqlite:<path>`); without it, in the SQLite file `$SQLITE_PATH` (default
+//! `payments.db`), so that nothing needs to be installed. Creates its tables on start, sends
+//! refunds to the processor at `$PROCESSOR_URL` (default `http://127.0.0.1:3001`), and runs the
+//! purge and recovery tasks until it stops.
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode, str::FromStr, time::Duration};
 
-use std::time::Duration;
-
+use axum::Router;
 use idem_examples::{
     payments::{self, AppState},
     refunds::ProcessorClient,
-    schema,
+    schema::{self, Tables},
 };
 use idem_runtime::{
     CancellationToken, Store,
     tasks::{self, PurgeOptions, ReleaseAbandoned},
 };
-use sqlx::postgres::PgPoolOptions;
+use sqlx::{
+    Pool,
+    postgres::PgPoolOptions,
+    sqlite::{SqliteConnectOptions, SqlitePoolOptions},
+};
 use tracing_subscriber::EnvFilter;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -37,17 +43,49 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn run() -> Result<(), Error> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if url.starts_with("sqlite:") => {
+            let options = SqliteConnectOptions::from_str(&url)
+                .map_err(|e| format!("DATABASE_URL is not a SQLite URL: {e}"))?
+                .create_if_missing(true)
+                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                .busy_timeout(Duration::from_secs(30));
+            let pool = SqlitePoolOptions::new()
+                .max_connections(8)
+                .connect_with(options)
+                .await
+                .map_err(|e| format!("cannot open DATABASE_URL: {e}"))?;
+            tracing::info!(database = %url, "storing in SQLite");
+            serve(pool, payments::sqlite::routes()).await
+        }
+        Ok(url) => {
+            let pool = PgPoolOptions::new()
+                .max_connections(32)
+                .connect(&url)
+                .await
+                .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+            tracing::info!("storing in PostgreSQL (DATABASE_URL)");
+            serve(pool, payments::postgres::routes()).await
+        }
+        Err(_) => {
+            let path = PathBuf::from(
+                std::env::var("SQLITE_PATH").unwrap_or_else(|_| "payments.db".to_owned()),
+            );
+            let pool = schema::connect_sqlite(&path)
+                .await
+                .map_err(|e| format!("cannot open the SQLite file {}: {e}", path.display()))?;
+            tracing::info!(
+                path = %path.display(),
+                "storing in SQLite (set DATABASE_URL to use PostgreSQL)"
+            );
+            serve(pool, payments::sqlite::routes()).await
+        }
+    }
+}
+
+async fn serve<DB: Tables>(pool: Pool<DB>, routes: Router<AppState<DB>>) -> Result<(), Error> {
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
-    let url = std::env::var("DATABASE_URL").map_err(|_| {
-        "DATABASE_URL is not set; point it at PostgreSQL, e.g. \
-         DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres"
-    })?;
-    let pool = PgPoolOptions::new()
-        .max_connections(32)
-        .connect(&url)
-        .await
-        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
     schema::create(&pool)
         .await
         .map_err(|e| format!("cannot create the tables: {e}"))?;
@@ -78,7 +116,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         processor: ProcessorClient::new(processor_url),
     };
     tracing::info!(addr = %listener.local_addr()?, "payments service listening");
-    axum::serve(listener, payments::routes().with_state(state))
+    axum::serve(listener, routes.with_state(state))
         .with_graceful_shutdown({
             let stop = stop.clone();
             async move {

@@ -1,5 +1,5 @@
 //! External mode: no transaction parameter; a `lock_timeout` lease; the idempotency context
-//! for a downstream key; with and without a body.
+//! for a downstream key; with and without a body; on the default backend and on SQLite.
 
 use axum::{Json, Router, extract::Path, http::StatusCode, routing::post};
 use idem_runtime::{IdempotencyContext, Store, idempotent};
@@ -28,6 +28,16 @@ async fn charge(ctx: IdempotencyContext, tx: &mut sqlx::Transaction<'_, Postgres
     ctx.derive("charge")
 }
 
+/// External mode on SQLite: no transaction names the database, `backend` does.
+#[idempotent(scope = "account", backend = sqlx::Sqlite)]
+async fn ping_sqlite(Path(account): Path<String>) -> String {
+    account
+}
+
+fn sqlite_router() -> Router<Store<sqlx::Sqlite>> {
+    Router::new().route("/accounts/{account}/ping", post(ping_sqlite))
+}
+
 fn router() -> Router<Store<Postgres>> {
     Router::new()
         .route("/accounts/{account}/emails", post(send_email))
@@ -36,5 +46,5 @@ fn router() -> Router<Store<Postgres>> {
 }
 
 fn main() {
-    let _ = router;
+    let _ = (router, sqlite_router);
 }

@@ -1,0 +1,105 @@
+//! Test-only handlers, over each database: they count their calls, write a row, and fail on
+//! purpose (a 5xx, a panic) or wait for the test.
+
+/// The test handlers and their routes over one database type.
+macro_rules! test_handlers {
+    ($db:ty) => {
+        use std::sync::{Arc, atomic::Ordering};
+
+        use axum::{Extension, Router, http::StatusCode, response::IntoResponse, routing::post};
+        use idem_examples::auth::Tenant;
+        use idem_runtime::{Store, idempotent};
+        use sqlx::Transaction;
+
+        use crate::Calls;
+
+        /// `/test/flaky`, `/test/panic`, `/test/global`, `/test/slow`.
+        pub fn routes(calls: Arc<Calls>, gate: Arc<tokio::sync::Semaphore>) -> Router<Store<$db>> {
+            Router::new()
+                .route("/test/flaky", post(flaky))
+                .route("/test/panic", post(panicky))
+                .route("/test/global", post(global))
+                .route("/test/slow", post(slow))
+                .layer(Extension(calls))
+                .layer(Extension(gate))
+                .layer(tower_http::catch_panic::CatchPanicLayer::new())
+        }
+
+        async fn record_effect(tx: &mut Transaction<'_, $db>, route: &str, tenant: &Tenant) {
+            sqlx::query("INSERT INTO test_effects (route, tenant) VALUES ($1, $2)")
+                .bind(route)
+                .bind(&tenant.0)
+                .execute(&mut **tx)
+                .await
+                .expect("insert effect");
+        }
+
+        /// Writes, then answers 503 on its first call and 201 afterwards.
+        #[idempotent(scope = "tenant", retention = "1h")]
+        async fn flaky(
+            tenant: Tenant,
+            Extension(calls): Extension<Arc<Calls>>,
+            tx: &mut Transaction<'_, $db>,
+        ) -> impl IntoResponse {
+            record_effect(tx, "flaky", &tenant).await;
+            let call = calls.flaky.fetch_add(1, Ordering::SeqCst) + 1;
+            if call == 1 {
+                (StatusCode::SERVICE_UNAVAILABLE, format!("call {call}"))
+            } else {
+                (StatusCode::CREATED, format!("call {call}"))
+            }
+        }
+
+        /// Writes, then panics on its first call; answers 201 afterwards.
+        #[idempotent(scope = "tenant", retention = "1h")]
+        async fn panicky(
+            tenant: Tenant,
+            Extension(calls): Extension<Arc<Calls>>,
+            tx: &mut Transaction<'_, $db>,
+        ) -> (StatusCode, String) {
+            record_effect(tx, "panic", &tenant).await;
+            let call = calls.panic.fetch_add(1, Ordering::SeqCst) + 1;
+            assert!(call > 1, "the handler panics on its first call");
+            (StatusCode::CREATED, format!("call {call}"))
+        }
+
+        /// Keys shared by every caller.
+        #[idempotent(global, retention = "1h")]
+        async fn global(
+            Extension(calls): Extension<Arc<Calls>>,
+            tx: &mut Transaction<'_, $db>,
+            body: String,
+        ) -> (StatusCode, String) {
+            sqlx::query("SELECT 1")
+                .execute(&mut **tx)
+                .await
+                .expect("select");
+            let call = calls.global.fetch_add(1, Ordering::SeqCst) + 1;
+            (StatusCode::CREATED, format!("call {call}: {body}"))
+        }
+
+        /// Writes, then waits for the test to open the gate.
+        #[idempotent(scope = "tenant", retention = "1h")]
+        async fn slow(
+            tenant: Tenant,
+            Extension(calls): Extension<Arc<Calls>>,
+            Extension(gate): Extension<Arc<tokio::sync::Semaphore>>,
+            tx: &mut Transaction<'_, $db>,
+        ) -> (StatusCode, String) {
+            record_effect(tx, "slow", &tenant).await;
+            calls.slow.fetch_add(1, Ordering::SeqCst);
+            gate.acquire().await.expect("gate open").forget();
+            (StatusCode::CREATED, "done".to_owned())
+        }
+    };
+}
+
+/// Over PostgreSQL.
+pub mod postgres {
+    test_handlers!(sqlx::Postgres);
+}
+
+/// Over SQLite.
+pub mod sqlite {
+    test_handlers!(sqlx::Sqlite);
+}
