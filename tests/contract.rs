@@ -485,6 +485,21 @@ backend_tests! {
     }
 
 
+    async fn concurrent_replays_of_a_finished_key_all_replay(db) {
+        let app = App::new(db).await;
+        let first = app.send(pay("t1", "k1", &payment(100, "cus_1")).build()).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        let replies = futures_join_all((0..20).map(|_| {
+            let app = app.clone();
+            async move { app.send(pay("t1", "k1", &payment(100, "cus_1")).build()).await }
+        }))
+        .await;
+        for reply in replies {
+            assert!(reply.replayed(), "{}: {}", reply.status, String::from_utf8_lossy(&reply.body));
+            assert_eq!(reply.body, first.body);
+        }
+    }
+
     async fn an_expired_key_is_a_new_request(db) {
         let app = App::new(db).await;
         let first = app

@@ -26,6 +26,27 @@ pub struct Args {
     /// Clients sharing each key in `contended`.
     #[arg(long, default_value_t = 4)]
     pub group: usize,
+    /// The databases to measure, in turn.
+    #[arg(long, value_enum, num_args = 1.., default_values_t = [Database::Postgres, Database::Sqlite])]
+    pub backend: Vec<Database>,
+}
+
+/// A database the benchmark can run against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Database {
+    /// PostgreSQL at `$DATABASE_URL` (a scratch database is created and dropped).
+    Postgres,
+    /// A scratch SQLite file in a temporary directory.
+    Sqlite,
+}
+
+impl std::fmt::Display for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Postgres => "PostgreSQL",
+            Self::Sqlite => "SQLite",
+        })
+    }
 }
 
 impl Default for Args {
@@ -35,22 +56,46 @@ impl Default for Args {
             rounds: 5,
             seconds: 3,
             group: 4,
+            backend: vec![Database::Postgres, Database::Sqlite],
         }
     }
 }
 
-/// Runs the benchmark and prints its table.
+/// Runs the benchmark on each database and prints a table for each.
 pub async fn run(args: Args) -> Result<(), db::Error> {
-    let scratch = db::Scratch::create(args.concurrency as u32 + 8).await?;
-    let result = measure(&args, &scratch).await;
-    scratch.drop().await?;
-    result
+    for (index, database) in args.backend.iter().enumerate() {
+        if index > 0 {
+            println!();
+        }
+        match database {
+            Database::Postgres => {
+                let scratch = db::Scratch::create(args.concurrency as u32 + 8).await?;
+                let result = match load::serve(Store::new(scratch.pool.clone())).await {
+                    Ok(addr) => measure(&args, *database, Client::new(addr)).await,
+                    Err(error) => Err(error),
+                };
+                scratch.drop().await?;
+                result?;
+            }
+            Database::Sqlite => {
+                let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
+                std::fs::create_dir_all(&dir)?;
+                let result = async {
+                    let pool = idem_examples::schema::connect_sqlite(&dir.join("bench.db")).await?;
+                    idem_examples::schema::create(&pool).await?;
+                    let addr = load::serve_sqlite(Store::new(pool)).await?;
+                    measure(&args, *database, Client::new(addr)).await
+                }
+                .await;
+                std::fs::remove_dir_all(&dir)?;
+                result?;
+            }
+        }
+    }
+    Ok(())
 }
 
-async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
-    let addr = load::serve(Store::new(scratch.pool.clone())).await?;
-    let client = Client::new(addr);
-
+async fn measure(args: &Args, database: Database, client: Client) -> Result<(), db::Error> {
     eprintln!("completing 1000 keys for the replay scenario...");
     let keys: Vec<String> = (0..1000).map(|_| load::fresh_key()).collect();
     for chunk in keys.chunks(50) {
@@ -115,7 +160,7 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     }
 
     println!(
-        "PostgreSQL, {} clients, {} rounds x {} s per scenario, {} cores",
+        "{database}, {} clients, {} rounds x {} s per scenario, {} cores",
         args.concurrency,
         args.rounds,
         args.seconds,
@@ -151,11 +196,20 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         ratio(1)
     );
     println!("replay/bare {:.2}  (target >= 1.0)", ratio(2));
+    let note = match database {
+        Database::Postgres => "target <= 2",
+        Database::Sqlite => "one is a read without the write lock, so that replays never wait",
+    };
     println!(
-        "SQL statements added to a first execution: {:.1} (target <= 2); a replay runs {:.1}",
+        "SQL statements added to a first execution: {:.1} ({note}); a replay runs {:.1}",
         per_request[1] - per_request[0],
         per_request[2]
     );
+    for (workload, stats) in workloads.iter().zip(&runs) {
+        if let Some(first) = stats.iter().find_map(|s| s.first_error.as_deref()) {
+            println!("first unexpected answer in {}: {first}", workload.name());
+        }
+    }
     println!(
         "(SQL/request counts the statements sqlx logs; BEGIN is not logged, and every request \
          that touches the database sends one more)"

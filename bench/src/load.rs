@@ -15,19 +15,34 @@ use hdrhistogram::Histogram;
 use idem_examples::payments::{self, AppState};
 use idem_runtime::Store;
 use reqwest::StatusCode;
-use sqlx::Postgres;
+use sqlx::{Postgres, Sqlite};
 
-/// Serves the example's router on a loopback port, plus `POST /bare/payments`: the same
-/// payment handler and business writes in a transaction, without idempotency.
+/// Serves the example's router over PostgreSQL on a loopback port, plus `POST /bare/payments`:
+/// the same payment handler and business writes in a transaction, without idempotency.
 pub async fn serve(store: Store<Postgres>) -> Result<SocketAddr, crate::db::Error> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let app = payments::postgres::routes()
         .route(
             "/bare/payments",
             post(payments::postgres::create_payment_bare),
         )
         .with_state(AppState::new(store));
+    listen(app).await
+}
+
+/// As [`serve`], over SQLite.
+pub async fn serve_sqlite(store: Store<Sqlite>) -> Result<SocketAddr, crate::db::Error> {
+    let app = payments::sqlite::routes()
+        .route(
+            "/bare/payments",
+            post(payments::sqlite::create_payment_bare),
+        )
+        .with_state(AppState::new(store));
+    listen(app).await
+}
+
+async fn listen(app: axum::Router) -> Result<SocketAddr, crate::db::Error> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -77,6 +92,8 @@ pub struct Stats {
     pub elapsed: Duration,
     /// Latencies, in microseconds.
     pub latency: Histogram<u64>,
+    /// What the first unexpected answer was.
+    pub first_error: Option<String>,
 }
 
 impl Stats {
@@ -88,6 +105,7 @@ impl Stats {
             conflicts: 0,
             elapsed: Duration::ZERO,
             latency: Histogram::new(3).expect("histogram"),
+            first_error: None,
         }
     }
 
@@ -99,6 +117,7 @@ impl Stats {
         self.latency
             .add(other.latency)
             .expect("same histogram bounds");
+        self.first_error = self.first_error.take().or(other.first_error);
     }
 
     /// Answered requests per second.
@@ -245,6 +264,12 @@ async fn work(
         };
         if !expected {
             stats.errors += 1;
+            if stats.first_error.is_none() {
+                stats.first_error = Some(match &reply {
+                    Ok((status, replayed)) => format!("{status} (replayed: {replayed})"),
+                    Err(error) => error.to_string(),
+                });
+            }
             continue;
         }
         let _ = stats.latency.record(micros);

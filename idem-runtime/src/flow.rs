@@ -441,7 +441,16 @@ impl<DB: Backend> Claim<DB> {
     ) -> Result<Self, Response> {
         let key = request.key_ref(scope)?;
         let Some(held) = request.store.hold(key.lock_id) else {
-            return Err(request.in_progress(None));
+            // Another request in this process holds the key, or is replaying it: a finished key
+            // is replayed (concurrent replays must not turn each other into 409s), a running
+            // one is in progress.
+            return match DB::lookup(request.store.pool(), &key).await {
+                Ok(Some(record)) if record.status == KeyStatus::Completed => {
+                    Err(request.answer_existing(record, None))
+                }
+                Ok(_) => Err(request.in_progress(None)),
+                Err(error) => Err(request.store_failed(&error)),
+            };
         };
         match DB::begin_claim(request.store.pool(), &key).await {
             Ok(Begun::Acquired(mut tx)) => {

@@ -69,6 +69,12 @@ pub trait Backend: sqlx::Database + Sized {
         }
     }
 
+    /// Reads the live row of `key`, without taking any lock.
+    fn lookup<'c>(
+        pool: &'c Pool<Self>,
+        key: &'c KeyRef,
+    ) -> impl Future<Output = Result<Option<KeyRecord>, sqlx::Error>> + Send + 'c;
+
     /// Claims `key` inside `conn`'s transaction, in one round trip and without waiting for other
     /// transactions: either this transaction now holds the key, or the live record (if any) is
     /// returned.

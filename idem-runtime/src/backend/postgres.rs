@@ -36,6 +36,10 @@ const COMPLETE: &str = "INSERT INTO idem_keys AS k \
        lease_until = NULL, claim_token = NULL \
      WHERE k.expires_at <= now()";
 
+const LOOKUP: &str = "SELECT status, method, path, fingerprint, response_status, \
+     response_headers, response_body FROM idem_keys \
+     WHERE scope = $1 AND key = $2 AND expires_at > now()";
+
 const START: &str = "SELECT outcome, taken_over, status, method, path, fingerprint, \
      response_status, response_headers, response_body, lease_left \
      FROM idem_start($1, $2, $3, $4, $5, $6, $7, $8, $9)";
@@ -72,6 +76,18 @@ impl Backend for Postgres {
         // The claim's correctness rests on READ COMMITTED snapshots (see the migration).
         pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
             .await
+    }
+
+    async fn lookup(pool: &PgPool, key: &KeyRef) -> Result<Option<KeyRecord>, sqlx::Error> {
+        let row = sqlx::query(LOOKUP)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .fetch_optional(pool)
+            .await?;
+        match row {
+            Some(row) => decode_record(&row),
+            None => Ok(None),
+        }
     }
 
     async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Lookup, sqlx::Error> {

@@ -112,6 +112,13 @@ impl Backend for Sqlite {
         })
     }
 
+    async fn lookup(pool: &SqlitePool, key: &KeyRef) -> Result<Option<KeyRecord>, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        Ok(live_row(&mut conn, key, now_ms())
+            .await?
+            .map(|(record, _)| record))
+    }
+
     async fn claim(conn: &mut SqliteConnection, key: &KeyRef) -> Result<Lookup, sqlx::Error> {
         // The transaction holds SQLite's write lock: nobody else can complete the key now.
         let record = live_row(conn, key, now_ms())
