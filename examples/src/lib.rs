@@ -1,6 +1,6 @@
 //! The example services of idem (`CONTRACT.md` §3 and §4).
 //!
-//! - `cargo run --bin payments` serves [`payments::router`]: payments and payouts
+//! - `cargo run --bin payments` serves [`payments::postgres::router`] or [`payments::sqlite::router`]: payments and payouts
 //!   (transactional mode) and refunds (external mode, calling the processor).
 //! - `cargo run --bin processor` serves [`processor::router`]: a simulated card processor in its
 //!   own process, so that it outlives a crash of the payments service.

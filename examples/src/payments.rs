@@ -56,7 +56,7 @@ pub struct NewTransfer {
     pub amount: i64,
     /// Three letters.
     pub currency: String,
-    /// The customer's id; some ids are magic (see [`card::decide`]).
+    /// The customer's id; some ids are magic (see [`crate::card::decide`]).
     pub customer: String,
 }
 

@@ -14,7 +14,7 @@ mod handler;
 
 /// Makes an Axum handler safe to retry with the `Idempotency-Key` header.
 ///
-/// ```ignore
+/// ```text
 /// #[idempotent(scope = "tenant", retention = "24h", replay_5xx = false)]
 /// async fn create_payment(
 ///     tenant: Tenant,
