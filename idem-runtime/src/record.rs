@@ -75,6 +75,70 @@ pub struct KeyRecord {
     pub response: Option<StoredResponse>,
 }
 
+/// The columns of a key row, as read by a backend, before they are checked.
+#[derive(Debug)]
+pub struct RawRecord {
+    /// `started` or `completed`.
+    pub status: String,
+    /// Method of the first request.
+    pub method: String,
+    /// Path and query of the first request.
+    pub path: String,
+    /// 32 bytes.
+    pub fingerprint: Vec<u8>,
+    /// The stored status, once completed.
+    pub response_status: Option<i64>,
+    /// The stored headers.
+    pub response_headers: Option<Vec<(String, String)>>,
+    /// The stored body.
+    pub response_body: Option<Vec<u8>>,
+}
+
+impl RawRecord {
+    /// Checks the columns and builds the record.
+    ///
+    /// # Errors
+    ///
+    /// [`sqlx::Error::Decode`] for an unknown status, a fingerprint that is not 32 bytes, or a
+    /// status code out of range: the row was not written by idem.
+    pub fn check(self) -> Result<KeyRecord, sqlx::Error> {
+        let status = match self.status.as_str() {
+            "completed" => KeyStatus::Completed,
+            "started" => KeyStatus::Started,
+            other => {
+                return Err(sqlx::Error::Decode(
+                    format!("unknown idem_keys.status {other:?}").into(),
+                ));
+            }
+        };
+        let response = match self.response_status {
+            Some(code) => Some(StoredResponse {
+                status: u16::try_from(code).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                headers: self.response_headers.unwrap_or_default(),
+                body: self.response_body.unwrap_or_default(),
+            }),
+            None => None,
+        };
+        Ok(KeyRecord {
+            status,
+            method: self.method,
+            path: self.path,
+            fingerprint: checked_fingerprint(&self.fingerprint)?,
+            response,
+        })
+    }
+}
+
+/// A stored fingerprint, checked to be 32 bytes.
+///
+/// # Errors
+///
+/// [`sqlx::Error::Decode`] when it is not.
+pub fn checked_fingerprint(bytes: &[u8]) -> Result<Fingerprint, sqlx::Error> {
+    Fingerprint::from_slice(bytes)
+        .ok_or_else(|| sqlx::Error::Decode("idem_keys.fingerprint is not 32 bytes".into()))
+}
+
 /// What a claim found.
 #[derive(Debug, Clone)]
 pub struct Lookup {

@@ -9,11 +9,9 @@ use sqlx::{
 use std::time::Duration;
 
 use super::Backend;
-use crate::{
-    fingerprint::Fingerprint,
-    record::{
-        Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, Start, Started, StoredResponse,
-    },
+use crate::record::{
+    Abandoned, Completion, KeyRecord, KeyRef, Lookup, RawRecord, Start, Started,
+    checked_fingerprint,
 };
 
 const CLAIM: &str = "SELECT acquired, status, method, path, fingerprint, \
@@ -223,9 +221,7 @@ impl Backend for Postgres {
                     key: KeyRef::new(row.try_get("scope")?, row.try_get("key")?),
                     method: row.try_get("method")?,
                     path: row.try_get("path")?,
-                    fingerprint: Fingerprint::from_slice(&fingerprint).ok_or_else(|| {
-                        sqlx::Error::Decode("idem_keys.fingerprint is not 32 bytes".into())
-                    })?,
+                    fingerprint: checked_fingerprint(&fingerprint)?,
                     age: Duration::from_secs_f64(row.try_get::<f64, _>("age")?.max(0.0)),
                 })
             })
@@ -249,36 +245,19 @@ fn decode_record(row: &PgRow) -> Result<Option<KeyRecord>, sqlx::Error> {
     let Some(status) = row.try_get::<Option<String>, _>("status")? else {
         return Ok(None);
     };
-    let status = match status.as_str() {
-        "completed" => KeyStatus::Completed,
-        "started" => KeyStatus::Started,
-        other => {
-            return Err(sqlx::Error::Decode(
-                format!("unknown idem_keys.status {other:?}").into(),
-            ));
-        }
-    };
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint = Fingerprint::from_slice(&fingerprint)
-        .ok_or_else(|| sqlx::Error::Decode("idem_keys.fingerprint is not 32 bytes".into()))?;
-    let response = match row.try_get::<Option<i16>, _>("response_status")? {
-        Some(code) => Some(StoredResponse {
-            status: u16::try_from(code).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-            headers: row
-                .try_get::<Option<Json<Vec<(String, String)>>>, _>("response_headers")?
-                .map(|Json(h)| h)
-                .unwrap_or_default(),
-            body: row
-                .try_get::<Option<Vec<u8>>, _>("response_body")?
-                .unwrap_or_default(),
-        }),
-        None => None,
-    };
-    Ok(Some(KeyRecord {
+    RawRecord {
         status,
         method: row.try_get("method")?,
         path: row.try_get("path")?,
-        fingerprint,
-        response,
-    }))
+        fingerprint: row.try_get("fingerprint")?,
+        response_status: row
+            .try_get::<Option<i16>, _>("response_status")?
+            .map(i64::from),
+        response_headers: row
+            .try_get::<Option<Json<Vec<(String, String)>>>, _>("response_headers")?
+            .map(|Json(headers)| headers),
+        response_body: row.try_get("response_body")?,
+    }
+    .check()
+    .map(Some)
 }

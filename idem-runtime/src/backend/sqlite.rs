@@ -11,11 +11,9 @@ use sqlx::{
 };
 
 use super::{Backend, Begun};
-use crate::{
-    fingerprint::Fingerprint,
-    record::{
-        Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, Start, Started, StoredResponse,
-    },
+use crate::record::{
+    Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, RawRecord, Start, Started,
+    checked_fingerprint,
 };
 
 const LIVE: &str = "SELECT status, method, path, fingerprint, response_status, response_headers, \
@@ -270,9 +268,7 @@ impl Backend for Sqlite {
                     key: KeyRef::new(row.try_get("scope")?, row.try_get("key")?),
                     method: row.try_get("method")?,
                     path: row.try_get("path")?,
-                    fingerprint: Fingerprint::from_slice(&fingerprint).ok_or_else(|| {
-                        sqlx::Error::Decode("idem_keys.fingerprint is not 32 bytes".into())
-                    })?,
+                    fingerprint: checked_fingerprint(&fingerprint)?,
                     age: Duration::from_millis(
                         now.saturating_sub(locked_at.unwrap_or(now)).max(0) as u64
                     ),
@@ -295,37 +291,16 @@ impl Backend for Sqlite {
 }
 
 fn decode_record(row: &SqliteRow) -> Result<KeyRecord, sqlx::Error> {
-    let status: String = row.try_get("status")?;
-    let status = match status.as_str() {
-        "completed" => KeyStatus::Completed,
-        "started" => KeyStatus::Started,
-        other => {
-            return Err(sqlx::Error::Decode(
-                format!("unknown idem_keys.status {other:?}").into(),
-            ));
-        }
-    };
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint = Fingerprint::from_slice(&fingerprint)
-        .ok_or_else(|| sqlx::Error::Decode("idem_keys.fingerprint is not 32 bytes".into()))?;
-    let response = match row.try_get::<Option<i64>, _>("response_status")? {
-        Some(code) => Some(StoredResponse {
-            status: u16::try_from(code).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-            headers: row
-                .try_get::<Option<Json<Vec<(String, String)>>>, _>("response_headers")?
-                .map(|Json(h)| h)
-                .unwrap_or_default(),
-            body: row
-                .try_get::<Option<Vec<u8>>, _>("response_body")?
-                .unwrap_or_default(),
-        }),
-        None => None,
-    };
-    Ok(KeyRecord {
-        status,
+    RawRecord {
+        status: row.try_get("status")?,
         method: row.try_get("method")?,
         path: row.try_get("path")?,
-        fingerprint,
-        response,
-    })
+        fingerprint: row.try_get("fingerprint")?,
+        response_status: row.try_get("response_status")?,
+        response_headers: row
+            .try_get::<Option<Json<Vec<(String, String)>>>, _>("response_headers")?
+            .map(|Json(headers)| headers),
+        response_body: row.try_get("response_body")?,
+    }
+    .check()
 }
