@@ -500,6 +500,45 @@ backend_tests! {
         }
     }
 
+    async fn replays_and_409s_do_not_wait_behind_queued_writers(db) {
+        // A small pool: a long handler and two queued writers must not starve the readers.
+        let options = Options {
+            connections: Some(3),
+            ..Options::default()
+        };
+        let app = App::build(db, options).await;
+        let done = app.send(pay("t1", "done", &payment(100, "cus_1")).build()).await;
+        let slow = tokio::spawn({
+            let app = app.clone();
+            async move { app.send(Req::post("/test/slow").tenant("t1").key("s1").build()).await }
+        });
+        until_called(&app.calls.slow, 1).await;
+        let queued: Vec<_> = ["n1", "n2"]
+            .into_iter()
+            .map(|key| {
+                let app = app.clone();
+                tokio::spawn(async move { app.send(pay("t1", key, &payment(100, "cus_1")).build()).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let limit = Duration::from_secs(10);
+        let replay = tokio::time::timeout(limit, app.send(pay("t1", "done", &payment(100, "cus_1")).build()))
+            .await
+            .expect("the replay did not wait for the writers");
+        assert!(replay.replayed());
+        assert_eq!(replay.body, done.body);
+        let duplicate = tokio::time::timeout(limit, app.send(Req::post("/test/slow").tenant("t1").key("s1").build()))
+            .await
+            .expect("the duplicate did not wait for the writers");
+        assert_eq!(duplicate.status, StatusCode::CONFLICT);
+        assert!(!slow.is_finished());
+        app.gate.add_permits(1);
+        assert_eq!(slow.await.unwrap().status, StatusCode::CREATED);
+        for request in queued {
+            assert_eq!(request.await.unwrap().status, StatusCode::CREATED);
+        }
+    }
+
     async fn an_expired_key_is_a_new_request(db) {
         let app = App::new(db).await;
         let first = app

@@ -424,6 +424,8 @@ pub struct Claim<DB: Backend> {
     /// Dropped after `tx` (fields drop in order): the process lets go of the key only once the
     /// database has.
     _held: HeldKey,
+    /// Single-writer databases: this process's turn to write, held as long as the transaction.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl<DB: Backend> Claim<DB> {
@@ -452,6 +454,20 @@ impl<DB: Backend> Claim<DB> {
                 Err(error) => Err(request.store_failed(&error)),
             };
         };
+        let mut permit = None;
+        if DB::SINGLE_WRITER {
+            // A finished key is answered without queueing for the single writer.
+            match DB::lookup(request.store.pool(), &key).await {
+                Ok(Some(record)) if record.status == KeyStatus::Completed => {
+                    return Err(request.answer_existing(record, None));
+                }
+                Ok(_) => {}
+                Err(error) => return Err(request.store_failed(&error)),
+            }
+            // Writers of this process queue here, not inside the database while holding a
+            // pooled connection: the pool stays free for replays and 409s.
+            permit = request.store.write_permit().await;
+        }
         match DB::begin_claim(request.store.pool(), &key).await {
             Ok(Begun::Acquired(mut tx)) => {
                 if options.replay_5xx {
@@ -465,6 +481,7 @@ impl<DB: Backend> Claim<DB> {
                     key,
                     options,
                     _held: held,
+                    _permit: permit,
                 })
             }
             Ok(Begun::Busy) => Err(request.in_progress(None)),
@@ -491,6 +508,7 @@ impl<DB: Backend> Claim<DB> {
             key,
             options,
             _held,
+            _permit,
         } = self;
         if response.status().is_server_error() {
             if !options.replay_5xx {
@@ -562,34 +580,43 @@ impl<DB: Backend> ExternalClaim<DB> {
         options: Options,
     ) -> Result<Self, Response> {
         let key = request.key_ref(scope)?;
-        let token = fresh_token();
-        let start = Start {
-            key: &key,
-            method: request.method.as_str(),
-            path: &request.path,
-            fingerprint: &request.fingerprint,
-            lease: options.lease,
-            retention: options.retention,
-            token,
+        // Armed before the claim is sent: if this request is cancelled while the claim is in
+        // flight, dropping it releases whatever was committed under its token.
+        let mut claim = Self {
+            request,
+            key,
+            options,
+            token: fresh_token(),
+            armed: true,
         };
-        match DB::start(request.store.pool(), &start).await {
+        let outcome = {
+            let start = Start {
+                key: &claim.key,
+                method: claim.request.method.as_str(),
+                path: &claim.request.path,
+                fingerprint: &claim.request.fingerprint,
+                lease: options.lease,
+                retention: options.retention,
+                token: claim.token,
+            };
+            let _permit = claim.request.store.write_permit().await;
+            DB::start(claim.request.store.pool(), &start).await
+        };
+        if !matches!(outcome, Ok(Started::Acquired { .. })) {
+            claim.armed = false;
+        }
+        match outcome {
             Ok(Started::Acquired { taken_over }) => {
                 if taken_over {
-                    tracing::info!(parent: &request.span, "took over an abandoned or expired claim");
+                    tracing::info!(parent: &claim.request.span, "took over an abandoned or expired claim");
                 }
-                Ok(Self {
-                    request,
-                    key,
-                    options,
-                    token,
-                    armed: true,
-                })
+                Ok(claim)
             }
             Ok(Started::Found { record, lease_left }) => {
-                Err(request.answer_existing(record, lease_left))
+                Err(claim.request.answer_existing(record, lease_left))
             }
-            Ok(Started::Busy) => Err(request.in_progress(None)),
-            Err(error) => Err(request.store_failed(&error)),
+            Ok(Started::Busy) => Err(claim.request.in_progress(None)),
+            Err(error) => Err(claim.request.store_failed(&error)),
         }
     }
 
@@ -599,11 +626,18 @@ impl<DB: Backend> ExternalClaim<DB> {
     }
 
     /// Stores the handler's response (or releases the key after a 5xx that is not replayed).
+    ///
+    /// The claim stays armed until the database has the outcome: a request cancelled before
+    /// that releases its key when the claim is dropped.
     pub async fn complete(mut self, response: Response) -> Response {
-        self.armed = false;
-        let pool = self.request.store.pool();
+        let pool = self.request.store.pool().clone();
         if response.status().is_server_error() && !self.options.replay_5xx {
-            if let Err(error) = DB::release(pool, &self.key, self.token).await {
+            let released = {
+                let _permit = self.request.store.write_permit().await;
+                DB::release(&pool, &self.key, self.token).await
+            };
+            self.armed = false;
+            if let Err(error) = released {
                 tracing::error!(parent: &self.request.span, %error, "releasing the key after a 5xx failed; it frees itself when the lease ends");
             }
             return self.request.finish(Outcome::NotStored, response);
@@ -611,15 +645,22 @@ impl<DB: Backend> ExternalClaim<DB> {
         let captured = match self.request.capture(response).await {
             Ok(captured) => captured,
             Err(problem) => {
-                let _ = DB::release(pool, &self.key, self.token).await;
+                let _permit = self.request.store.write_permit().await;
+                let _ = DB::release(&pool, &self.key, self.token).await;
+                self.armed = false;
                 return problem;
             }
         };
         let stored = captured.to_stored();
-        let completion = self
-            .request
-            .completion(&self.key, &stored, self.options.retention);
-        match DB::finish(pool, &completion, self.token).await {
+        let finished = {
+            let completion = self
+                .request
+                .completion(&self.key, &stored, self.options.retention);
+            let _permit = self.request.store.write_permit().await;
+            DB::finish(&pool, &completion, self.token).await
+        };
+        self.armed = false;
+        match finished {
             Ok(true) => self
                 .request
                 .finish(Outcome::Executed, captured.into_response()),
@@ -649,11 +690,12 @@ impl<DB: Backend> Drop for ExternalClaim<DB> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let pool = self.request.store.pool().clone();
+        let store = self.request.store.clone();
         let key = self.key.clone();
         let token = self.token;
         runtime.spawn(async move {
-            if let Err(error) = DB::release(&pool, &key, token).await {
+            let _permit = store.write_permit().await;
+            if let Err(error) = DB::release(store.pool(), &key, token).await {
                 tracing::warn!(%error, "releasing an interrupted claim failed; it frees itself when the lease ends");
             }
         });

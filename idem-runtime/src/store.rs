@@ -56,6 +56,7 @@ pub struct Store<DB: Backend> {
     pool: Pool<DB>,
     settings: Arc<Settings>,
     held: Arc<HeldKeys>,
+    writers: Arc<tokio::sync::Semaphore>,
 }
 
 impl<DB: Backend> Clone for Store<DB> {
@@ -64,6 +65,7 @@ impl<DB: Backend> Clone for Store<DB> {
             pool: self.pool.clone(),
             settings: Arc::clone(&self.settings),
             held: Arc::clone(&self.held),
+            writers: Arc::clone(&self.writers),
         }
     }
 }
@@ -112,6 +114,7 @@ impl<DB: Backend> Store<DB> {
             pool,
             settings: Arc::new(settings),
             held: Arc::default(),
+            writers: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -156,6 +159,14 @@ impl<DB: Backend> Store<DB> {
             keys: Arc::clone(&self.held),
             lock_id,
         })
+    }
+
+    /// On a single-writer database, this process's turn to write; `None` elsewhere.
+    pub(crate) async fn write_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if !DB::SINGLE_WRITER {
+            return None;
+        }
+        Arc::clone(&self.writers).acquire_owned().await.ok()
     }
 
     fn map_settings(mut self, change: impl FnOnce(&mut Settings)) -> Self {

@@ -143,7 +143,10 @@ impl<DB: Backend> Store<DB> {
         let batch = i64::from(options.batch_size.max(1));
         let mut report = PurgeReport::default();
         loop {
-            let rows = DB::purge_batch(self.pool(), batch).await?;
+            let rows = {
+                let _permit = self.write_permit().await;
+                DB::purge_batch(self.pool(), batch).await?
+            };
             report.rows += rows;
             report.batches += 1;
             if rows < batch as u64 {
@@ -174,9 +177,11 @@ impl<DB: Backend> Store<DB> {
         limit: u32,
     ) -> Result<RecoveryReport, sqlx::Error> {
         let token = fresh_token();
-        let claims =
+        let claims = {
+            let _permit = self.write_permit().await;
             DB::reclaim_abandoned(self.pool(), i64::from(limit.max(1)), RECOVERY_LEASE, token)
-                .await?;
+                .await?
+        };
         let mut report = RecoveryReport {
             found: claims.len() as u64,
             ..RecoveryReport::default()
@@ -199,8 +204,11 @@ impl<DB: Backend> Store<DB> {
             };
             match hook.recover(claim).await {
                 Recovery::Release => {
-                    DB::release(self.pool(), &key, token).await?;
-                    report.released += 1;
+                    let _permit = self.write_permit().await;
+                    // A claim taken over meanwhile is no longer the recovery's to release.
+                    if DB::release(self.pool(), &key, token).await? {
+                        report.released += 1;
+                    }
                 }
                 Recovery::Complete(response) => {
                     let completion = Completion {
@@ -212,8 +220,10 @@ impl<DB: Backend> Store<DB> {
                         // Keep the expiry the claim was given.
                         retention: Duration::ZERO,
                     };
-                    DB::finish(self.pool(), &completion, token).await?;
-                    report.completed += 1;
+                    let _permit = self.write_permit().await;
+                    if DB::finish(self.pool(), &completion, token).await? {
+                        report.completed += 1;
+                    }
                 }
                 Recovery::Keep => report.kept += 1,
             }

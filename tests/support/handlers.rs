@@ -20,6 +20,7 @@ macro_rules! test_handlers {
                 .route("/test/panic", post(panicky))
                 .route("/test/global", post(global))
                 .route("/test/slow", post(slow))
+                .route("/test/external-slow", post(external_slow))
                 .layer(Extension(calls))
                 .layer(Extension(gate))
                 .layer(tower_http::catch_panic::CatchPanicLayer::new())
@@ -90,6 +91,20 @@ macro_rules! test_handlers {
             calls.slow.fetch_add(1, Ordering::SeqCst);
             gate.acquire().await.expect("gate open").forget();
             (StatusCode::CREATED, "done".to_owned())
+        }
+
+        /// External mode: counts its calls; the first waits for the test to open the gate.
+        #[idempotent(scope = "tenant", retention = "1h", lock_timeout = "5s", backend = $db)]
+        async fn external_slow(
+            tenant: Tenant,
+            Extension(calls): Extension<Arc<Calls>>,
+            Extension(gate): Extension<Arc<tokio::sync::Semaphore>>,
+        ) -> (StatusCode, String) {
+            let call = calls.external.fetch_add(1, Ordering::SeqCst) + 1;
+            if call == 1 {
+                gate.acquire().await.expect("gate open").forget();
+            }
+            (StatusCode::CREATED, format!("call {call} for {}", tenant.0))
         }
     };
 }

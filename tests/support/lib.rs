@@ -97,6 +97,8 @@ pub struct Calls {
     pub global: AtomicUsize,
     /// `POST /test/slow`.
     pub slow: AtomicUsize,
+    /// `POST /test/external-slow`.
+    pub external: AtomicUsize,
 }
 
 /// How to build the app under test.

@@ -47,6 +47,10 @@ pub trait Backend: sqlx::Database + Sized {
     /// Human-readable name, for logs.
     const NAME: &'static str;
 
+    /// Whether the database admits one writing transaction at a time (SQLite). Writers of a
+    /// process then queue in the process, not in the database while holding a connection.
+    const SINGLE_WRITER: bool = false;
+
     /// Begins the transaction a handler runs in (READ COMMITTED where the database has levels).
     fn begin(
         pool: &Pool<Self>,
@@ -147,8 +151,8 @@ pub trait Backend: sqlx::Database + Sized {
 /// Creates or upgrades idem's tables in the database behind `pool`.
 ///
 /// Safe to call on every start: applied migrations are recorded in their own table
-/// (`_idem_migrations`), apart from the application's own `_sqlx_migrations`, and concurrent
-/// callers serialise on a lock.
+/// (`_idem_migrations`), apart from the application's own `_sqlx_migrations`; on PostgreSQL
+/// concurrent callers serialise on an advisory lock.
 ///
 /// # Errors
 ///

@@ -62,7 +62,8 @@ const RECLAIM: &str = "WITH lapsed AS ( \
        SELECT scope, key FROM idem_keys \
        WHERE status = 'started' AND lease_until <= now() AND expires_at > now() \
        ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED) \
-     UPDATE idem_keys k SET lease_until = now() + make_interval(secs => $2), claim_token = $3 \
+     UPDATE idem_keys k \
+       SET lease_until = LEAST(now() + make_interval(secs => $2), k.expires_at), claim_token = $3 \
      FROM lapsed WHERE k.scope = lapsed.scope AND k.key = lapsed.key \
      RETURNING k.scope, k.key, k.method, k.path, k.fingerprint, \
        extract(epoch FROM now() - k.locked_at)::float8 AS age";

@@ -10,7 +10,7 @@ use sqlx::{
     sqlite::SqliteRow, types::Json,
 };
 
-use super::{Backend, Begun};
+use super::Backend;
 use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, RawRecord, Start, Started,
     checked_fingerprint,
@@ -53,7 +53,7 @@ const RELEASE: &str = "DELETE FROM idem_keys \
 const PURGE: &str = "DELETE FROM idem_keys WHERE rowid IN ( \
      SELECT rowid FROM idem_keys WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)";
 
-const RECLAIM: &str = "UPDATE idem_keys SET lease_until = $2, claim_token = $3 \
+const RECLAIM: &str = "UPDATE idem_keys SET lease_until = min($2, expires_at), claim_token = $3 \
      WHERE rowid IN (SELECT rowid FROM idem_keys \
        WHERE status = 'started' AND lease_until <= $1 AND expires_at > $1 \
        ORDER BY lease_until LIMIT $4) \
@@ -86,28 +86,12 @@ async fn live_row(
 
 impl Backend for Sqlite {
     const NAME: &'static str = "sqlite";
+    const SINGLE_WRITER: bool = true;
 
     async fn begin(pool: &SqlitePool) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
         // IMMEDIATE takes the write lock now: a deferred transaction that read first could fail
         // with "database is locked" when it later writes.
         pool.begin_with("BEGIN IMMEDIATE").await
-    }
-
-    async fn begin_claim(pool: &SqlitePool, key: &KeyRef) -> Result<Begun<Sqlite>, sqlx::Error> {
-        // A completed key is answered without the write lock.
-        let mut conn = pool.acquire().await?;
-        if let Some((record, _)) = live_row(&mut conn, key, now_ms()).await?
-            && record.status == KeyStatus::Completed
-        {
-            return Ok(Begun::Live(record));
-        }
-        drop(conn);
-        let mut tx = Self::begin(pool).await?;
-        let lookup = Self::claim(&mut tx, key).await?;
-        Ok(match lookup.record {
-            Some(record) => Begun::Live(record),
-            None => Begun::Acquired(tx),
-        })
     }
 
     async fn lookup(pool: &SqlitePool, key: &KeyRef) -> Result<Option<KeyRecord>, sqlx::Error> {
