@@ -94,4 +94,152 @@ mod tests {
             assert!(parse_seconds(bad).is_err(), "{bad:?} should be refused");
         }
     }
+
+    mod properties {
+        use super::super::{MAX_SECONDS, parse_seconds};
+        use proptest::prelude::*;
+
+        const UNITS: [(char, u128); 4] = [('s', 1), ('m', 60), ('h', 3600), ('d', 86_400)];
+
+        /// The documented grammar, written independently: one or more `<digits><unit>` groups
+        /// with units `s`, `m`, `h`, `d` in any order ("combinable"), a total above zero and
+        /// at most 100 years. Computed in `u128`, so no overflow can hide an error.
+        fn model(text: &str) -> Option<u64> {
+            let mut total: u128 = 0;
+            let mut rest = text;
+            if rest.is_empty() {
+                return None;
+            }
+            while !rest.is_empty() {
+                let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+                let unit_char = rest[digits..].chars().next()?;
+                let (_, unit) = UNITS.iter().find(|(c, _)| *c == unit_char)?;
+                if digits == 0 {
+                    return None;
+                }
+                let amount: u128 = rest[..digits].parse().ok()?;
+                total = total.checked_add(amount.checked_mul(*unit)?)?;
+                rest = &rest[digits + 1..];
+            }
+            (1..=u128::from(MAX_SECONDS))
+                .contains(&total)
+                .then(|| u64::try_from(total).unwrap())
+        }
+
+        fn unit() -> impl Strategy<Value = (char, u128)> {
+            prop::sample::select(&UNITS[..])
+        }
+
+        fn amount() -> impl Strategy<Value = u128> {
+            prop_oneof![
+                8 => 0u128..1000,
+                2 => 0u128..=5_000_000_000,
+                1 => Just(36_500),
+                1 => Just(u128::from(u64::MAX)),
+                1 => u128::from(u64::MAX)..=u128::from(u64::MAX) + 10,
+            ]
+        }
+
+        /// Valid groups: amounts with units, written with or without leading zeros.
+        fn groups() -> impl Strategy<Value = Vec<(u128, char, u128, usize)>> {
+            prop::collection::vec(
+                (amount(), unit(), 0usize..3).prop_map(|(n, (c, u), zeros)| (n, c, u, zeros)),
+                1..=5,
+            )
+        }
+
+        fn render(groups: &[(u128, char, u128, usize)]) -> String {
+            groups
+                .iter()
+                .map(|(n, c, _, zeros)| format!("{}{n}{c}", "0".repeat(*zeros)))
+                .collect()
+        }
+
+        /// Characters outside the grammar, and grammar characters in the wrong place.
+        fn foreign() -> impl Strategy<Value = char> {
+            prop_oneof![
+                prop::sample::select(
+                    &[
+                        ' ', '.', '-', '+', ',', '_', 'S', 'H', 'w', 'y', 'µ', '٣', '１', 'ｓ',
+                        '\u{0}', '\n', '😀'
+                    ][..]
+                ),
+                any::<char>().prop_filter("outside the alphabet", |c| {
+                    !c.is_ascii_digit() && !"smhd".contains(*c)
+                }),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2048))]
+
+            #[test]
+            fn parse_seconds_never_panics_on_arbitrary_strings(text in any::<String>()) {
+                let _ = parse_seconds(&text);
+            }
+
+            #[test]
+            fn parse_seconds_agrees_with_the_grammar(
+                text in prop_oneof![
+                    "[0-9smhd]{0,12}",
+                    "[0-9smhd .x-]{0,12}",
+                    "[0-9]{15,25}[smhd]",
+                    any::<String>(),
+                ],
+            ) {
+                let got = parse_seconds(&text);
+                prop_assert_eq!(got.as_ref().ok().copied(), model(&text), "{:?}: {:?}", text, got);
+                if let Err(message) = got {
+                    prop_assert!(!message.is_empty());
+                }
+            }
+
+            #[test]
+            fn parse_seconds_returns_the_sum_of_valid_groups(groups in groups()) {
+                let text = render(&groups);
+                let sum = groups.iter().try_fold(0u128, |sum, (n, _, u, _)| {
+                    sum.checked_add(n.checked_mul(*u)?)
+                });
+                let expected = sum
+                    .filter(|s| (1..=u128::from(MAX_SECONDS)).contains(s))
+                    .map(|s| u64::try_from(s).unwrap());
+                prop_assert_eq!(parse_seconds(&text).ok(), expected, "{}", text);
+            }
+
+            #[test]
+            fn parse_seconds_refuses_strings_outside_the_grammar(
+                groups in groups(),
+                at in any::<prop::sample::Index>(),
+                how in 0u8..4,
+                foreign in foreign(),
+                (stray_unit, _) in unit(),
+            ) {
+                let valid = render(&groups);
+                let mut chars: Vec<char> = valid.chars().collect();
+                let at = at.index(chars.len() + 1);
+                match how {
+                    // A character that the grammar does not have, anywhere.
+                    0 => chars.insert(at, foreign),
+                    // The last group without its unit.
+                    1 => { chars.pop(); }
+                    // A unit with no number before it: at the start or after another unit.
+                    2 => {
+                        let after_unit = (0..=chars.len())
+                            .filter(|&i| i == 0 || !chars[i - 1].is_ascii_digit())
+                            .nth(at % (groups.len() + 1))
+                            .unwrap_or(0);
+                        chars.insert(after_unit, stray_unit);
+                    }
+                    // The grammar's units in upper case.
+                    _ => {
+                        for c in &mut chars {
+                            *c = c.to_ascii_uppercase();
+                        }
+                    }
+                }
+                let text: String = chars.into_iter().collect();
+                prop_assert!(parse_seconds(&text).is_err(), "{:?} was accepted", text);
+            }
+        }
+    }
 }

@@ -7,8 +7,9 @@ use sha2::{Digest, Sha256};
 ///
 /// A JSON body (a `Content-Type` of `application/json` or `application/*+json` that parses as
 /// JSON) is canonicalised with RFC 8785 (JCS) first, so key order, whitespace and number
-/// spelling do not make two requests different. Any other body, and a JSON body with an integer
-/// beyond 2^53 (which JCS's doubles cannot hold exactly), is hashed byte for byte.
+/// spelling do not make two requests different. Any other body, and a JSON body with a number
+/// beyond 2^53 in magnitude (an integer JCS's doubles cannot hold exactly, however it is
+/// spelled: `18446744073709551617` and `1e17` alike), is hashed byte for byte.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
 
@@ -90,24 +91,28 @@ fn canonical_json(headers: &HeaderMap, body: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    // JCS writes numbers as IEEE doubles; an integer beyond 2^53 would lose digits and two
+    // JCS writes numbers as IEEE doubles; a number beyond 2^53 would lose digits and two
     // different amounts could look the same. Such bodies are compared byte for byte instead.
-    if !integers_fit_f64(&value) {
+    if !numbers_fit_f64(&value) {
         return None;
     }
     serde_json_canonicalizer::to_vec(&value).ok()
 }
 
-fn integers_fit_f64(value: &serde_json::Value) -> bool {
+/// Whether every number of `value` is within 2^53 of zero, where a double holds each integer
+/// exactly. Integers beyond `u64`/`i64` reach here as doubles (serde_json reads them so), and
+/// `1e17` is a double too: their magnitude, not their spelling, decides.
+fn numbers_fit_f64(value: &serde_json::Value) -> bool {
     const EXACT: u64 = 1 << 53;
     match value {
-        serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => u <= EXACT,
-            (None, Some(i)) => i.unsigned_abs() <= EXACT,
-            _ => true,
+        serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+            (Some(u), _, _) => u <= EXACT,
+            (None, Some(i), _) => i.unsigned_abs() <= EXACT,
+            (None, None, Some(f)) => f.abs() <= EXACT as f64,
+            (None, None, None) => false,
         },
-        serde_json::Value::Array(items) => items.iter().all(integers_fit_f64),
-        serde_json::Value::Object(map) => map.values().all(integers_fit_f64),
+        serde_json::Value::Array(items) => items.iter().all(numbers_fit_f64),
+        serde_json::Value::Object(map) => map.values().all(numbers_fit_f64),
         _ => true,
     }
 }

@@ -160,7 +160,11 @@ pub fn parse_value(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
     match std::str::from_utf8(raw) {
         Ok(text) => IdempotencyKey::new(text),
         Err(error) => Err(KeyError::NotVisibleAscii {
-            position: error.valid_up_to(),
+            // The first byte outside `!`..`~`, which may come before the first invalid UTF-8.
+            position: raw
+                .iter()
+                .position(|b| !b.is_ascii_graphic())
+                .unwrap_or(error.valid_up_to()),
         }),
     }
 }
