@@ -145,7 +145,7 @@ async fn time_claims(
     let fingerprint = Fingerprint::from_slice(&[7; 32]).expect("32 bytes");
     for i in 0..n {
         let key = KeyRef::new(format!("tenant_{}", i % 10_000), fresh_key());
-        let mut tx = <Postgres as Backend>::begin(pool).await?;
+        let mut tx = <Postgres as Backend>::begin(pool.acquire().await?).await?;
         let started = Instant::now();
         let lookup = <Postgres as Backend>::claim(&mut tx, &key).await?;
         record(&mut claim, started.elapsed());

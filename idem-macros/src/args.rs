@@ -1,12 +1,12 @@
-//! The attribute's arguments: `scope`, `global`, `retention`, `replay_5xx`, `lock_timeout`.
+//! The attribute's arguments: `scope`, `global`, `retention`, `replay_5xx`, `lock_timeout`,
+//! `timeout`, `backend`.
 
 use proc_macro2::{Span, TokenStream};
 use syn::{Expr, ExprLit, Lit, LitStr, meta::ParseNestedMeta, parse::Parser};
 
 use crate::duration;
 
-const EXPECTED: &str =
-    "expected one of `scope`, `global`, `retention`, `replay_5xx`, `lock_timeout`, `backend`";
+const EXPECTED: &str = "expected one of `scope`, `global`, `retention`, `replay_5xx`, `lock_timeout`, `timeout`, `backend`";
 
 /// Seconds in the default lease of external mode.
 const DEFAULT_LOCK_TIMEOUT: u64 = 30;
@@ -31,6 +31,8 @@ pub struct Args {
     /// The lease of external mode, and where it was written (an error in transactional mode).
     pub lock_timeout_secs: u64,
     pub lock_timeout_span: Option<Span>,
+    /// How long the handler body may run (`None`: unbounded), and where it was written.
+    pub timeout: Option<(u64, Span)>,
     /// External mode: the database, when it is not the default one.
     pub backend: Option<syn::Type>,
 }
@@ -44,6 +46,7 @@ struct Raw {
     retention: Option<u64>,
     replay_5xx: Option<bool>,
     lock_timeout: Option<(u64, Span)>,
+    timeout: Option<(u64, Span)>,
     backend: Option<syn::Type>,
 }
 
@@ -96,6 +99,7 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
             .lock_timeout
             .map_or(DEFAULT_LOCK_TIMEOUT, |(secs, _)| secs),
         lock_timeout_span: raw.lock_timeout.map(|(_, span)| span),
+        timeout: raw.timeout,
         backend: raw.backend,
     };
     (args, errors)
@@ -160,6 +164,14 @@ fn parse_one(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
             }
             let span = path_span(meta);
             raw.lock_timeout = Some((duration_value(meta, "lock_timeout", "30s")?, span));
+            Ok(())
+        }
+        "timeout" => {
+            if raw.timeout.is_some() {
+                return Err(repeated("timeout"));
+            }
+            let span = path_span(meta);
+            raw.timeout = Some((duration_value(meta, "timeout", "10s")?, span));
             Ok(())
         }
         "backend" => {

@@ -81,6 +81,12 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
     let retention = args.retention_secs;
     let replay_5xx = args.replay_5xx;
     let lease = args.lock_timeout_secs;
+    let timeout = match args.timeout {
+        Some((secs, _)) => {
+            quote!(::core::option::Option::Some(::core::time::Duration::from_secs(#secs)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
 
     // Transactional mode lends the transaction to the body; external mode has none.
     let (claim, bind_tx) = match &tx {
@@ -108,6 +114,30 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         }
     };
 
+    let body = quote!(#private::hint::<#inferred, _>(async move #block));
+    // With a `timeout`, the body's future (and its borrow of the claim) is dropped when the
+    // time is up, before the claim rolls back or releases the key.
+    let run = match args.timeout {
+        None => quote! {
+            let __idem_response = {
+                #bind_context
+                #bind_tx
+                __idem_into_response(#body.await)
+            };
+        },
+        Some((secs, _)) => quote! {
+            let __idem_output = {
+                #bind_context
+                #bind_tx
+                #private::within(::core::time::Duration::from_secs(#secs), #body).await
+            };
+            let __idem_response = match __idem_output {
+                ::core::option::Option::Some(__idem_value) => __idem_into_response(__idem_value),
+                ::core::option::Option::None => return __idem_claim.timed_out().await,
+            };
+        },
+    };
+
     quote! {
         #(#attrs)*
         #vis async fn #ident(#(#extractors,)* #input) -> #private::Response {
@@ -119,6 +149,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
                         retention: ::core::time::Duration::from_secs(#retention),
                         replay_5xx: #replay_5xx,
                         lease: ::core::time::Duration::from_secs(#lease),
+                        timeout: #timeout,
                     };
                     #[allow(unused_mut)]
                     let mut __idem_claim = match #claim::acquire(
@@ -134,11 +165,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
                     fn __idem_into_response(output: #declared) -> #private::Response {
                         #private::IntoResponse::into_response(output)
                     }
-                    let __idem_response = {
-                        #bind_context
-                        #bind_tx
-                        __idem_into_response(#private::hint::<#inferred, _>(async move #block).await)
-                    };
+                    #run
                     __idem_claim.complete(__idem_response).await
                 },
                 __idem_span,

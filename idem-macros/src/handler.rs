@@ -175,6 +175,21 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
         ));
     }
 
+    // External mode: the lease is counted from the claim, before the body starts, so a body
+    // allowed to run as long as the lease could still be running when a retry takes it over.
+    if let (None, Some((timeout, span))) = (&tx, args.timeout)
+        && timeout >= args.lock_timeout_secs
+    {
+        let lease = match args.lock_timeout_span {
+            Some(_) => format!("`lock_timeout`, {}s", args.lock_timeout_secs),
+            None => format!("the default `lock_timeout`, {}s", args.lock_timeout_secs),
+        };
+        errors.push(syn::Error::new(
+            span,
+            format!("`timeout` must be shorter than the lease ({lease}): a handler still running when its lease ends can be taken over by a retry and run twice at once; shorten `timeout` or lengthen `lock_timeout`"),
+        ));
+    }
+
     for (index, arg) in extractors.iter().enumerate() {
         if index + 1 == extractors.len() {
             break;

@@ -32,6 +32,12 @@ mod handler;
 ///   `"1h30m"`; units `s`, `m`, `h`, `d`). Default `"24h"`.
 /// - `replay_5xx = <bool>`: store and replay a 5xx outcome (its writes undone) instead of
 ///   rolling it back. Default `false`.
+/// - `timeout = "<duration>"`: how long the handler body may run (`"10s"`, `"2m"`). Past it the
+///   body's future is dropped, its transaction rolled back (in external mode its claim
+///   released), and the client gets a 503 problem (`HandlerTimedOut`) telling it to retry with
+///   the same key; nothing is stored. In external mode it must be shorter than `lock_timeout`.
+///   Needs a Tokio runtime with the time driver (as `#[tokio::main]` builds). Default: none, the
+///   body runs for as long as it takes.
 ///
 /// The handler takes exactly one `&mut sqlx::Transaction<'_, DB>`; the macro begins it, claims
 /// the key in it, and commits the handler's writes together with the stored response.

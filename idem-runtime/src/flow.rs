@@ -41,8 +41,7 @@ use crate::{
     },
     replay::{self, CaptureError, Captured},
     scope::IdempotencyScope,
-    store::HeldKey,
-    store::Store,
+    store::{HeldKey, Hold, Store},
 };
 
 /// Marks the [`FromRequest`] impl of [`Input`] whose inner extractor consumes the body.
@@ -122,6 +121,8 @@ enum Outcome {
     Rejected,
     /// The store failed or the response could not be stored; nothing was committed.
     Failed,
+    /// The handler ran past its `timeout` and was stopped; nothing was stored.
+    TimedOut,
 }
 
 impl Outcome {
@@ -134,6 +135,7 @@ impl Outcome {
             Self::Mismatch => "mismatch",
             Self::Rejected => "rejected",
             Self::Failed => "failed",
+            Self::TimedOut => "timed_out",
         }
     }
 }
@@ -288,6 +290,8 @@ pub struct Options {
     pub replay_5xx: bool,
     /// External mode: how long a claim is exclusive before a retry may take it over.
     pub lease: Duration,
+    /// How long the handler body may run before it is stopped (`None`: unbounded).
+    pub timeout: Option<Duration>,
 }
 
 /// Gives the handler body's future its declared output type, so `?` and `return` inside it
@@ -301,15 +305,32 @@ impl<DB: Backend> IdemRequest<DB> {
     fn key_ref(&self, scope: Scope) -> Result<KeyRef, Response> {
         let scope = match scope {
             Scope::Global => String::new(),
-            Scope::Caller(scope) if scope.is_empty() => {
-                return Err(self.finish(
-                    Outcome::Failed,
-                    ProblemKind::InvalidScope
-                        .with_detail("the handler's scope parameter produced an empty scope value")
-                        .into_response(),
-                ));
+            Scope::Caller(scope) => {
+                let wrong = if scope.is_empty() {
+                    Some("is empty".to_owned())
+                } else if scope.contains('\0') {
+                    Some("contains the character U+0000 (NUL)".to_owned())
+                } else if scope.len() > crate::MAX_SCOPE_LEN {
+                    Some(format!(
+                        "is {} bytes long, over the limit of {}",
+                        scope.len(),
+                        crate::MAX_SCOPE_LEN
+                    ))
+                } else {
+                    None
+                };
+                if let Some(wrong) = wrong {
+                    return Err(self.finish(
+                        Outcome::Rejected,
+                        ProblemKind::InvalidScope
+                            .with_detail(format!(
+                                "the caller this request is scoped to {wrong}; nothing was stored"
+                            ))
+                            .into_response(),
+                    ));
+                }
+                scope
             }
-            Scope::Caller(scope) => scope,
         };
         let key = KeyRef::new(scope, self.key.as_str().to_owned());
         self.span.record("key_id", key.log_id());
@@ -442,22 +463,35 @@ impl<DB: Backend> Claim<DB> {
         options: Options,
     ) -> Result<Self, Response> {
         let key = request.key_ref(scope)?;
-        let Some(held) = request.store.hold(key.lock_id) else {
-            // Another request in this process holds the key, or is replaying it: a finished key
-            // is replayed (concurrent replays must not turn each other into 409s), a running
-            // one is in progress.
-            return match DB::lookup(request.store.pool(), &key).await {
-                Ok(Some(record)) if record.status == KeyStatus::Completed => {
-                    Err(request.answer_existing(record, None))
-                }
-                Ok(_) => Err(request.in_progress(None)),
-                Err(error) => Err(request.store_failed(&error)),
-            };
+        let held = match request.store.hold(key.lock_id) {
+            Hold::Taken(held) => held,
+            // A handler of this process runs with the key: 409 without touching the database,
+            // so the answer comes at once even when every pooled connection is busy.
+            Hold::Running => return Err(request.in_progress(None)),
+            // Another request of this process is claiming the key or replaying it: a finished
+            // key is replayed (concurrent replays must not turn each other into 409s).
+            Hold::Claiming => {
+                let looked_up = match request.store.connection().await {
+                    Ok(mut conn) => DB::lookup(&mut conn, &key).await,
+                    Err(error) => Err(error),
+                };
+                return match looked_up {
+                    Ok(Some(record)) if record.status == KeyStatus::Completed => {
+                        Err(request.answer_existing(record, None))
+                    }
+                    Ok(_) => Err(request.in_progress(None)),
+                    Err(error) => Err(request.store_failed(&error)),
+                };
+            }
         };
         let mut permit = None;
         if DB::SINGLE_WRITER {
             // A finished key is answered without queueing for the single writer.
-            match DB::lookup(request.store.pool(), &key).await {
+            let looked_up = match request.store.connection().await {
+                Ok(mut conn) => DB::lookup(&mut conn, &key).await,
+                Err(error) => Err(error),
+            };
+            match looked_up {
                 Ok(Some(record)) if record.status == KeyStatus::Completed => {
                     return Err(request.answer_existing(record, None));
                 }
@@ -468,8 +502,13 @@ impl<DB: Backend> Claim<DB> {
             // pooled connection: the pool stays free for replays and 409s.
             permit = request.store.write_permit().await;
         }
-        match DB::begin_claim(request.store.pool(), &key).await {
+        let begun = match request.store.connection().await {
+            Ok(conn) => DB::begin_claim(conn, &key).await,
+            Err(error) => Err(error),
+        };
+        match begun {
             Ok(Begun::Acquired(mut tx)) => {
+                held.running();
                 if options.replay_5xx {
                     DB::savepoint(&mut tx)
                         .await
@@ -600,7 +639,10 @@ impl<DB: Backend> ExternalClaim<DB> {
                 token: claim.token,
             };
             let _permit = claim.request.store.write_permit().await;
-            DB::start(claim.request.store.pool(), &start).await
+            match claim.request.store.connection().await {
+                Ok(mut conn) => DB::start(&mut conn, &start).await,
+                Err(error) => Err(error),
+            }
         };
         if !matches!(outcome, Ok(Started::Acquired { .. })) {
             claim.armed = false;
@@ -699,5 +741,106 @@ impl<DB: Backend> Drop for ExternalClaim<DB> {
                 tracing::warn!(%error, "releasing an interrupted claim failed; it frees itself when the lease ends");
             }
         });
+    }
+}
+
+/// Runs the handler body for at most `limit`: `None` when it took longer, in which case the
+/// body's future has been dropped (and with it whatever it borrowed, such as the transaction).
+pub async fn within<F: std::future::Future>(limit: Duration, body: F) -> Option<F::Output> {
+    tokio::time::timeout(limit, body).await.ok()
+}
+
+/// A duration in the attribute's syntax: `"1h30m"`, `"45s"`.
+fn attribute_duration(duration: Duration) -> String {
+    let mut left = duration.as_secs();
+    if left == 0 {
+        return format!("{}ms", duration.as_millis());
+    }
+    let mut text = String::new();
+    for (unit, secs) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if left >= secs {
+            text.push_str(&format!("{}{unit}", left / secs));
+            left %= secs;
+        }
+    }
+    text
+}
+
+impl<DB: Backend> IdemRequest<DB> {
+    /// 503: the handler ran past its `timeout` and was stopped.
+    fn timed_out(&self, timeout: Option<Duration>, undone: &str) -> Response {
+        let limit = timeout.map_or_else(|| "its timeout".to_owned(), attribute_duration);
+        tracing::warn!(parent: &self.span, timeout = %limit, "the handler ran past its timeout and was stopped");
+        self.finish(
+            Outcome::TimedOut,
+            ProblemKind::HandlerTimedOut
+                .with_detail(format!(
+                    "the handler took longer than {limit} and was stopped; {undone} and nothing was stored, retry with the same key"
+                ))
+                .into_response(),
+        )
+    }
+}
+
+impl<DB: Backend> Claim<DB> {
+    /// The handler body ran past its `timeout` and its future was dropped: rolls back its
+    /// writes and the claim, and answers 503.
+    pub async fn timed_out(self) -> Response {
+        let Self {
+            tx,
+            request,
+            options,
+            _held,
+            _permit,
+            ..
+        } = self;
+        // Rolled back here rather than on drop, so that the connection is back in the pool
+        // and the key free before the client hears about it.
+        if let Err(error) = tx.rollback().await {
+            tracing::warn!(parent: &request.span, %error, "rollback after a timeout failed");
+        }
+        request.timed_out(options.timeout, "its writes were rolled back")
+    }
+}
+
+impl<DB: Backend> ExternalClaim<DB> {
+    /// The handler body ran past its `timeout` and its future was dropped: releases the
+    /// claim under its token, as a cancelled request does, and answers 503.
+    ///
+    /// The claim stays armed until the release returns: if this request is cancelled
+    /// meanwhile, dropping the claim releases it.
+    pub async fn timed_out(mut self) -> Response {
+        let released = {
+            let _permit = self.request.store.write_permit().await;
+            DB::release(self.request.store.pool(), &self.key, self.token).await
+        };
+        self.armed = false;
+        if let Err(error) = released {
+            tracing::error!(parent: &self.request.span, %error, "releasing the key after a timeout failed; it frees itself when the lease ends");
+        }
+        self.request
+            .timed_out(self.options.timeout, "the key was released")
+    }
+}
+
+#[cfg(test)]
+mod timeout_tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_written_in_the_attribute_syntax() {
+        let text = |secs| attribute_duration(Duration::from_secs(secs));
+        assert_eq!(text(1), "1s");
+        assert_eq!(text(90), "1m30s");
+        assert_eq!(text(3600), "1h");
+        assert_eq!(text(86_401), "1d1s");
+        assert_eq!(attribute_duration(Duration::from_millis(250)), "250ms");
+    }
+
+    #[tokio::test]
+    async fn within_drops_a_body_that_runs_past_its_limit() {
+        let limit = Duration::from_millis(10);
+        assert_eq!(within(limit, async { 7 }).await, Some(7));
+        assert_eq!(within(limit, std::future::pending::<()>()).await, None);
     }
 }

@@ -54,6 +54,11 @@ pub use idem_macros::idempotent;
 pub use problem::{Problem, ProblemKind};
 pub use scope::IdempotencyScope;
 pub use store::{Settings, Store};
+
+/// The longest scope value keys can be stored under, in bytes; a longer one is answered 400
+/// [`ProblemKind::InvalidScope`]. It keeps `(scope, key)` within what a PostgreSQL index entry
+/// holds.
+pub const MAX_SCOPE_LEN: usize = 1024;
 pub use tokio_util::sync::CancellationToken;
 
 /// What the `#[idempotent]` macro's output names. Not a public API: it may change in any
@@ -62,7 +67,8 @@ pub use tokio_util::sync::CancellationToken;
 pub mod __private {
     pub use crate::IdempotencyContext;
     pub use crate::flow::{
-        Claim, ExternalClaim, IdemRequest, Input, Options, Scope, ViaBody, ViaParts, hint, scope_of,
+        Claim, ExternalClaim, IdemRequest, Input, Options, Scope, ViaBody, ViaParts, hint,
+        scope_of, within,
     };
     /// The backend of handlers that have no transaction parameter to name one: PostgreSQL
     /// when its feature is on, else SQLite.

@@ -30,7 +30,9 @@ pub enum ProblemKind {
     /// 500: the handler's response is larger than the store's configured limit, so it could not
     /// be stored; its writes were rolled back.
     ResponseTooLarge,
-    /// 500: the handler's scope parameter produced an empty scope value.
+    /// 400: the value of the handler's scope parameter cannot scope keys: it is empty, holds
+    /// U+0000 (NUL), or is longer than [`MAX_SCOPE_LEN`](crate::MAX_SCOPE_LEN) bytes. It comes
+    /// from the request (a path segment, a token), so the request is refused; nothing is stored.
     InvalidScope,
     /// 503: the idempotency store could not be reached or failed; nothing was stored.
     StoreUnavailable,
@@ -40,20 +42,24 @@ pub enum ProblemKind {
     /// 503: the connection failed during the commit, so whether the handler's writes and the
     /// key were committed is unknown; a retry with the same key finds out.
     OutcomeUnknown,
+    /// 503: the handler ran longer than its `timeout` and was stopped: its writes were rolled
+    /// back (or, in external mode, its claim released) and nothing was stored; a retry with the
+    /// same key runs it again.
+    HandlerTimedOut,
 }
 
 impl ProblemKind {
     /// The HTTP status this kind is answered with.
     pub fn status(self) -> StatusCode {
         match self {
-            Self::MissingKey | Self::MalformedKey => StatusCode::BAD_REQUEST,
+            Self::MissingKey | Self::MalformedKey | Self::InvalidScope => StatusCode::BAD_REQUEST,
             Self::InProgress => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ResponseTooLarge | Self::InvalidScope | Self::CommitRefused => {
-                StatusCode::INTERNAL_SERVER_ERROR
+            Self::ResponseTooLarge | Self::CommitRefused => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::StoreUnavailable | Self::OutcomeUnknown | Self::HandlerTimedOut => {
+                StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::StoreUnavailable | Self::OutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -71,10 +77,11 @@ impl ProblemKind {
             Self::KeyReused => "Idempotency key reused with a different request",
             Self::BodyTooLarge => "Request body too large",
             Self::ResponseTooLarge => "Response too large to store",
-            Self::InvalidScope => "Idempotency scope is empty",
+            Self::InvalidScope => "Idempotency scope is invalid",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::CommitRefused => "The handler's writes could not be committed",
             Self::OutcomeUnknown => "The outcome of the commit is unknown",
+            Self::HandlerTimedOut => "The handler did not finish in time",
         }
     }
 

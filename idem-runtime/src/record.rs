@@ -175,7 +175,16 @@ mod tests {
         let b = KeyRef::new("a".into(), "bc".into());
         assert_ne!(a.lock_id, b.lock_id);
         assert_eq!(a.lock_id, KeyRef::new("ab".into(), "c".into()).lock_id);
-        assert!(!a.log_id().contains('c'));
+    }
+
+    #[test]
+    fn log_ids_are_the_lock_id_in_hex_and_do_not_show_the_key() {
+        let key = KeyRef::new("tenant".into(), "8e03978e-40d5-43e8".into());
+        let id = key.log_id();
+        assert_eq!(id.len(), 16);
+        assert_eq!(u64::from_str_radix(&id, 16).unwrap(), key.lock_id as u64);
+        assert!(!id.contains("8e03978e"), "{id}");
+        assert!(!format!("{key:?}").is_empty());
     }
 }
 

@@ -1,12 +1,15 @@
 //! The store handed to idempotent handlers through router state: a pool and its settings.
 
 use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex, PoisonError},
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
-use sqlx::Pool;
+use sqlx::{Pool, pool::PoolConnection};
 
 use crate::backend::Backend;
 
@@ -22,6 +25,11 @@ pub struct Settings {
     pub max_response_body: usize,
     /// The `Retry-After` sent with a 409 while the key is held by another request. Default: 1 s.
     pub retry_after: Duration,
+    /// The longest a request waits for a pooled connection before the claim is answered 503
+    /// (`StoreUnavailable`). When the database is unreachable, sqlx keeps retrying the
+    /// connection until the pool's own `acquire_timeout` (30 s by default); this bounds the
+    /// wait for idem's requests whichever is shorter. Default: 5 s.
+    pub acquire_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -30,6 +38,7 @@ impl Default for Settings {
             max_request_body: 1 << 20,
             max_response_body: 1 << 20,
             retry_after: Duration::from_secs(1),
+            acquire_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -57,6 +66,7 @@ pub struct Store<DB: Backend> {
     settings: Arc<Settings>,
     held: Arc<HeldKeys>,
     writers: Arc<tokio::sync::Semaphore>,
+    queued_writers: Arc<AtomicUsize>,
 }
 
 impl<DB: Backend> Clone for Store<DB> {
@@ -66,15 +76,34 @@ impl<DB: Backend> Clone for Store<DB> {
             settings: Arc::clone(&self.settings),
             held: Arc::clone(&self.held),
             writers: Arc::clone(&self.writers),
+            queued_writers: Arc::clone(&self.queued_writers),
         }
     }
 }
 
-/// The keys this process's transactional handlers hold right now. A duplicate within the
-/// process is answered 409 from here, without waiting on the database (SQLite has a single
-/// writer, so waiting there would mean waiting for the whole handler).
+/// The keys this process's transactional handlers hold right now, and whether each one's
+/// handler is running (its claim is taken) or the key is still being looked up. A duplicate of
+/// a running key is answered 409 from here, without a database connection: SQLite has a single
+/// writer, and an exhausted pool would make the duplicate wait for a connection.
 #[derive(Debug, Default)]
-pub(crate) struct HeldKeys(Mutex<HashSet<i64>>);
+pub(crate) struct HeldKeys(Mutex<HashMap<i64, bool>>);
+
+impl HeldKeys {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, bool>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What [`Store::hold`] found.
+#[derive(Debug)]
+pub(crate) enum Hold {
+    /// This request holds the key now.
+    Taken(HeldKey),
+    /// A handler of this process is running with the key.
+    Running,
+    /// Another request of this process is claiming or replaying the key.
+    Claiming,
+}
 
 /// Releases a held key when dropped.
 #[derive(Debug)]
@@ -83,13 +112,16 @@ pub(crate) struct HeldKey {
     lock_id: i64,
 }
 
+impl HeldKey {
+    /// Marks the key's handler as running: duplicates are refused without the database.
+    pub(crate) fn running(&self) {
+        self.keys.lock().insert(self.lock_id, true);
+    }
+}
+
 impl Drop for HeldKey {
     fn drop(&mut self) {
-        self.keys
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.lock_id);
+        self.keys.lock().remove(&self.lock_id);
     }
 }
 
@@ -115,6 +147,7 @@ impl<DB: Backend> Store<DB> {
             settings: Arc::new(settings),
             held: Arc::default(),
             writers: Arc::new(tokio::sync::Semaphore::new(1)),
+            queued_writers: Arc::default(),
         }
     }
 
@@ -133,6 +166,11 @@ impl<DB: Backend> Store<DB> {
         self.map_settings(|s| s.retry_after = after)
     }
 
+    /// Sets [`Settings::acquire_timeout`].
+    pub fn acquire_timeout(self, timeout: Duration) -> Self {
+        self.map_settings(|s| s.acquire_timeout = timeout)
+    }
+
     /// The pool the handlers' transactions are taken from.
     pub fn pool(&self) -> &Pool<DB> {
         &self.pool
@@ -145,20 +183,37 @@ impl<DB: Backend> Store<DB> {
 
     /// How many keys this process's transactional handlers hold right now (in flight).
     pub fn keys_in_flight(&self) -> usize {
-        self.held
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.held.lock().len()
     }
 
-    /// Holds `lock_id` for this process, or `None` if a handler here holds it already.
-    pub(crate) fn hold(&self, lock_id: i64) -> Option<HeldKey> {
-        let mut held = self.held.0.lock().unwrap_or_else(PoisonError::into_inner);
-        held.insert(lock_id).then(|| HeldKey {
-            keys: Arc::clone(&self.held),
-            lock_id,
-        })
+    /// How many of this process's writers wait for their turn right now. Always 0 on
+    /// databases that admit several writers (PostgreSQL); on SQLite, idem's writers queue in the
+    /// process for the single write lock, and this is the length of that queue.
+    pub fn queued_writers(&self) -> usize {
+        self.queued_writers.load(Ordering::SeqCst)
+    }
+
+    /// Holds `lock_id` for this process, unless a request here holds it already.
+    pub(crate) fn hold(&self, lock_id: i64) -> Hold {
+        let mut held = self.held.lock();
+        match held.get(&lock_id) {
+            Some(true) => Hold::Running,
+            Some(false) => Hold::Claiming,
+            None => {
+                held.insert(lock_id, false);
+                Hold::Taken(HeldKey {
+                    keys: Arc::clone(&self.held),
+                    lock_id,
+                })
+            }
+        }
+    }
+
+    /// A pooled connection, waited for at most [`Settings::acquire_timeout`].
+    pub(crate) async fn connection(&self) -> Result<PoolConnection<DB>, sqlx::Error> {
+        tokio::time::timeout(self.settings.acquire_timeout, self.pool.acquire())
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
     }
 
     /// On a single-writer database, this process's turn to write; `None` elsewhere.
@@ -166,6 +221,15 @@ impl<DB: Backend> Store<DB> {
         if !DB::SINGLE_WRITER {
             return None;
         }
+        // Counted down when the wait ends, however it ends (a cancelled request too).
+        struct Queued<'a>(&'a AtomicUsize);
+        impl Drop for Queued<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.queued_writers.fetch_add(1, Ordering::SeqCst);
+        let _queued = Queued(&self.queued_writers);
         Arc::clone(&self.writers).acquire_owned().await.ok()
     }
 

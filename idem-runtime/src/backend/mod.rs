@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use sqlx::{Pool, Transaction, migrate::MigrateError};
+use sqlx::{Pool, Transaction, migrate::MigrateError, pool::PoolConnection};
 
 use std::time::Duration;
 
@@ -51,19 +51,20 @@ pub trait Backend: sqlx::Database + Sized {
     /// process then queue in the process, not in the database while holding a connection.
     const SINGLE_WRITER: bool = false;
 
-    /// Begins the transaction a handler runs in (READ COMMITTED where the database has levels).
+    /// Begins the transaction a handler runs in on `conn` (READ COMMITTED where the database
+    /// has levels).
     fn begin(
-        pool: &Pool<Self>,
-    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_;
+        conn: PoolConnection<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
 
-    /// Begins the handler's transaction and claims `key` in it. The default begins, then
-    /// calls [`Backend::claim`].
-    fn begin_claim<'c>(
-        pool: &'c Pool<Self>,
-        key: &'c KeyRef,
-    ) -> impl Future<Output = Result<Begun<Self>, sqlx::Error>> + Send + 'c {
+    /// Begins the handler's transaction on `conn` and claims `key` in it. The default begins,
+    /// then calls [`Backend::claim`].
+    fn begin_claim(
+        conn: PoolConnection<Self>,
+        key: &KeyRef,
+    ) -> impl Future<Output = Result<Begun<Self>, sqlx::Error>> + Send + '_ {
         async move {
-            let mut tx = Self::begin(pool).await?;
+            let mut tx = Self::begin(conn).await?;
             let lookup = Self::claim(&mut tx, key).await?;
             Ok(match lookup.record {
                 Some(record) => Begun::Live(record),
@@ -75,7 +76,7 @@ pub trait Backend: sqlx::Database + Sized {
 
     /// Reads the live row of `key`, without taking any lock.
     fn lookup<'c>(
-        pool: &'c Pool<Self>,
+        conn: &'c mut Self::Connection,
         key: &'c KeyRef,
     ) -> impl Future<Output = Result<Option<KeyRecord>, sqlx::Error>> + Send + 'c;
 
@@ -107,7 +108,7 @@ pub trait Backend: sqlx::Database + Sized {
     /// Takes an external-mode claim in a statement of its own: a committed `started` row with a
     /// lease, replacing an expired row or an abandoned claim whose lease ran out.
     fn start<'c>(
-        pool: &'c Pool<Self>,
+        conn: &'c mut Self::Connection,
         start: &'c Start<'c>,
     ) -> impl Future<Output = Result<Started, sqlx::Error>> + Send + 'c;
 

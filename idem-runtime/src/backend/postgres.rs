@@ -2,8 +2,8 @@
 //! written once, completed, in the handler's commit.
 
 use sqlx::{
-    PgConnection, PgPool, Postgres, Row, Transaction, migrate::MigrateError, postgres::PgRow,
-    types::Json,
+    PgConnection, PgPool, Postgres, Row, SqlSafeStr, Transaction, migrate::MigrateError,
+    pool::PoolConnection, postgres::PgRow, types::Json,
 };
 
 use std::time::Duration;
@@ -71,17 +71,25 @@ const RECLAIM: &str = "WITH lapsed AS ( \
 impl Backend for Postgres {
     const NAME: &'static str = "postgres";
 
-    async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    async fn begin(
+        conn: PoolConnection<Postgres>,
+    ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         // The claim's correctness rests on READ COMMITTED snapshots (see the migration).
-        pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await
+        Transaction::begin(
+            conn,
+            Some("BEGIN ISOLATION LEVEL READ COMMITTED".into_sql_str()),
+        )
+        .await
     }
 
-    async fn lookup(pool: &PgPool, key: &KeyRef) -> Result<Option<KeyRecord>, sqlx::Error> {
+    async fn lookup(
+        conn: &mut PgConnection,
+        key: &KeyRef,
+    ) -> Result<Option<KeyRecord>, sqlx::Error> {
         let row = sqlx::query(LOOKUP)
             .bind(&key.scope)
             .bind(&key.key)
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await?;
         match row {
             Some(row) => decode_record(&row),
@@ -135,7 +143,7 @@ impl Backend for Postgres {
         Ok(())
     }
 
-    async fn start(pool: &PgPool, start: &Start<'_>) -> Result<Started, sqlx::Error> {
+    async fn start(conn: &mut PgConnection, start: &Start<'_>) -> Result<Started, sqlx::Error> {
         let row = sqlx::query(START)
             .bind(&start.key.scope)
             .bind(&start.key.key)
@@ -146,7 +154,7 @@ impl Backend for Postgres {
             .bind(start.lease.as_secs_f64())
             .bind(start.retention.as_secs_f64())
             .bind(start.token)
-            .fetch_one(pool)
+            .fetch_one(conn)
             .await?;
         let outcome: String = row.try_get("outcome")?;
         match outcome.as_str() {

@@ -6,8 +6,8 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{
-    Row, Sqlite, SqliteConnection, SqlitePool, Transaction, migrate::MigrateError,
-    sqlite::SqliteRow, types::Json,
+    Connection, Row, SqlSafeStr, Sqlite, SqliteConnection, SqlitePool, Transaction,
+    migrate::MigrateError, pool::PoolConnection, sqlite::SqliteRow, types::Json,
 };
 
 use super::Backend;
@@ -59,6 +59,8 @@ const RECLAIM: &str = "UPDATE idem_keys SET lease_until = min($2, expires_at), c
        ORDER BY lease_until LIMIT $4) \
      RETURNING scope, key, method, path, fingerprint, locked_at";
 
+const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -88,15 +90,19 @@ impl Backend for Sqlite {
     const NAME: &'static str = "sqlite";
     const SINGLE_WRITER: bool = true;
 
-    async fn begin(pool: &SqlitePool) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+    async fn begin(
+        conn: PoolConnection<Sqlite>,
+    ) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
         // IMMEDIATE takes the write lock now: a deferred transaction that read first could fail
         // with "database is locked" when it later writes.
-        pool.begin_with("BEGIN IMMEDIATE").await
+        Transaction::begin(conn, Some(BEGIN_IMMEDIATE.into_sql_str())).await
     }
 
-    async fn lookup(pool: &SqlitePool, key: &KeyRef) -> Result<Option<KeyRecord>, sqlx::Error> {
-        let mut conn = pool.acquire().await?;
-        Ok(live_row(&mut conn, key, now_ms())
+    async fn lookup(
+        conn: &mut SqliteConnection,
+        key: &KeyRef,
+    ) -> Result<Option<KeyRecord>, sqlx::Error> {
+        Ok(live_row(conn, key, now_ms())
             .await?
             .map(|(record, _)| record))
     }
@@ -147,8 +153,8 @@ impl Backend for Sqlite {
         Ok(())
     }
 
-    async fn start(pool: &SqlitePool, start: &Start<'_>) -> Result<Started, sqlx::Error> {
-        let mut tx = Self::begin(pool).await?;
+    async fn start(conn: &mut SqliteConnection, start: &Start<'_>) -> Result<Started, sqlx::Error> {
+        let mut tx = conn.begin_with(BEGIN_IMMEDIATE).await?;
         let now = now_ms();
         let existing = live_row(&mut tx, start.key, now).await?;
         let taken_over = match existing {
