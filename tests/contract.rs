@@ -1,11 +1,12 @@
 //! Every row of CONTRACT.md §2, through the example's real router, on both backends: each test
 //! runs against a fresh PostgreSQL database (`#[sqlx::test]`) and a fresh SQLite file.
 
-use std::time::Duration;
-
 use axum::http::StatusCode;
 use idem_runtime::{ProblemKind, Settings};
-use idem_tests::{App, Options, Req, StatementLog, TestDb, backend_tests, payment, until_called};
+use idem_tests::{
+    App, Options, Req, StatementLog, TestDb, backend_tests, payment, until_called,
+    until_queued_writers, wait_until,
+};
 
 const PAYMENTS: &str = "/v1/payments";
 const PAYOUTS: &str = "/v1/payouts";
@@ -395,9 +396,10 @@ backend_tests! {
         in_flight.abort();
         assert!(in_flight.await.unwrap_err().is_cancelled());
         // The database lets go once the dropped transaction's rollback has run.
-        while app.keys_in_flight() > 0 || app.db_locks().await > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until("the dropped request's key and lock to be released", || async {
+            app.keys_in_flight() == 0 && app.db_locks().await == 0
+        })
+        .await;
         assert_eq!(app.count("test_effects").await, 0);
         assert_eq!(app.keys_named("k1").await, 0);
         app.gate.add_permits(1);
@@ -520,8 +522,19 @@ backend_tests! {
                 tokio::spawn(async move { app.send(pay("t1", key, &payment(100, "cus_1")).build()).await })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let limit = Duration::from_secs(10);
+        // The writers wait for their turn: SQLite's single writer is the slow handler, so they
+        // queue in the process; PostgreSQL lets them write beside it, so they finish.
+        if app.is_postgres() {
+            for request in &queued {
+                wait_until("the writers to finish beside the slow handler", || async {
+                    request.is_finished()
+                })
+                .await;
+            }
+        } else {
+            until_queued_writers(&app, 2).await;
+        }
+        let limit = idem_tests::DEADLINE;
         let replay = tokio::time::timeout(limit, app.send(pay("t1", "done", &payment(100, "cus_1")).build()))
             .await
             .expect("the replay did not wait for the writers");
@@ -579,6 +592,10 @@ backend_tests! {
             reply.problem(StatusCode::UNAUTHORIZED),
             "tag:payments.idem.example,2026:unauthorized"
         );
+        // A tenant id longer than the example's tables index is refused as a bad token.
+        let long_tenant = "t".repeat(idem_examples::auth::MAX_TENANT_LEN + 1);
+        let reply = app.send(pay(&long_tenant, "k1", &payment(100, "cus_1")).build()).await;
+        reply.problem(StatusCode::UNAUTHORIZED);
         let bad_json = app.send(pay("t1", "k1", "{\"amount\": 100,").build()).await;
         assert_eq!(
             bad_json.problem(StatusCode::BAD_REQUEST),
@@ -682,6 +699,11 @@ backend_tests! {
                 .await;
         }
         app.send(pay("t2", "a", &payment(7, "cus_1")).build()).await;
+        if !app.is_postgres() {
+            // SQLite's timestamps have milliseconds: requests that close together tie, and the
+            // order must still be the order of creation.
+            app.execute("UPDATE payments SET created_at = '2026-01-01 00:00:00.000'").await;
+        }
         let list = app
             .send(Req::get(PAYMENTS).tenant("t1").build())
             .await

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use idem_tests::{App, backend_tests, until_in_flight};
+use idem_tests::{App, backend_tests, until_called};
 use reqwest::{Client, StatusCode};
 
 async fn serve(app: &App) -> SocketAddr {
@@ -23,36 +23,53 @@ fn body(customer: &str) -> serde_json::Value {
 }
 
 backend_tests! {
+    async fn a_duplicate_over_tcp_gets_409_at_once_while_the_first_runs(db) {
+        let app = App::new(db).await;
+        let addr = serve(&app).await;
+        let client = Client::new();
+        let post = |key: &str| {
+            client
+                .post(format!("http://{addr}/test/slow"))
+                .bearer_auth("tenant_tcp")
+                .header("Idempotency-Key", key)
+                .send()
+        };
+        // The first attempt runs until the test opens the gate; a duplicate comes meanwhile.
+        let first = tokio::spawn(post("\"tcp-key-1\""));
+        until_called(&app.calls.slow, 1).await;
+        let duplicate = post("tcp-key-1").await.unwrap();
+        assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+        assert_eq!(duplicate.headers()["retry-after"], "1");
+        assert_eq!(duplicate.headers()["content-type"], "application/problem+json");
+        assert!(!first.is_finished(), "the 409 did not wait for the first request");
+        app.gate.add_permits(1);
+        let first = first.await.unwrap().unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED);
+        let retry = post("tcp-key-1").await.unwrap();
+        assert_eq!(retry.headers()["idempotent-replayed"], "true");
+        assert_eq!(app.calls.slow.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
     async fn a_client_retrying_over_tcp_gets_one_payment(db) {
         let app = App::new(db).await;
         let addr = serve(&app).await;
         let client = Client::new();
         let url = format!("http://{addr}/v1/payments");
-        let post = |key: &str, customer: &str| {
+        let post = |key: &str| {
             client
                 .post(&url)
                 .bearer_auth("tenant_tcp")
                 .header("Idempotency-Key", key)
-                .json(&body(customer))
+                .json(&body("cus_1"))
                 .send()
         };
-
-        // A slow first attempt, and a duplicate sent while it runs.
-        let first = tokio::spawn(post("\"tcp-key-1\"", "cus_slow"));
-        until_in_flight(&app, 1).await;
-        let duplicate = post("tcp-key-1", "cus_slow").await.unwrap();
-        assert_eq!(duplicate.status(), StatusCode::CONFLICT);
-        assert_eq!(duplicate.headers()["retry-after"], "1");
-        assert_eq!(duplicate.headers()["content-type"], "application/problem+json");
-        assert!(!first.is_finished(), "the 409 did not wait for the first request");
-
-        let first = first.await.unwrap().unwrap();
+        let first = post("\"tcp-key-1\"").await.unwrap();
         assert_eq!(first.status(), StatusCode::CREATED);
         let location = first.headers()["location"].to_str().unwrap().to_owned();
         let created: serde_json::Value = first.json().await.unwrap();
 
-        // The retry after the first finished: the same payment, marked as a replay.
-        let retry = post("tcp-key-1", "cus_slow").await.unwrap();
+        // The retry, bare form of the same key: the same payment, marked as a replay.
+        let retry = post("tcp-key-1").await.unwrap();
         assert_eq!(retry.status(), StatusCode::CREATED);
         assert_eq!(retry.headers()["idempotent-replayed"], "true");
         assert_eq!(retry.headers()["location"].to_str().unwrap(), location);

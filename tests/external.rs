@@ -4,7 +4,11 @@
 
 use axum::http::StatusCode;
 use idem_runtime::ProblemKind;
-use idem_tests::{App, Req, backend_tests, executed_refunds, spawn_processor, until_called};
+use idem_runtime::{IdempotencyContext, Settings};
+use idem_tests::{
+    App, Options, Req, TestProcessor, backend_tests, executed_refunds, spawn_processor,
+    until_called, wait_until,
+};
 
 fn refund(tenant: &str, key: &str, payment: &str) -> Req {
     Req::post("/v1/refunds")
@@ -19,9 +23,10 @@ async fn spawn_refund(app: &App, payment: &str) -> tokio::task::JoinHandle<idem_
         let (app, payment) = (app.clone(), payment.to_owned());
         async move { app.send(refund("t1", "r1", &payment).build()).await }
     });
-    while app.key_status("r1").await.as_deref() != Some("started") {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    wait_until("the refund's claim", || async {
+        app.key_status("r1").await.as_deref() == Some("started")
+    })
+    .await;
     task
 }
 
@@ -118,23 +123,28 @@ backend_tests! {
     }
 
     async fn a_duplicate_within_the_lease_gets_409_with_the_lease_left(db) {
-        let processor = spawn_processor().await;
-        let app = App::with_processor(db, processor.clone()).await;
-        let payment = app.paid("t1", "cus_slow").await;
+        let processor = TestProcessor::gated().await;
+        // A default Retry-After far from the lease: a value within the lease must come from it.
+        let mut settings = Settings::default();
+        settings.retry_after = std::time::Duration::from_secs(30);
+        let options = Options { settings, processor: Some(processor.url.clone()), ..Options::default() };
+        let app = App::build(db, options).await;
+        let payment = app.paid("t1", "cus_1").await;
         let first = spawn_refund(&app, &payment).await;
+        // The processor has the refund and holds its answer: the claim is in progress.
+        processor.until_refunded(1).await;
         let duplicate = app.send(refund("t1", "r1", &payment).build()).await;
         assert_eq!(
             duplicate.problem(StatusCode::CONFLICT),
             ProblemKind::InProgress.type_uri()
         );
         let retry_after: u64 = duplicate.header("retry-after").unwrap().parse().unwrap();
-        // Sent right after the claim: close to the whole 5 s lease is left (the default
-        // Retry-After, used when the lease is unknown, is 1).
         assert!(
-            (4..=5).contains(&retry_after),
-            "the lease is 5 s, {retry_after} s left"
+            (1..=5).contains(&retry_after),
+            "the lease is 5 s, so at most 5 s are left, not the default 30: {retry_after}"
         );
         assert!(!first.is_finished());
+        processor.gate.add_permits(1);
         let first = first.await.unwrap();
         assert_eq!(first.status, StatusCode::CREATED);
         assert!(
@@ -142,19 +152,21 @@ backend_tests! {
                 .await
                 .replayed()
         );
-        assert_eq!(executed_refunds(&processor).await.len(), 1);
+        assert_eq!(processor.refunds().await.len(), 1);
     }
 
     async fn a_takeover_after_the_lease_refunds_once(db) {
-        let processor = spawn_processor().await;
-        let app = App::with_processor(db, processor.clone()).await;
-        let payment = app.paid("t1", "cus_slow").await;
+        let processor = TestProcessor::gated().await;
+        let app = App::with_processor(db, processor.url.clone()).await;
+        let payment = app.paid("t1", "cus_1").await;
         let first = spawn_refund(&app, &payment).await;
+        processor.until_refunded(1).await;
         // The first request is stuck past its lease (as if its process had stalled).
         app.lapse_lease("r1").await;
         let takeover = app.send(refund("t1", "r1", &payment).build()).await;
         assert_eq!(takeover.status, StatusCode::CREATED);
         assert!(!takeover.replayed(), "the handler ran again");
+        processor.gate.add_permits(1);
         let first = first.await.unwrap();
         assert_eq!(first.status, StatusCode::CREATED);
         assert_eq!(
@@ -162,7 +174,10 @@ backend_tests! {
             takeover.json()["id"],
             "the processor refunded once"
         );
-        assert_eq!(executed_refunds(&processor).await.len(), 1);
+        assert_eq!(processor.refunds().await.len(), 1);
+        let keys = processor.keys();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[0], keys[1], "the takeover sent the same downstream key");
         // The takeover owns the key; the first request's late completion was refused.
         let replay = app.send(refund("t1", "r1", &payment).build()).await;
         assert!(replay.replayed());
@@ -170,31 +185,31 @@ backend_tests! {
     }
 
     async fn a_cancelled_external_request_releases_its_key(db) {
-        let processor = spawn_processor().await;
-        let app = App::with_processor(db, processor.clone()).await;
-        let payment = app.paid("t1", "cus_slow").await;
+        let processor = TestProcessor::gated().await;
+        let app = App::with_processor(db, processor.url.clone()).await;
+        let payment = app.paid("t1", "cus_1").await;
         let first = spawn_refund(&app, &payment).await;
-        while executed_refunds(&processor).await.is_empty() {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        processor.until_refunded(1).await;
         // The client hangs up after the processor executed the refund.
         first.abort();
         assert!(first.await.unwrap_err().is_cancelled());
-        while app.keys_named("r1").await > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        wait_until("the cancelled request's claim to be released", || async {
+            app.keys_named("r1").await == 0
+        })
+        .await;
         let retry = app.send(refund("t1", "r1", &payment).build()).await;
         assert_eq!(retry.status, StatusCode::CREATED);
         assert_eq!(
-            executed_refunds(&processor).await.len(),
+            processor.refunds().await.len(),
             1,
             "the derived key deduplicated"
         );
     }
 
     async fn derived_keys_differ_per_scope_and_hide_the_client_key(db) {
-        let processor = spawn_processor().await;
-        let app = App::with_processor(db, processor.clone()).await;
+        let processor = TestProcessor::gated().await;
+        processor.gate.add_permits(1);
+        let app = App::with_processor(db, processor.url.clone()).await;
         let a = app.paid("tenant_a", "cus_1").await;
         let b = app.paid("tenant_b", "cus_1").await;
         let ra = app.send(refund("tenant_a", "same-key", &a).build()).await;
@@ -208,6 +223,14 @@ backend_tests! {
             rb.json()["id"],
             "two refunds: the downstream keys differ"
         );
-        assert_eq!(executed_refunds(&processor).await.len(), 2);
+        let keys = processor.keys();
+        assert_eq!(keys.len(), 2);
+        assert_ne!(keys[0], keys[1], "one client key, two scopes, two downstream keys");
+        for key in &keys {
+            assert!(!key.contains("same-key"), "the downstream key reveals the client's: {key}");
+        }
+        // Each is the documented derivation of (scope, key, label).
+        assert_eq!(keys[0], IdempotencyContext::new("tenant_a", "same-key").derive("refund"));
+        assert_eq!(keys[1], IdempotencyContext::new("tenant_b", "same-key").derive("refund"));
     }
 }

@@ -7,6 +7,9 @@ use idem_runtime::IdempotencyScope;
 
 use crate::error::ApiError;
 
+/// The longest tenant id, in bytes: the tables index it.
+pub const MAX_TENANT_LEN: usize = 255;
+
 /// The caller, taken from the bearer token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant(pub String);
@@ -31,6 +34,12 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
             .ok_or_else(|| {
                 ApiError::Unauthorized("the Authorization header must be `Bearer <tenant>`".into())
             })?;
+        if token.len() > MAX_TENANT_LEN {
+            return Err(ApiError::Unauthorized(format!(
+                "the bearer token has {} characters; a tenant id has at most {MAX_TENANT_LEN}",
+                token.len()
+            )));
+        }
         Ok(Self(token.to_owned()))
     }
 }

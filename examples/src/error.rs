@@ -1,6 +1,7 @@
 //! The example's errors, answered as problem details like the layer's own.
 
 use axum::{
+    body::{Body, Bytes},
     extract::{FromRequest, Request, rejection::JsonRejection},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
@@ -88,7 +89,11 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// `axum::Json`, with rejections answered as problem details.
+/// `axum::Json`, with rejections answered as problem details, that also refuses (400) a body
+/// with U+0000 (NUL) in any string or object key: PostgreSQL's `text` cannot hold NUL (storing
+/// or even looking up such a value fails as a database error), and no field of this API has a use
+/// for it. Refused here, where every request body is read, it covers every field of every route
+/// on both databases alike, before the handler runs, and nothing is stored.
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
@@ -96,13 +101,119 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(request, state).await {
-            Ok(axum::Json(value)) => Ok(Self(value)),
-            Err(rejection) => Err(bad_json(&rejection)),
+        let headers = request.headers().clone();
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| ApiError::BadJson(rejection.status(), rejection.body_text()))?;
+        // Axum still decides content type (415), syntax (400) and shape (422), as before.
+        let mut buffered = Request::new(Body::from(bytes.clone()));
+        *buffered.headers_mut() = headers;
+        let value = match axum::Json::<T>::from_request(buffered, state).await {
+            Ok(axum::Json(value)) => value,
+            Err(rejection) => return Err(bad_json(&rejection)),
+        };
+        if let Some(at) = nul_in_strings(&bytes) {
+            return Err(ApiError::BadJson(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "{at} contains the character U+0000 (NUL), which no string in this API may contain; nothing was stored"
+                ),
+            ));
         }
+        Ok(Self(value))
     }
 }
 
 fn bad_json(rejection: &JsonRejection) -> ApiError {
     ApiError::BadJson(rejection.status(), rejection.body_text())
+}
+
+/// Where the valid JSON `body` has a string or object key containing NUL, described for the
+/// client (`` the string at `customer` ``), or `None`.
+fn nul_in_strings(body: &[u8]) -> Option<String> {
+    // JSON can only spell NUL as the escape `\u0000` (raw control characters are invalid), and
+    // in valid JSON a backslash only occurs in strings: an escape is one preceded by an even
+    // number of other backslashes (`\\u0000` is a backslash and the text `u0000`). The raw
+    // scan also sees strings that deserialising dropped (a member repeated, an unknown field).
+    let escaped = body.windows(6).enumerate().any(|(at, window)| {
+        window == br"\u0000"
+            && body[..at].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 0
+    });
+    if !escaped {
+        return None;
+    }
+    let described = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|value| find_nul(&value, &mut String::new()));
+    Some(described.unwrap_or_else(|| "a string of the body".to_owned()))
+}
+
+fn find_nul(value: &serde_json::Value, path: &mut String) -> Option<String> {
+    match value {
+        serde_json::Value::String(text) if text.contains('\0') => Some(if path.is_empty() {
+            "the body".to_owned()
+        } else {
+            format!("the string at `{path}`")
+        }),
+        serde_json::Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+            let len = path.len();
+            path.push_str(&format!("[{i}]"));
+            let found = find_nul(item, path);
+            path.truncate(len);
+            found
+        }),
+        serde_json::Value::Object(map) => map.iter().find_map(|(key, item)| {
+            if key.contains('\0') {
+                return Some(if path.is_empty() {
+                    "a key of the body".to_owned()
+                } else {
+                    format!("a key of the object at `{path}`")
+                });
+            }
+            let len = path.len();
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(&key.escape_debug().to_string());
+            let found = find_nul(item, path);
+            path.truncate(len);
+            found
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nul_in_strings;
+
+    #[test]
+    fn only_an_escaped_nul_is_a_nul() {
+        let nul = |body: &str| nul_in_strings(body.as_bytes());
+        assert_eq!(nul(r#"{"customer": "cus_1"}"#), None);
+        // A backslash, then the text `u0000`.
+        assert_eq!(nul(r#"{"customer": "cus_\\u0000"}"#), None);
+        assert_eq!(
+            nul(r#"{"customer": "cus_\u0000"}"#).as_deref(),
+            Some("the string at `customer`")
+        );
+        assert_eq!(
+            nul(r#"{"customer": "cus_\\\u0000"}"#).as_deref(),
+            Some("the string at `customer`")
+        );
+        assert_eq!(
+            nul(r#"{"a": [{"b": ["x", "\u0000"]}]}"#).as_deref(),
+            Some("the string at `a[0].b[1]`")
+        );
+        assert_eq!(
+            nul(r#"{"a": {"k\u0000": 1}}"#).as_deref(),
+            Some("a key of the object at `a`")
+        );
+        assert_eq!(nul(r#""\u0000""#).as_deref(), Some("the body"));
+        // A repeated member whose first value deserialising drops is still refused.
+        assert_eq!(
+            nul(r#"{"note": "\u0000", "note": "x"}"#).as_deref(),
+            Some("a string of the body")
+        );
+    }
 }

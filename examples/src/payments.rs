@@ -77,8 +77,29 @@ impl NewTransfer {
         if self.customer.is_empty() {
             return Err(ApiError::Invalid("`customer` must not be empty".into()));
         }
+        // The answer repeats the customer: a longer one could make it too large to store.
+        let length = self.customer.chars().count();
+        if length > MAX_CUSTOMER {
+            return Err(ApiError::Invalid(format!(
+                "`customer` must be at most {MAX_CUSTOMER} characters, got {length}"
+            )));
+        }
         Ok(())
     }
+}
+
+/// The longest `customer` id accepted, in characters.
+pub(crate) const MAX_CUSTOMER: usize = 255;
+
+/// Refuses (400) a record id from the path that holds U+0000 (NUL), which `Path` decodes from
+/// `%00`: PostgreSQL's `text` cannot hold it, so looking it up would fail as a database error.
+pub(crate) fn check_id(noun: &str, id: &str) -> Result<(), ApiError> {
+    if id.contains('\0') {
+        return Err(ApiError::Invalid(format!(
+            "the {noun} id {id:?} contains the character U+0000 (NUL), which no id contains"
+        )));
+    }
+    Ok(())
 }
 
 /// A payment or a payout, as answered.
@@ -104,6 +125,7 @@ struct Kind {
     approved: &'static str,
     insert: &'static str,
     settle: &'static str,
+    /// `SELECT` of the caller's records, without its order.
     list: &'static str,
     fetch: &'static str,
 }
@@ -117,7 +139,7 @@ const PAYMENTS: Kind = Kind {
              VALUES ($1, $2, $3, $4, $5, 'processing')",
     settle: "UPDATE payments SET status = $2 WHERE id = $1",
     list: "SELECT id, amount, currency, customer, status FROM payments \
-           WHERE tenant = $1 ORDER BY created_at DESC, id DESC",
+           WHERE tenant = $1",
     fetch: "SELECT id, amount, currency, customer, status FROM payments \
             WHERE tenant = $1 AND id = $2",
 };
@@ -131,7 +153,7 @@ const PAYOUTS: Kind = Kind {
              VALUES ($1, $2, $3, $4, $5, 'processing')",
     settle: "UPDATE payouts SET status = $2 WHERE id = $1",
     list: "SELECT id, amount, currency, customer, status FROM payouts \
-           WHERE tenant = $1 ORDER BY created_at DESC, id DESC",
+           WHERE tenant = $1",
     fetch: "SELECT id, amount, currency, customer, status FROM payouts \
             WHERE tenant = $1 AND id = $2",
 };
@@ -320,7 +342,8 @@ macro_rules! api {
             pool: &Pool<$db>,
             tenant: &Tenant,
         ) -> Result<Json<Vec<Transfer>>, ApiError> {
-            let rows = sqlx::query_as(kind.list)
+            let sql = format!("{} {}", kind.list, <$db as crate::schema::Tables>::NEWEST_FIRST);
+            let rows = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .bind(&tenant.0)
                 .fetch_all(pool)
                 .await?;
@@ -333,6 +356,7 @@ macro_rules! api {
             tenant: &Tenant,
             id: &str,
         ) -> Result<Json<Transfer>, ApiError> {
+            crate::payments::check_id(kind.noun, id)?;
             sqlx::query_as(kind.fetch)
                 .bind(&tenant.0)
                 .bind(id)
@@ -411,10 +435,11 @@ macro_rules! api {
             tenant: Tenant,
             State(state): State<AppState>,
         ) -> Result<Json<Vec<Refund>>, ApiError> {
-            let rows = sqlx::query_as(
-                "SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 \
-                 ORDER BY created_at DESC, id DESC",
-            )
+            let sql = format!(
+                "SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 {}",
+                <$db as crate::schema::Tables>::NEWEST_FIRST
+            );
+            let rows = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(&tenant.0)
             .fetch_all(state.store.pool())
             .await?;
@@ -427,6 +452,7 @@ macro_rules! api {
             State(state): State<AppState>,
             Path(id): Path<String>,
         ) -> Result<Json<Refund>, ApiError> {
+            crate::payments::check_id("refund", &id)?;
             sqlx::query_as("SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 AND id = $2")
                 .bind(&tenant.0)
                 .bind(&id)

@@ -74,11 +74,17 @@ CREATE INDEX IF NOT EXISTS refunds_tenant_created_idx ON refunds (tenant, create
 
 /// A database the example can create its tables in.
 pub trait Tables: Backend {
+    /// The `ORDER BY` of lists, newest first, without ties: PostgreSQL's `created_at` has
+    /// microseconds; SQLite's only milliseconds, so its insertion order (`rowid`) breaks ties.
+    const NEWEST_FIRST: &'static str;
+
     /// Creates the example's tables if they do not exist.
     fn create_tables(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 }
 
 impl Tables for Postgres {
+    const NEWEST_FIRST: &'static str = "ORDER BY created_at DESC, id DESC";
+
     async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(POSTGRES_TABLES).execute(pool).await?;
         Ok(())
@@ -86,6 +92,8 @@ impl Tables for Postgres {
 }
 
 impl Tables for Sqlite {
+    const NEWEST_FIRST: &'static str = "ORDER BY created_at DESC, rowid DESC";
+
     async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(SQLITE_TABLES).execute(pool).await?;
         Ok(())

@@ -6,21 +6,35 @@ macro_rules! test_handlers {
     ($db:ty) => {
         use std::sync::{Arc, atomic::Ordering};
 
-        use axum::{Extension, Router, http::StatusCode, response::IntoResponse, routing::post};
+        use axum::{
+            Extension, Router,
+            http::{StatusCode, header},
+            response::IntoResponse,
+            routing::post,
+        };
         use idem_examples::auth::Tenant;
         use idem_runtime::{Store, idempotent};
         use sqlx::Transaction;
 
-        use crate::Calls;
+        use crate::{Account, Calls};
 
-        /// `/test/flaky`, `/test/panic`, `/test/global`, `/test/slow`.
+        /// `/test/flaky`, `/test/panic`, `/test/global`, `/test/slow`, `/test/external-slow`,
+        /// `/test/redirect`, `/test/aborted`, `/test/deferred`, `/test/account`, and
+        /// `/test/nest-a/x`, `/test/nest-b/x` (one handler nested under two prefixes).
         pub fn routes(calls: Arc<Calls>, gate: Arc<tokio::sync::Semaphore>) -> Router<Store<$db>> {
+            let nested = || Router::new().route("/x", post(slow));
             Router::new()
                 .route("/test/flaky", post(flaky))
                 .route("/test/panic", post(panicky))
                 .route("/test/global", post(global))
                 .route("/test/slow", post(slow))
                 .route("/test/external-slow", post(external_slow))
+                .route("/test/redirect", post(redirect))
+                .route("/test/aborted", post(aborted))
+                .route("/test/deferred", post(deferred))
+                .route("/test/account", post(account))
+                .nest("/test/nest-a", nested())
+                .nest("/test/nest-b", nested())
                 .layer(Extension(calls))
                 .layer(Extension(gate))
                 .layer(tower_http::catch_panic::CatchPanicLayer::new())
@@ -91,6 +105,67 @@ macro_rules! test_handlers {
             calls.slow.fetch_add(1, Ordering::SeqCst);
             gate.acquire().await.expect("gate open").forget();
             (StatusCode::CREATED, "done".to_owned())
+        }
+
+        /// Writes, then answers 303 See Other with a `Location`.
+        #[idempotent(scope = "tenant", retention = "1h")]
+        async fn redirect(
+            tenant: Tenant,
+            Extension(calls): Extension<Arc<Calls>>,
+            tx: &mut Transaction<'_, $db>,
+        ) -> (StatusCode, [(header::HeaderName, String); 1], String) {
+            record_effect(tx, "redirect", &tenant).await;
+            let call = calls.redirect.fetch_add(1, Ordering::SeqCst) + 1;
+            (
+                StatusCode::SEE_OTHER,
+                [(header::LOCATION, format!("/test/elsewhere/{call}"))],
+                format!("see call {call}"),
+            )
+        }
+
+        /// Writes, then runs a statement that fails (a duplicate primary key), ignores the
+        /// error and answers 201 anyway.
+        #[idempotent(scope = "tenant", retention = "1h")]
+        async fn aborted(
+            tenant: Tenant,
+            Extension(calls): Extension<Arc<Calls>>,
+            tx: &mut Transaction<'_, $db>,
+        ) -> (StatusCode, String) {
+            record_effect(tx, "aborted", &tenant).await;
+            let call = calls.aborted.fetch_add(1, Ordering::SeqCst) + 1;
+            for _ in 0..2 {
+                let _ignored = sqlx::query("INSERT INTO test_unique (id) VALUES (1)")
+                    .execute(&mut **tx)
+                    .await;
+            }
+            (StatusCode::CREATED, format!("call {call}"))
+        }
+
+        /// Writes a row whose deferred foreign key has no parent: the database refuses the
+        /// transaction at COMMIT, not before.
+        #[idempotent(scope = "tenant", retention = "1h")]
+        async fn deferred(
+            tenant: Tenant,
+            Extension(calls): Extension<Arc<Calls>>,
+            tx: &mut Transaction<'_, $db>,
+        ) -> (StatusCode, String) {
+            record_effect(tx, "deferred", &tenant).await;
+            calls.deferred.fetch_add(1, Ordering::SeqCst);
+            sqlx::query("INSERT INTO test_child (parent) VALUES (999)")
+                .execute(&mut **tx)
+                .await
+                .expect("a deferred constraint is checked at COMMIT only");
+            (StatusCode::CREATED, "written".to_owned())
+        }
+
+        /// Scoped by the `X-Account` header, which may be empty.
+        #[idempotent(scope = "account", retention = "1h")]
+        async fn account(account: Account, tx: &mut Transaction<'_, $db>) -> (StatusCode, String) {
+            sqlx::query("SELECT 1")
+                .execute(&mut **tx)
+                .await
+                .expect("select");
+            (StatusCode::CREATED, format!("account {:?}", account.0))
         }
 
         /// External mode: counts its calls; the first waits for the test to open the gate.

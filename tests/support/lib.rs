@@ -23,9 +23,11 @@ use tower::ServiceExt;
 
 mod handlers;
 mod http;
+mod proxy;
 mod statements;
 
 pub use http::{Reply, Req, payment};
+pub use proxy::CommitCutter;
 pub use statements::StatementLog;
 
 /// Runs each test body on PostgreSQL (a fresh database from `#[sqlx::test]`) and on SQLite (a
@@ -99,6 +101,40 @@ pub struct Calls {
     pub slow: AtomicUsize,
     /// `POST /test/external-slow`.
     pub external: AtomicUsize,
+    /// `POST /test/redirect`.
+    pub redirect: AtomicUsize,
+    /// `POST /test/aborted`.
+    pub aborted: AtomicUsize,
+    /// `POST /test/deferred`.
+    pub deferred: AtomicUsize,
+}
+
+/// The scope of `POST /test/account`: the `X-Account` header, as sent (possibly empty).
+#[derive(Debug, Clone)]
+pub struct Account(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Account {
+    type Rejection = axum::http::StatusCode;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let value = parts
+            .headers
+            .get("x-account")
+            .ok_or(axum::http::StatusCode::UNAUTHORIZED)?;
+        let value = value
+            .to_str()
+            .map_err(|_| axum::http::StatusCode::BAD_REQUEST)?;
+        Ok(Self(value.to_owned()))
+    }
+}
+
+impl idem_runtime::IdempotencyScope for Account {
+    fn idempotency_scope(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(&self.0)
+    }
 }
 
 /// How to build the app under test.
@@ -123,7 +159,7 @@ pub struct App {
     pub calls: Arc<Calls>,
     /// Released to let `POST /test/slow` finish.
     pub gate: Arc<tokio::sync::Semaphore>,
-    in_flight: Arc<dyn Fn() -> usize + Send + Sync>,
+    in_flight: Arc<dyn Fn() -> (usize, usize) + Send + Sync>,
     _dir: Option<Arc<tempfile::TempDir>>,
 }
 
@@ -171,7 +207,33 @@ impl App {
             processor: Some(url),
             ..Options::default()
         };
-        Self::build_on(self.db.clone(), options, self._dir.clone()).await
+        self.sibling_with(options).await
+    }
+
+    /// Another instance of the service on the same database: its own pool, store, held keys,
+    /// writer queue and handler counters; nothing shared with `self` but the database, as two
+    /// processes behind a load balancer.
+    pub async fn sibling(&self) -> Self {
+        self.sibling_with(Options::default()).await
+    }
+
+    /// Another instance on the same database, built as `options` say.
+    pub async fn sibling_with(&self, options: Options) -> Self {
+        let connections = options.connections.unwrap_or(10);
+        let db = match &self.db {
+            Db::Postgres(pool) => Db::Postgres(
+                PgPoolOptions::new()
+                    .max_connections(connections)
+                    .connect_with((*pool.connect_options()).clone())
+                    .await
+                    .expect("connect to the test database"),
+            ),
+            Db::Sqlite(_) => {
+                let dir = self._dir.as_ref().expect("a SQLite app has its directory");
+                Db::Sqlite(sqlite_pool(dir, connections).await)
+            }
+        };
+        Self::build_on(db, options, self._dir.clone()).await
     }
 
     async fn build_on(db: Db, options: Options, dir: Option<Arc<tempfile::TempDir>>) -> Self {
@@ -180,7 +242,8 @@ impl App {
         let processor = options
             .processor
             .map(idem_examples::refunds::ProcessorClient::new);
-        let (router, in_flight): (Router, Arc<dyn Fn() -> usize + Send + Sync>) = match &db {
+        let (router, in_flight): (Router, Arc<dyn Fn() -> (usize, usize) + Send + Sync>) = match &db
+        {
             Db::Postgres(pool) => {
                 schema::create(pool).await.expect("create tables");
                 let store = Store::with_settings(pool.clone(), options.settings);
@@ -198,7 +261,10 @@ impl App {
                         handlers::postgres::routes(Arc::clone(&calls), Arc::clone(&gate))
                             .with_state(store.clone()),
                     );
-                (router, Arc::new(move || store.keys_in_flight()))
+                (
+                    router,
+                    Arc::new(move || (store.keys_in_flight(), store.queued_writers())),
+                )
             }
             Db::Sqlite(pool) => {
                 schema::create(pool).await.expect("create tables");
@@ -217,7 +283,10 @@ impl App {
                         handlers::sqlite::routes(Arc::clone(&calls), Arc::clone(&gate))
                             .with_state(store.clone()),
                     );
-                (router, Arc::new(move || store.keys_in_flight()))
+                (
+                    router,
+                    Arc::new(move || (store.keys_in_flight(), store.queued_writers())),
+                )
             }
         };
         let app = Self {
@@ -233,8 +302,15 @@ impl App {
     }
 
     async fn create_effects_table(&self) {
+        // `test_child` has a foreign key checked at COMMIT only (SQLite enforces it because
+        // sqlx turns `foreign_keys` on).
         self.execute(
-            "CREATE TABLE IF NOT EXISTS test_effects (route text NOT NULL, tenant text NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS test_effects (route text NOT NULL, tenant text NOT NULL);
+             CREATE TABLE IF NOT EXISTS test_unique (id integer PRIMARY KEY);
+             CREATE TABLE IF NOT EXISTS test_parent (id integer PRIMARY KEY);
+             CREATE TABLE IF NOT EXISTS test_child (
+                 parent integer REFERENCES test_parent (id) DEFERRABLE INITIALLY DEFERRED
+             );",
         )
         .await;
     }
@@ -252,7 +328,17 @@ impl App {
 
     /// Keys the app's transactional handlers hold right now.
     pub fn keys_in_flight(&self) -> usize {
-        (self.in_flight)()
+        (self.in_flight)().0
+    }
+
+    /// The app's writers waiting for their turn (SQLite's single writer); 0 on PostgreSQL.
+    pub fn queued_writers(&self) -> usize {
+        (self.in_flight)().1
+    }
+
+    /// Whether the app stores in PostgreSQL (else SQLite).
+    pub fn is_postgres(&self) -> bool {
+        matches!(self.db, Db::Postgres(_))
     }
 
     /// Runs a statement that has no parameters.
@@ -286,8 +372,8 @@ impl App {
     }
 
     /// Locks the database holds for keys right now: PostgreSQL's advisory locks in this test's
-    /// database (other databases on the server are not counted); always 0 on SQLite, whose
-    /// write lock a retry simply waits for.
+    /// database (other databases on the server are not counted); on SQLite, 1 while some
+    /// connection holds the write lock (found by trying to take it without waiting), else 0.
     pub async fn db_locks(&self) -> i64 {
         match self.db {
             Db::Postgres(_) => {
@@ -299,7 +385,24 @@ impl App {
                 )
                 .await
             }
-            Db::Sqlite(_) => 0,
+            Db::Sqlite(_) => {
+                use sqlx::Connection;
+                let dir = self._dir.as_ref().expect("a SQLite app has its directory");
+                let options = sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(dir.path().join("test.db"))
+                    .busy_timeout(std::time::Duration::ZERO);
+                let mut conn = sqlx::SqliteConnection::connect_with(&options)
+                    .await
+                    .expect("open the SQLite file");
+                let taken = sqlx::raw_sql("BEGIN IMMEDIATE; ROLLBACK")
+                    .execute(&mut conn)
+                    .await;
+                match taken {
+                    Ok(_) => 0,
+                    Err(sqlx::Error::Database(e)) if e.message().contains("locked") => 1,
+                    Err(error) => panic!("probing SQLite's write lock: {error}"),
+                }
+            }
         }
     }
 
@@ -589,11 +692,40 @@ fn unique() -> String {
     )
 }
 
-/// Waits until the app's handlers hold `n` keys.
-pub async fn until_in_flight(app: &App, n: usize) {
-    while app.keys_in_flight() < n {
+/// How long any wait of the tests may last before it fails: far longer than any condition
+/// takes on a loaded machine, so that only a real hang ends there.
+pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Polls `condition` until it holds; panics, saying what it waited for, after [`DEADLINE`].
+pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited {DEADLINE:?} for {what}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+/// Waits until the app's handlers hold `n` keys.
+pub async fn until_in_flight(app: &App, n: usize) {
+    wait_until(&format!("{n} keys in flight"), || async {
+        app.keys_in_flight() >= n
+    })
+    .await;
+}
+
+/// Waits until `n` of the app's writers queue for their turn.
+pub async fn until_queued_writers(app: &App, n: usize) {
+    wait_until(&format!("{n} queued writers"), || async {
+        app.queued_writers() >= n
+    })
+    .await;
 }
 /// Serves the simulated card processor on a loopback port; returns its base URL.
 pub async fn spawn_processor() -> String {
@@ -609,6 +741,82 @@ pub async fn spawn_processor() -> String {
     format!("http://{addr}")
 }
 
+/// The simulated card processor on a loopback port, with two test hooks in front of it: it
+/// notes the `Idempotency-Key` of every request, and it holds its first answer (after the
+/// refund is recorded) until the test opens [`TestProcessor::gate`]; later answers go at once.
+#[derive(Debug, Clone)]
+pub struct TestProcessor {
+    /// Its base URL.
+    pub url: String,
+    /// A permit lets the first answer go.
+    pub gate: Arc<tokio::sync::Semaphore>,
+    posts: Arc<AtomicUsize>,
+    /// The `Idempotency-Key` of every refund request, in order of arrival.
+    pub keys: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl TestProcessor {
+    /// Starts one whose first answer waits for the gate.
+    pub async fn gated() -> Self {
+        let processor = Self {
+            url: String::new(),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+            keys: Arc::default(),
+            posts: Arc::default(),
+        };
+        let hooks = processor.clone();
+        let router = idem_examples::processor::router().layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let hooks = hooks.clone();
+                async move {
+                    if let Some(key) = request.headers().get("idempotency-key") {
+                        let key = key.to_str().expect("a text key").to_owned();
+                        hooks.keys.lock().expect("keys").push(key);
+                    }
+                    let gated = request.method() == axum::http::Method::POST
+                        && hooks.posts.fetch_add(1, Ordering::SeqCst) == 0;
+                    let response = next.run(request).await;
+                    if gated {
+                        hooks.gate.acquire().await.expect("gate open").forget();
+                    }
+                    response
+                }
+            },
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        tokio::spawn(async move {
+            axum::serve(listener, router)
+                .await
+                .expect("serve processor");
+        });
+        Self {
+            url: format!("http://{addr}"),
+            ..processor
+        }
+    }
+
+    /// The refunds it has executed.
+    pub async fn refunds(&self) -> Vec<Value> {
+        executed_refunds(&self.url).await
+    }
+
+    /// Waits until it has executed `n` refunds.
+    pub async fn until_refunded(&self, n: usize) {
+        wait_until(&format!("{n} refunds at the processor"), || async {
+            self.refunds().await.len() >= n
+        })
+        .await;
+    }
+
+    /// The keys it was sent.
+    pub fn keys(&self) -> Vec<String> {
+        self.keys.lock().expect("keys").clone()
+    }
+}
+
 /// The refunds the processor at `url` has executed.
 pub async fn executed_refunds(url: &str) -> Vec<Value> {
     reqwest::get(format!("{url}/v1/refunds"))
@@ -621,7 +829,8 @@ pub async fn executed_refunds(url: &str) -> Vec<Value> {
 
 /// Waits until `counter` reaches `n` (a handler body has started).
 pub async fn until_called(counter: &AtomicUsize, n: usize) {
-    while counter.load(Ordering::SeqCst) < n {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    wait_until(&format!("{n} calls of the handler"), || async {
+        counter.load(Ordering::SeqCst) >= n
+    })
+    .await;
 }

@@ -1,0 +1,79 @@
+//! Several real `payments` processes on one database, as behind a load balancer: nothing is
+//! shared between them but the database. Duplicates sent to all of them at once make one
+//! payment, and every process replays it.
+
+mod support;
+
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use support::{Database, start_payments};
+
+#[sqlx::test(migrations = false)]
+async fn postgres_duplicates_over_three_processes_make_one_payment(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    one_payment_over_three_processes(support::postgres(connect).await).await;
+}
+
+#[tokio::test]
+async fn sqlite_duplicates_over_three_processes_make_one_payment() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    one_payment_over_three_processes(support::sqlite(&dir).await).await;
+}
+
+async fn one_payment_over_three_processes(database: Database) {
+    let client = Client::new();
+    // No refunds here: the processor's address is never called.
+    let mut services = Vec::new();
+    for _ in 0..3 {
+        services.push(start_payments(&client, &database, "http://127.0.0.1:9").await);
+    }
+    let body = json!({"amount": 4200, "currency": "usd", "customer": "cus_1"});
+    let post = |base: &str, body: &Value| {
+        client
+            .post(format!("{base}/v1/payments"))
+            .bearer_auth("t1")
+            .header("Idempotency-Key", "shared-key")
+            .json(body)
+            .send()
+    };
+
+    // Thirty requests with one key, ten at each process, all at once.
+    let pending: Vec<_> = (0..30)
+        .map(|i| tokio::spawn(post(&services[i % 3].1, &body)))
+        .collect();
+    let mut executions = Vec::new();
+    for reply in pending {
+        let reply = reply.await.unwrap().expect("the service answers");
+        let status = reply.status();
+        let replayed = reply.headers().contains_key("idempotent-replayed");
+        let text = reply.text().await.unwrap();
+        match status {
+            StatusCode::CREATED if !replayed => executions.push(text),
+            StatusCode::CREATED | StatusCode::CONFLICT => {}
+            other => panic!("unexpected {other}: {text}"),
+        }
+    }
+    assert_eq!(executions.len(), 1, "one request made the payment");
+    assert_eq!(database.count("payments").await, 1);
+    assert_eq!(database.count("idem_keys").await, 1);
+
+    // Settled: every process replays it, and refuses the key for another body.
+    let made: Value = serde_json::from_str(&executions[0]).unwrap();
+    for (_, base) in &services {
+        let replay = post(base, &body).await.unwrap();
+        assert_eq!(replay.status(), StatusCode::CREATED);
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(replay.json::<Value>().await.unwrap(), made);
+        let other = post(
+            base,
+            &json!({"amount": 1, "currency": "usd", "customer": "cus_1"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    }
+    assert_eq!(database.count("payments").await, 1);
+}

@@ -1,0 +1,205 @@
+//! What the process tests share: the service's database as the test sees it, the service's
+//! binary as a child process, and waits with deadlines.
+
+#![allow(dead_code, reason = "each test file uses part of it")]
+
+use std::{
+    net::TcpListener,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use reqwest::Client;
+use serde_json::Value;
+use sqlx::{PgPool, SqlitePool, postgres::PgConnectOptions};
+
+/// The service's database, as the test looks into it.
+pub enum Database {
+    /// PostgreSQL, at `url` for the service.
+    Postgres { pool: PgPool, url: String },
+    /// A SQLite file, shared with the service's process (WAL lets both open it).
+    Sqlite {
+        pool: SqlitePool,
+        path: std::path::PathBuf,
+    },
+}
+
+impl Database {
+    pub fn configure(&self, command: &mut Command) {
+        match self {
+            Self::Postgres { url, .. } => {
+                command.env("DATABASE_URL", url);
+            }
+            Self::Sqlite { path, .. } => {
+                command.env_remove("DATABASE_URL").env("SQLITE_PATH", path);
+            }
+        }
+    }
+
+    pub async fn key_status(&self, key: &str) -> String {
+        let sql = "SELECT status FROM idem_keys WHERE key = $1";
+        match self {
+            Self::Postgres { pool, .. } => sqlx::query_scalar(sql).bind(key).fetch_one(pool).await,
+            Self::Sqlite { pool, .. } => sqlx::query_scalar(sql).bind(key).fetch_one(pool).await,
+        }
+        .expect("the key's row")
+    }
+
+    /// Rows in `table` (a fixed name from the tests).
+    pub async fn count(&self, table: &str) -> i64 {
+        let sql = sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}"));
+        match self {
+            Self::Postgres { pool, .. } => sqlx::query_scalar(sql).fetch_one(pool).await,
+            Self::Sqlite { pool, .. } => sqlx::query_scalar(sql).fetch_one(pool).await,
+        }
+        .expect("a count")
+    }
+
+    /// The length of `key`'s lease, in milliseconds, as its claim set it.
+    pub async fn lease_ms(&self, key: &str) -> i64 {
+        match self {
+            Self::Postgres { pool, .. } => {
+                sqlx::query_scalar(
+                    "SELECT (extract(epoch FROM lease_until - locked_at) * 1000)::int8 \
+                     FROM idem_keys WHERE key = $1",
+                )
+                .bind(key)
+                .fetch_one(pool)
+                .await
+            }
+            Self::Sqlite { pool, .. } => {
+                sqlx::query_scalar("SELECT lease_until - locked_at FROM idem_keys WHERE key = $1")
+                    .bind(key)
+                    .fetch_one(pool)
+                    .await
+            }
+        }
+        .expect("the key's lease")
+    }
+
+    /// Moves the end of `key`'s lease to `secs` from now (negative: in the past), as the
+    /// passing of time would.
+    pub async fn lease_ends_in(&self, key: &str, secs: i64) {
+        match self {
+            Self::Postgres { pool, .. } => sqlx::query(
+                "UPDATE idem_keys SET lease_until = now() + make_interval(secs => $2) \
+                 WHERE key = $1",
+            )
+            .bind(key)
+            .bind(secs as f64)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+            Self::Sqlite { pool, .. } => sqlx::query(
+                "UPDATE idem_keys \
+                 SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + $2 * 1000 \
+                 WHERE key = $1",
+            )
+            .bind(key)
+            .bind(secs)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+        }
+        .expect("move the lease");
+    }
+}
+
+/// A child process that is killed when the test ends, however it ends.
+pub struct Process(pub Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn free_addr() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    listener.local_addr().expect("addr").to_string()
+}
+
+/// `DATABASE_URL` pointed at `database`.
+pub fn url_of(database: &str) -> String {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set by scripts/test");
+    let (without_query, query) = match base.split_once('?') {
+        Some((url, query)) => (url.to_owned(), format!("?{query}")),
+        None => (base.clone(), String::new()),
+    };
+    let (server, _) = without_query.rsplit_once('/').expect("a database path");
+    format!("{server}/{database}{query}")
+}
+
+/// Polls `condition` until it holds; panics, saying what it waited for, after a minute.
+pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited a minute for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn wait_until_up(client: &Client, url: &str) {
+    wait_until(&format!("{url} to answer"), || async {
+        client.get(url).bearer_auth("probe").send().await.is_ok()
+    })
+    .await;
+}
+
+pub async fn start_payments(
+    client: &Client,
+    database: &Database,
+    processor: &str,
+) -> (Process, String) {
+    let addr = free_addr();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+    database.configure(&mut command);
+    let child = command
+        .env("ADDR", &addr)
+        .env("PROCESSOR_URL", processor)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start payments");
+    let base = format!("http://{addr}");
+    wait_until_up(client, &format!("{base}/v1/payments")).await;
+    (Process(child), base)
+}
+
+pub async fn refunds_executed(client: &Client, processor: &str) -> Vec<Value> {
+    client
+        .get(format!("{processor}/v1/refunds"))
+        .send()
+        .await
+        .expect("processor answers")
+        .json()
+        .await
+        .expect("a JSON list")
+}
+
+/// The database of a `#[sqlx::test]`, as the service's `DATABASE_URL` names it.
+pub async fn postgres(connect: PgConnectOptions) -> Database {
+    let name = connect.get_database().expect("a test database").to_owned();
+    let pool = PgPool::connect_with(connect).await.expect("connect");
+    Database::Postgres {
+        pool,
+        url: url_of(&name),
+    }
+}
+
+/// A fresh SQLite file in `dir`, opened as the service opens it.
+pub async fn sqlite(dir: &tempfile::TempDir) -> Database {
+    let path = dir.path().join("payments.db");
+    let pool = idem_examples::schema::connect_sqlite(&path)
+        .await
+        .expect("open the file");
+    Database::Sqlite { pool, path }
+}

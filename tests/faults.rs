@@ -1,0 +1,246 @@
+//! Every documented answer to a fault, on both backends where the fault exists: a COMMIT the
+//! database refuses, a connection cut during COMMIT, an empty scope, an unreachable database, a
+//! handler whose statement failed, a completion that fails, an exhausted pool; and two outcomes
+//! that are easy to get wrong: a 3xx, and one handler nested under two prefixes.
+
+use std::sync::atomic::Ordering;
+
+use axum::http::StatusCode;
+use idem_runtime::{ProblemKind, Store};
+use idem_tests::{App, CommitCutter, Options, Req, TestDb, backend_tests, payment, until_called};
+
+fn pay(key: &str) -> Req {
+    Req::post("/v1/payments")
+        .tenant("t1")
+        .key(key)
+        .json(&payment(100, "cus_1"))
+}
+
+backend_tests! {
+    async fn a_commit_the_database_refuses_is_500_commit_refused_and_stores_nothing(db) {
+        let app = App::new(db).await;
+        let request = || Req::post("/test/deferred").tenant("t1").key("k1").build();
+        let reply = app.send(request()).await;
+        assert_eq!(
+            reply.problem(StatusCode::INTERNAL_SERVER_ERROR),
+            ProblemKind::CommitRefused.type_uri()
+        );
+        assert_eq!(app.count("test_effects").await, 0, "the handler's writes were refused");
+        assert_eq!(app.keys_named("k1").await, 0, "nothing was stored");
+        let retry = app.send(request()).await;
+        assert_eq!(retry.status, StatusCode::INTERNAL_SERVER_ERROR, "the retry ran again");
+        assert_eq!(app.calls.deferred.load(Ordering::SeqCst), 2);
+    }
+
+    async fn an_empty_nul_or_overlong_scope_is_400_invalid_scope_and_stores_nothing(db) {
+        let app = App::new(db).await;
+        let request = |account: &str| {
+            Req::post("/test/account").header("x-account", account).key("k1").build()
+        };
+        let long = "a".repeat(idem_runtime::MAX_SCOPE_LEN + 1);
+        for (account, what) in [("", "is empty"), (long.as_str(), "bytes long")] {
+            let reply = app.send(request(account)).await;
+            assert_eq!(
+                reply.problem(StatusCode::BAD_REQUEST),
+                ProblemKind::InvalidScope.type_uri()
+            );
+            let detail = reply.json()["detail"].as_str().unwrap().to_owned();
+            assert!(detail.contains(what), "{detail}");
+        }
+        assert_eq!(app.count("idem_keys").await, 0);
+        let fits = "a".repeat(idem_runtime::MAX_SCOPE_LEN);
+        assert_eq!(app.send(request(&fits)).await.status, StatusCode::CREATED);
+        // The same key under a real scope is a first request.
+        let reply = app.send(request("acct_1")).await;
+        assert_eq!(reply.status, StatusCode::CREATED);
+        assert!(!reply.replayed());
+    }
+
+    async fn a_failed_statement_in_the_handler_keeps_its_answer_as_the_database_allows(db) {
+        let app = App::new(db).await;
+        let request = || Req::post("/test/aborted").tenant("t1").key("k1").build();
+        let first = app.send(request()).await;
+        assert_eq!(first.status, StatusCode::CREATED, "the handler's answer stands");
+        assert_eq!(&first.body[..], b"call 1");
+        let second = app.send(request()).await;
+        if app.is_postgres() {
+            // PostgreSQL aborted the transaction at the failed statement: nothing can be
+            // committed with the answer, so nothing is stored and a retry runs again.
+            assert_eq!(app.count("test_effects").await, 0);
+            assert_eq!(app.keys_named("k1").await, 0);
+            assert!(!second.replayed());
+            assert_eq!(&second.body[..], b"call 2");
+        } else {
+            // SQLite undoes the failed statement alone: the answer is stored with the writes.
+            assert_eq!(app.count("test_effects").await, 1);
+            assert!(second.replayed());
+            assert_eq!(&second.body[..], b"call 1");
+        }
+    }
+
+    async fn a_completion_that_fails_rolls_back_the_handlers_writes(db) {
+        let app = App::new(db).await;
+        // The key table refuses this one key, as a full disk or a lost privilege would.
+        if app.is_postgres() {
+            app.execute(
+                "CREATE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN IF NEW.key = 'poison' THEN RAISE EXCEPTION 'poisoned key'; END IF; \
+                 RETURN NEW; END $$; \
+                 CREATE TRIGGER test_poison BEFORE INSERT OR UPDATE ON idem_keys \
+                 FOR EACH ROW EXECUTE FUNCTION test_poison();",
+            )
+            .await;
+        } else {
+            app.execute(
+                "CREATE TRIGGER test_poison BEFORE INSERT ON idem_keys WHEN NEW.key = 'poison' \
+                 BEGIN SELECT RAISE(ABORT, 'poisoned key'); END;",
+            )
+            .await;
+        }
+        let reply = app.send(pay("poison").build()).await;
+        assert_eq!(
+            reply.problem(StatusCode::SERVICE_UNAVAILABLE),
+            ProblemKind::StoreUnavailable.type_uri()
+        );
+        assert_eq!(app.count("payments").await, 0, "the payment was rolled back with the key");
+        assert_eq!(app.count("idem_keys").await, 0);
+        assert_eq!(app.send(pay("fine").build()).await.status, StatusCode::CREATED);
+        assert_eq!(app.count("payments").await, 1);
+    }
+
+    async fn a_3xx_outcome_is_stored_and_replayed_with_its_location(db) {
+        let app = App::new(db).await;
+        let request = || Req::post("/test/redirect").tenant("t1").key("k1").build();
+        let first = app.send(request()).await;
+        assert_eq!(first.status, StatusCode::SEE_OTHER);
+        assert_eq!(first.header("location"), Some("/test/elsewhere/1"));
+        let second = app.send(request()).await;
+        assert!(second.replayed());
+        assert_eq!(second.status, StatusCode::SEE_OTHER);
+        assert_eq!(second.header("location"), Some("/test/elsewhere/1"));
+        assert_eq!(second.body, first.body);
+        assert_eq!(app.calls.redirect.load(Ordering::SeqCst), 1);
+        assert_eq!(app.count("test_effects").await, 1);
+    }
+
+    async fn one_key_under_two_nest_prefixes_is_two_different_requests(db) {
+        let app = App::new(db).await;
+        app.gate.add_permits(1);
+        let first = app
+            .send(Req::post("/test/nest-a/x").tenant("t1").key("k1").build())
+            .await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        let other = app
+            .send(Req::post("/test/nest-b/x").tenant("t1").key("k1").build())
+            .await;
+        assert_eq!(
+            other.problem(StatusCode::UNPROCESSABLE_ENTITY),
+            ProblemKind::KeyReused.type_uri()
+        );
+        let detail = other.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("POST /test/nest-a/x"), "the full path is fingerprinted: {detail}");
+        assert_eq!(app.calls.slow.load(Ordering::SeqCst), 1);
+    }
+
+    async fn a_duplicate_while_every_pooled_connection_is_busy_gets_409_at_once(db) {
+        let options = Options { connections: Some(1), ..Options::default() };
+        let app = App::build(db, options).await;
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { app.send(Req::post("/test/slow").tenant("t1").key("k1").build()).await }
+        });
+        // The running handler holds the pool's only connection.
+        until_called(&app.calls.slow, 1).await;
+        let duplicate = app.send(Req::post("/test/slow").tenant("t1").key("k1").build()).await;
+        // Waiting for a connection would end in the pool's timeout (a 503), not a 409.
+        assert_eq!(
+            duplicate.problem(StatusCode::CONFLICT),
+            ProblemKind::InProgress.type_uri()
+        );
+        assert!(!first.is_finished());
+        app.gate.add_permits(1);
+        assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    }
+}
+
+/// PostgreSQL only (SQLite has no connection to cut): the COMMIT reaches the server and
+/// commits, but its answer never reaches the service.
+#[sqlx::test(migrations = false)]
+async fn a_connection_cut_during_commit_is_503_outcome_unknown_and_the_retry_replays(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let upstream = format!("{}:{}", connect.get_host(), connect.get_port());
+    let proxy = CommitCutter::start(upstream).await;
+    let through_proxy = connect
+        .host("127.0.0.1")
+        .port(proxy.port())
+        .ssl_mode(sqlx::postgres::PgSslMode::Disable);
+    let app = App::new(TestDb::Postgres(Box::new(through_proxy))).await;
+
+    proxy.arm();
+    let reply = app.send(pay("k1").build()).await;
+    assert_eq!(
+        proxy.cuts(),
+        1,
+        "the payment's COMMIT was cut after the server answered"
+    );
+    assert_eq!(
+        reply.problem(StatusCode::SERVICE_UNAVAILABLE),
+        ProblemKind::OutcomeUnknown.type_uri()
+    );
+    // The server committed: the payment and its key are there, and the retry replays them.
+    assert_eq!(app.count("payments").await, 1);
+    assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
+    let retry = app.send(pay("k1").build()).await;
+    assert!(retry.replayed(), "{}: {:?}", retry.status, retry.body);
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(app.count("payments").await, 1);
+}
+
+/// Nothing listens where the pool points: the answer is a 503 as soon as the connection is
+/// refused, not after the pool's acquire timeout (set here far beyond the test's deadline).
+#[tokio::test]
+async fn an_unreachable_postgres_is_503_store_unavailable_without_waiting_for_the_pool() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(3600))
+        .connect_lazy_with(
+            sqlx::postgres::PgConnectOptions::new()
+                .host("127.0.0.1")
+                .port(port)
+                .username("postgres"),
+        );
+    store_unavailable(idem_examples::payments::postgres::router(Store::new(pool))).await;
+}
+
+/// A SQLite file that cannot be opened (its directory does not exist).
+#[tokio::test]
+async fn an_unopenable_sqlite_file_is_503_store_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(3600))
+        .connect_lazy_with(
+            sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("missing/dir/x.db")),
+        );
+    store_unavailable(idem_examples::payments::sqlite::router(Store::new(pool))).await;
+}
+
+/// Sends a payment to `router` and checks the answer is 503 `StoreUnavailable`, and that it
+/// came before the test's deadline (the pools here would wait an hour).
+async fn store_unavailable(router: axum::Router) {
+    let reply = tokio::time::timeout(idem_tests::DEADLINE, async {
+        let response = tower::ServiceExt::oneshot(router, pay("k1").build())
+            .await
+            .unwrap();
+        idem_tests::Reply::read(response).await
+    })
+    .await
+    .expect("the answer did not wait for the pool's acquire timeout");
+    assert_eq!(
+        reply.problem(StatusCode::SERVICE_UNAVAILABLE),
+        ProblemKind::StoreUnavailable.type_uri()
+    );
+}

@@ -1,0 +1,251 @@
+//! `#[idempotent(timeout = "...")]`, on both backends: a handler that never returns is stopped
+//! at its timeout, the client gets a 503 `HandlerTimedOut` problem, nothing is stored, and the
+//! key is free at once, so a retry runs the handler again.
+//!
+//! The handlers here write their row, then wait on a gate that stays closed on their first
+//! call; the tests never sleep, they wait on answers and counters under a deadline.
+
+use std::{
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::{Router, body::Body, http::Request, http::StatusCode};
+use idem_runtime::{ProblemKind, Store};
+use idem_tests::{App, Db, Reply, Req, backend_tests};
+use tower::ServiceExt;
+
+/// What the test handlers share with the test.
+#[derive(Debug)]
+struct Probe {
+    /// Bodies that started (and wrote their row).
+    started: AtomicUsize,
+    /// Bodies that got past the gate and answered.
+    finished: AtomicUsize,
+    /// Closed until the test opens it.
+    gate: tokio::sync::Semaphore,
+}
+
+impl Probe {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            started: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            gate: tokio::sync::Semaphore::new(0),
+        })
+    }
+
+    fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    fn finished(&self) -> usize {
+        self.finished.load(Ordering::SeqCst)
+    }
+}
+
+/// The handlers and their routes over one database type.
+macro_rules! timeout_handlers {
+    ($db:ty) => {
+        use std::sync::{Arc, atomic::Ordering};
+
+        use axum::{Extension, Router, extract::State, http::StatusCode, routing::post};
+        use idem_examples::auth::Tenant;
+        use idem_runtime::{IdempotencyContext, Store, idempotent};
+        use sqlx::Transaction;
+
+        use crate::Probe;
+
+        /// `/stuck` (transactional) and `/stuck-external`.
+        pub fn routes(probe: &Arc<Probe>) -> Router<Store<$db>> {
+            Router::new()
+                .route("/stuck", post(stuck))
+                .route("/stuck-external", post(stuck_external))
+                .layer(Extension(Arc::clone(probe)))
+        }
+
+        /// Writes a row in its transaction, then waits on the gate.
+        #[idempotent(scope = "tenant", retention = "1h", timeout = "1s")]
+        async fn stuck(
+            tenant: Tenant,
+            Extension(probe): Extension<Arc<Probe>>,
+            tx: &mut Transaction<'_, $db>,
+        ) -> (StatusCode, String) {
+            sqlx::query("INSERT INTO test_effects (route, tenant) VALUES ('stuck', $1)")
+                .bind(&tenant.0)
+                .execute(&mut **tx)
+                .await
+                .expect("insert effect");
+            let call = probe.started.fetch_add(1, Ordering::SeqCst) + 1;
+            probe.gate.acquire().await.expect("gate open").forget();
+            probe.finished.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::CREATED, format!("call {call}"))
+        }
+
+        /// External mode: performs its side effect (a committed row, keyed by the derived
+        /// key as a downstream call would be), then waits on the gate.
+        #[idempotent(scope = "tenant", lock_timeout = "5s", timeout = "1s", backend = $db)]
+        async fn stuck_external(
+            tenant: Tenant,
+            ctx: IdempotencyContext,
+            Extension(probe): Extension<Arc<Probe>>,
+            State(store): State<Store<$db>>,
+        ) -> (StatusCode, String) {
+            sqlx::query("INSERT INTO test_effects (route, tenant) VALUES ($1, $2)")
+                .bind(ctx.derive("effect"))
+                .bind(&tenant.0)
+                .execute(store.pool())
+                .await
+                .expect("insert effect");
+            let call = probe.started.fetch_add(1, Ordering::SeqCst) + 1;
+            probe.gate.acquire().await.expect("gate open").forget();
+            probe.finished.fetch_add(1, Ordering::SeqCst);
+            (StatusCode::CREATED, format!("call {call}"))
+        }
+    };
+}
+
+mod pg {
+    timeout_handlers!(sqlx::Postgres);
+}
+
+mod lite {
+    timeout_handlers!(sqlx::Sqlite);
+}
+
+/// The test routes over `app`'s pool, and how many keys their store's handlers hold.
+fn routes(app: &App, probe: &Arc<Probe>) -> (Router, Box<dyn Fn() -> usize>) {
+    match &app.db {
+        Db::Postgres(pool) => {
+            let store = Store::new(pool.clone());
+            let router = pg::routes(probe).with_state(store.clone());
+            (router, Box::new(move || store.keys_in_flight()))
+        }
+        Db::Sqlite(pool) => {
+            let store = Store::new(pool.clone());
+            let router = lite::routes(probe).with_state(store.clone());
+            (router, Box::new(move || store.keys_in_flight()))
+        }
+    }
+}
+
+/// Awaits `future`, failing the test if it takes longer than 10 s.
+async fn deadline<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not happen within 10 s"))
+}
+
+async fn send(router: &Router, request: Request<Body>) -> Reply {
+    let response = router
+        .clone()
+        .oneshot(request)
+        .await
+        .expect("the router is infallible");
+    Reply::read(response).await
+}
+
+/// Asserts the 503 of a handler stopped at its 1 s timeout.
+fn assert_timed_out(reply: &Reply) {
+    let kind = reply.problem(StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(kind, ProblemKind::HandlerTimedOut.type_uri());
+    let json = reply.json();
+    assert_eq!(json["title"], ProblemKind::HandlerTimedOut.title());
+    let detail = json["detail"].as_str().expect("a detail");
+    assert!(
+        detail.contains("took longer than 1s") && detail.contains("retry with the same key"),
+        "{detail}"
+    );
+    assert!(!reply.replayed());
+}
+
+/// The `route` column of every effect row, sorted.
+async fn effect_routes(app: &App) -> Vec<String> {
+    let sql = "SELECT route FROM test_effects ORDER BY route";
+    match &app.db {
+        Db::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
+        Db::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
+    }
+    .expect("read effects")
+}
+
+backend_tests! {
+    async fn a_transactional_handler_past_its_timeout_is_rolled_back_and_frees_its_key(db) {
+        // One pooled connection: the stopped handler's transaction must give it back.
+        let app = App::build(
+            db,
+            idem_tests::Options {
+                connections: Some(1),
+                ..idem_tests::Options::default()
+            },
+        )
+        .await;
+        let probe = Probe::new();
+        let (router, in_flight) = routes(&app, &probe);
+        let request = || Req::post("/stuck").tenant("t1").key("k1").build();
+
+        let first = deadline("stopping the stuck handler", send(&router, request())).await;
+        assert_timed_out(&first);
+        assert_eq!(probe.started(), 1, "the body ran and wrote its row");
+        assert_eq!(probe.finished(), 0, "the body was stopped at the gate");
+        assert_eq!(in_flight(), 0, "the process holds no key");
+        // The write was rolled back and nothing stored; the connection is back in the pool.
+        let effects = deadline("reading on the single pooled connection", app.count("test_effects")).await;
+        assert_eq!(effects, 0, "the stopped handler's write was not committed");
+        assert_eq!(app.keys_named("k1").await, 0, "nothing was stored");
+        assert_eq!(app.db_locks().await, 0, "no advisory lock is left");
+
+        // The key is free: a retry runs the handler again, which completes this time.
+        probe.gate.add_permits(1);
+        let retry = deadline("the retry on the single pooled connection", send(&router, request())).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+        assert!(!retry.replayed());
+        assert_eq!(&retry.body[..], b"call 2");
+        assert_eq!((probe.started(), probe.finished()), (2, 1), "the body ran twice, finished once");
+        assert_eq!(effect_routes(&app).await, ["stuck"], "only the retry's write is committed");
+        assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
+
+        let replay = deadline("the replay", send(&router, request())).await;
+        assert!(replay.replayed());
+        assert_eq!(&replay.body[..], b"call 2");
+        assert_eq!(probe.started(), 2, "a replay does not run the body");
+    }
+
+    async fn an_external_handler_past_its_timeout_releases_its_claim(db) {
+        let app = App::new(db).await;
+        let probe = Probe::new();
+        let (router, _) = routes(&app, &probe);
+        let request = || Req::post("/stuck-external").tenant("t1").key("k1").build();
+
+        let first = deadline("stopping the stuck handler", send(&router, request())).await;
+        assert_timed_out(&first);
+        assert_eq!(probe.started(), 1, "the body ran and made its side effect");
+        assert_eq!(probe.finished(), 0, "the body was stopped at the gate");
+        assert_eq!(app.keys_named("k1").await, 0, "the `started` claim was released");
+        assert_eq!(app.keys_with_status("started").await, 0);
+
+        // The key is free at once, long before the 5 s lease would end: a retry runs the
+        // handler again, which completes this time.
+        probe.gate.add_permits(1);
+        let retry = deadline("the retry", send(&router, request())).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+        assert!(!retry.replayed());
+        assert_eq!(&retry.body[..], b"call 2");
+        assert_eq!((probe.started(), probe.finished()), (2, 1), "the body ran twice, finished once");
+        // The side effect was made twice, under one derived key: a downstream service that
+        // honours it executes it once.
+        let effects = effect_routes(&app).await;
+        assert_eq!(effects.len(), 2);
+        assert_eq!(effects[0], effects[1], "both runs used the same derived key");
+        assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
+
+        let replay = deadline("the replay", send(&router, request())).await;
+        assert!(replay.replayed());
+        assert_eq!(&replay.body[..], b"call 2");
+        assert_eq!(probe.started(), 2, "a replay does not run the body");
+    }
+}
