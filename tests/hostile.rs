@@ -19,7 +19,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     net::SocketAddr,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use idem_runtime::ProblemKind;
@@ -1283,14 +1283,20 @@ async fn exchange(addr: SocketAddr, wire: Vec<u8>, head: bool) -> Result<Answer,
     });
     let mut buf = Vec::new();
     let mut chunk = vec![0_u8; 64 * 1024];
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + idem_tests::DEADLINE;
     let answer = loop {
         if let Some(answer) = parse_answer(&buf, head, false)? {
             break answer;
         }
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, reader.read(&mut chunk)).await {
-            Err(_) => return Err(format!("no whole response in 10 s ({} bytes)", buf.len())),
+            Err(_) => {
+                return Err(format!(
+                    "no whole response in {:?} ({} bytes)",
+                    idem_tests::DEADLINE,
+                    buf.len()
+                ));
+            }
             Ok(Ok(0)) => {
                 break parse_answer(&buf, head, true)?.ok_or("closed without a response")?;
             }

@@ -11,7 +11,6 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
 };
 
 use axum::{Router, body::Body, http::Request, http::StatusCode};
@@ -133,11 +132,11 @@ fn routes(app: &App, probe: &Arc<Probe>) -> (Router, Box<dyn Fn() -> usize>) {
     }
 }
 
-/// Awaits `future`, failing the test if it takes longer than 10 s.
+/// Awaits `future`, failing the test if it takes longer than [`idem_tests::DEADLINE`].
 async fn deadline<T>(what: &str, future: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(10), future)
+    tokio::time::timeout(idem_tests::DEADLINE, future)
         .await
-        .unwrap_or_else(|_| panic!("{what} did not happen within 10 s"))
+        .unwrap_or_else(|_| panic!("{what} did not happen within {:?}", idem_tests::DEADLINE))
 }
 
 async fn send(router: &Router, request: Request<Body>) -> Reply {
