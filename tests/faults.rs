@@ -32,7 +32,8 @@ backend_tests! {
         assert_eq!(app.calls.deferred.load(Ordering::SeqCst), 2);
     }
 
-    async fn an_empty_nul_or_overlong_scope_is_400_invalid_scope_and_stores_nothing(db) {
+    // A scope with NUL cannot come from a header; `hostile.rs` sends one through a path.
+    async fn an_empty_or_overlong_scope_is_400_invalid_scope_and_stores_nothing(db) {
         let app = App::new(db).await;
         let request = |account: &str| {
             Req::post("/test/account").header("x-account", account).key("k1").build()
@@ -198,8 +199,9 @@ async fn a_connection_cut_during_commit_is_503_outcome_unknown_and_the_retry_rep
     assert_eq!(app.count("payments").await, 1);
 }
 
-/// Nothing listens where the pool points: the answer is a 503 as soon as the connection is
-/// refused, not after the pool's acquire timeout (set here far beyond the test's deadline).
+/// Nothing listens where the pool points, and sqlx keeps retrying the connection until the
+/// pool's acquire timeout (an hour here): the answer is a 503 at the store's own
+/// `Settings::acquire_timeout` (5 s), well within the test's deadline.
 #[tokio::test]
 async fn an_unreachable_postgres_is_503_store_unavailable_without_waiting_for_the_pool() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, Method, StatusCode, header::CONTENT_TYPE};
 use idem_runtime::{
+    __private::Fingerprint,
     CancellationToken, IdempotencyContext,
-    fingerprint::Fingerprint,
-    record::StoredResponse,
-    tasks::{AbandonedClaim, PurgeOptions, Recovery, RecoveryHook, ReleaseAbandoned},
+    tasks::{
+        AbandonedClaim, PurgeOptions, Recovery, RecoveryHook, ReleaseAbandoned, StoredResponse,
+    },
 };
 use idem_tests::{App, Req, backend_tests, executed_refunds, payment, spawn_processor, wait_until};
 

@@ -1,15 +1,15 @@
 //! Micro-benchmarks of the CPU work idem does on every idempotent request, without a database:
 //!
 //! - `header/parse`: reading and validating the `Idempotency-Key` header
-//!   ([`idem_runtime::header::parse_key`]) in its bare, RFC 8941 quoted and longest forms;
-//! - `fingerprint`: hashing a request ([`idem_runtime::fingerprint::Fingerprint::of`]), with
+//!   (`parse_key`) in its bare, RFC 8941 quoted and longest forms;
+//! - `fingerprint`: hashing a request (`Fingerprint::of`), with
 //!   JSON bodies of 1 KiB and 64 KiB (parsed and canonicalised with RFC 8785 first) and the same
 //!   64 KiB as `application/octet-stream` (hashed byte for byte), to show what canonicalisation
 //!   costs;
 //! - `replay/capture`: reading a handler's `201 Created` response into memory
-//!   ([`idem_runtime::replay::Captured::read`]) and turning it into its stored form;
+//!   (`Captured::read`) and turning it into its stored form;
 //! - `replay/build`: rebuilding a replayed response from its stored form
-//!   ([`idem_runtime::replay::replay`]).
+//!   (`replay`).
 //!
 //! Run with:
 //!
@@ -32,11 +32,9 @@ use axum::{
     },
 };
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use idem_runtime::{
-    fingerprint::Fingerprint,
-    header::{IDEMPOTENCY_KEY, MAX_KEY_LEN, parse_key},
-    record::StoredResponse,
-    replay::{Captured, IDEMPOTENT_REPLAYED, replay},
+use idem_runtime::__private::IDEMPOTENCY_KEY;
+use idem_runtime::__private::{
+    Captured, Fingerprint, IDEMPOTENT_REPLAYED, MAX_KEY_LEN, StoredResponse, parse_key, replay,
 };
 use serde_json::{Value, json};
 

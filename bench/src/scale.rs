@@ -4,11 +4,7 @@
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use idem_runtime::{
-    Backend,
-    fingerprint::Fingerprint,
-    record::{Completion, KeyRef, StoredResponse},
-};
+use idem_runtime::__private::{Completion, Fingerprint, KeyRef, Storage, StoredResponse};
 use sqlx::{PgPool, Postgres};
 
 use crate::{db, http::median, load::fresh_key};
@@ -145,9 +141,9 @@ async fn time_claims(
     let fingerprint = Fingerprint::from_slice(&[7; 32]).expect("32 bytes");
     for i in 0..n {
         let key = KeyRef::new(format!("tenant_{}", i % 10_000), fresh_key());
-        let mut tx = <Postgres as Backend>::begin(pool.acquire().await?).await?;
+        let mut tx = <Postgres as Storage>::begin(pool.acquire().await?, None).await?;
         let started = Instant::now();
-        let lookup = <Postgres as Backend>::claim(&mut tx, &key).await?;
+        let lookup = <Postgres as Storage>::claim(&mut tx, &key).await?;
         record(&mut claim, started.elapsed());
         if !lookup.acquired {
             return Err("a fresh key was not acquired".into());
@@ -158,10 +154,11 @@ async fn time_claims(
             path: "/v1/payments",
             fingerprint: &fingerprint,
             response: &response,
-            retention: Duration::from_secs(86_400),
         };
         let started = Instant::now();
-        if !<Postgres as Backend>::complete(&mut tx, &completion).await? {
+        if !<Postgres as Storage>::complete(&mut tx, &completion, Duration::from_secs(86_400))
+            .await?
+        {
             return Err("the completion was refused".into());
         }
         record(&mut complete, started.elapsed());

@@ -134,10 +134,11 @@ async fn killed_after_the_refund(database: Database) {
         "the claim's lease is the route's 5 s"
     );
 
-    // A new process. While the lease runs (a minute left, here), a retry is told to come back
-    // when it ends.
-    let (_payments, base) = start_payments(&client, &database, &processor.url).await;
+    // A new process. While the lease runs (a minute left, here: set before the new process
+    // starts, so that its recovery task, which releases lapsed claims, cannot get there first
+    // on a slow machine), a retry is told to come back when it ends.
     database.lease_ends_in("refund-1", 60).await;
+    let (_payments, base) = start_payments(&client, &database, &processor.url).await;
     let early = send_refund(base.clone()).await.unwrap();
     assert_eq!(early.status(), StatusCode::CONFLICT);
     let retry_after: u64 = early.headers()["retry-after"]

@@ -40,10 +40,54 @@ async fn one_payment_over_three_processes(database: Database) {
             .send()
     };
 
-    // Thirty requests with one key, ten at each process, all at once.
+    // On PostgreSQL the test holds a lock on `payments`: the first request claims the key and
+    // blocks in its INSERT, so every duplicate, at every process, certainly arrives while the
+    // key is held. (SQLite has no lock the test can hold without stopping the claim itself:
+    // there the requests are simply sent together.)
+    let mut blocker = None;
+    let mut first = None;
+    if let Database::Postgres { pool, .. } = &database {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query("LOCK TABLE payments IN EXCLUSIVE MODE")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        first = Some(tokio::spawn(post(&services[0].1, &body)));
+        support::wait_until("the first payment to wait for the table lock", || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_locks \
+                 WHERE relation = 'payments'::regclass AND NOT granted \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+                > 0
+        })
+        .await;
+        blocker = Some(tx);
+    }
     let pending: Vec<_> = (0..30)
         .map(|i| tokio::spawn(post(&services[i % 3].1, &body)))
         .collect();
+    let pending = match (blocker, first) {
+        (Some(blocker), Some(first)) => {
+            // Every duplicate was refused at once, while the first still held the key.
+            // A duplicate that ran the handler would wait on the lock too: the deadline
+            // turns that into a failure that says so.
+            for reply in pending {
+                let reply = tokio::time::timeout(std::time::Duration::from_secs(60), reply)
+                    .await
+                    .expect("a duplicate got no 409 while the first held the key")
+                    .unwrap()
+                    .expect("the service answers");
+                assert_eq!(reply.status(), StatusCode::CONFLICT);
+            }
+            blocker.commit().await.unwrap();
+            vec![first]
+        }
+        _ => pending,
+    };
     let mut executions = Vec::new();
     for reply in pending {
         let reply = reply.await.unwrap().expect("the service answers");

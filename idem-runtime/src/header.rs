@@ -111,7 +111,7 @@ pub enum KeyError {
 ///
 /// ```
 /// use http::HeaderMap;
-/// use idem_runtime::header::parse_key;
+/// use idem_runtime::__private::parse_key;
 ///
 /// let mut headers = HeaderMap::new();
 /// headers.insert("idempotency-key", "\"8e03978e-40d5\"".parse().unwrap());

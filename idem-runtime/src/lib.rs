@@ -35,20 +35,20 @@
 //! [`FromRef`](axum::extract::FromRef), and [`migrate`] must have created the key table.
 //! See the repository's README for the full behaviour table.
 
-pub mod fingerprint;
-pub mod header;
-pub mod problem;
-pub mod record;
-pub mod replay;
 pub mod tasks;
 
 mod backend;
 mod context;
+mod fingerprint;
 mod flow;
+mod header;
+mod problem;
+mod record;
+mod replay;
 mod scope;
 mod store;
 
-pub use backend::{Backend, Begun, migrate};
+pub use backend::{Backend, migrate};
 pub use context::IdempotencyContext;
 pub use idem_macros::idempotent;
 pub use problem::{Problem, ProblemKind};
@@ -80,4 +80,14 @@ pub mod __private {
     pub type DefaultBackend = sqlx::Sqlite;
     pub use axum::response::{IntoResponse, Response};
     pub use tracing::Instrument;
+
+    /// The parts under the request flow, for the property tests, fuzz targets and benchmarks
+    /// that exercise them directly.
+    pub use crate::{
+        backend::{Begun, Storage},
+        fingerprint::Fingerprint,
+        header::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, parse_key, parse_value},
+        record::{Completion, KeyRef, StoredResponse},
+        replay::{Captured, IDEMPOTENT_REPLAYED, replay},
+    };
 }

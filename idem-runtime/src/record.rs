@@ -161,8 +161,6 @@ pub struct Completion<'a> {
     pub fingerprint: &'a Fingerprint,
     /// The response.
     pub response: &'a StoredResponse,
-    /// How long the key lives from now.
-    pub retention: Duration,
 }
 
 #[cfg(test)]

@@ -59,11 +59,6 @@ impl Captured {
         }
     }
 
-    /// The status of the response.
-    pub fn status(&self) -> StatusCode {
-        self.parts.status
-    }
-
     /// The stored form: status, replayable headers, body.
     pub fn to_stored(&self) -> StoredResponse {
         let headers = REPLAYED_HEADERS

@@ -11,7 +11,10 @@ use std::{
 
 use sqlx::{Pool, pool::PoolConnection};
 
-use crate::backend::Backend;
+use crate::{
+    backend::Backend,
+    record::{Completion, KeyRef},
+};
 
 /// Limits and answers of the idempotency layer.
 #[derive(Debug, Clone)]
@@ -128,7 +131,7 @@ impl Drop for HeldKey {
 impl<DB: Backend> std::fmt::Debug for Store<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("backend", &<DB as Backend>::NAME)
+            .field("backend", &<DB as sqlx::Database>::NAME)
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
@@ -214,6 +217,27 @@ impl<DB: Backend> Store<DB> {
         tokio::time::timeout(self.settings.acquire_timeout, self.pool.acquire())
             .await
             .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+    }
+
+    /// Deletes the `started` row of `key` owned by `token` (an external claim), in this
+    /// process's turn to write.
+    pub(crate) async fn release(&self, key: &KeyRef, token: i64) -> Result<bool, sqlx::Error> {
+        let _permit = self.write_permit().await;
+        let mut conn = self.connection().await?;
+        DB::release(&mut conn, key, token).await
+    }
+
+    /// Completes the `started` row owned by `token`, in this process's turn to write; see
+    /// `Storage::finish` for `retention`.
+    pub(crate) async fn finish(
+        &self,
+        completion: &Completion<'_>,
+        token: i64,
+        retention: Option<Duration>,
+    ) -> Result<bool, sqlx::Error> {
+        let _permit = self.write_permit().await;
+        let mut conn = self.connection().await?;
+        DB::finish(&mut conn, completion, token, retention).await
     }
 
     /// On a single-writer database, this process's turn to write; `None` elsewhere.

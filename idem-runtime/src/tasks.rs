@@ -12,10 +12,12 @@ use std::{
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::record::StoredResponse;
+
 use crate::{
     IdempotencyContext,
     backend::Backend,
-    record::{Abandoned, Completion, StoredResponse, fresh_token},
+    record::{Abandoned, Completion, fresh_token},
     store::Store,
 };
 
@@ -204,9 +206,8 @@ impl<DB: Backend> Store<DB> {
             };
             match hook.recover(claim).await {
                 Recovery::Release => {
-                    let _permit = self.write_permit().await;
                     // A claim taken over meanwhile is no longer the recovery's to release.
-                    if DB::release(self.pool(), &key, token).await? {
+                    if self.release(&key, token).await? {
                         report.released += 1;
                     }
                 }
@@ -217,11 +218,9 @@ impl<DB: Backend> Store<DB> {
                         path: &path,
                         fingerprint: &fingerprint,
                         response: &response,
-                        // Keep the expiry the claim was given.
-                        retention: Duration::ZERO,
                     };
-                    let _permit = self.write_permit().await;
-                    if DB::finish(self.pool(), &completion, token).await? {
+                    // The row keeps the expiry its claim was given.
+                    if self.finish(&completion, token, None).await? {
                         report.completed += 1;
                     }
                 }

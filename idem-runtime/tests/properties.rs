@@ -7,8 +7,9 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use http::{HeaderMap, HeaderValue, Method, header::CONTENT_TYPE};
-use idem_runtime::fingerprint::Fingerprint;
-use idem_runtime::header::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, parse_key};
+use idem_runtime::__private::{
+    Fingerprint, IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, parse_key,
+};
 use proptest::prelude::*;
 use serde_json::{Map, Number, Value};
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, Lookup, Start, Started};
 
-/// What [`Backend::begin_claim`] found.
+/// What [`Storage::begin_claim`] found.
 pub enum Begun<DB: sqlx::Database> {
     /// The transaction holds the key; the handler may run in it.
     Acquired(Transaction<'static, DB>),
@@ -33,38 +33,53 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-/// A database that can hold idempotency keys in the same transaction as the handler's writes.
+/// A database that can hold idempotency keys in the same transaction as the handler's writes:
+/// [`sqlx::Postgres`] (feature `postgres`) or [`sqlx::Sqlite`] (feature `sqlite`).
 ///
 /// The `#[idempotent]` macro picks the backend from the handler's transaction type
 /// (`&mut Transaction<'_, Postgres>` selects [`sqlx::Postgres`]); its output has the same shape
-/// for every backend.
+/// for every backend. Use it as a bound to write code generic over the database
+/// (`Store<DB: Backend>`); it is sealed: idem implements it, applications do not.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a database idem can store keys in",
-    label = "the transaction's database must implement `idem_runtime::Backend`",
-    note = "idem supports `sqlx::Postgres`"
+    label = "the transaction's database must be one idem supports",
+    note = "idem supports `sqlx::Postgres` (feature `postgres`) and `sqlx::Sqlite` (feature `sqlite`) of the sqlx that `idem-runtime` depends on (0.9); a different sqlx version in your Cargo.toml gives this error too"
 )]
-pub trait Backend: sqlx::Database + Sized {
-    /// Human-readable name, for logs.
-    const NAME: &'static str;
+pub trait Backend: Storage {}
 
+#[cfg(feature = "postgres")]
+impl Backend for sqlx::Postgres {}
+#[cfg(feature = "sqlite")]
+impl Backend for sqlx::Sqlite {}
+
+/// The SQL of one database: everything idem runs, behind one narrow trait. Nominally public
+/// (so that [`Backend`] can name it) but unreachable from outside the crate, which seals
+/// [`Backend`].
+pub trait Storage: sqlx::Database + Sized {
     /// Whether the database admits one writing transaction at a time (SQLite). Writers of a
     /// process then queue in the process, not in the database while holding a connection.
     const SINGLE_WRITER: bool = false;
 
     /// Begins the transaction a handler runs in on `conn` (READ COMMITTED where the database
     /// has levels).
+    ///
+    /// With a `statement_timeout`, a database that can bound its statements does so for this
+    /// transaction: a handler stopped in the middle of a statement then cannot hold its
+    /// connection and its key for longer than the statement may run.
     fn begin(
         conn: PoolConnection<Self>,
+        statement_timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
 
-    /// Begins the handler's transaction on `conn` and claims `key` in it. The default begins,
-    /// then calls [`Backend::claim`].
+    /// Begins the handler's transaction on `conn`, as [`Storage::begin`], and claims `key` in
+    /// it. The default begins, then calls [`Storage::claim`].
     fn begin_claim(
         conn: PoolConnection<Self>,
         key: &KeyRef,
+        statement_timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Begun<Self>, sqlx::Error>> + Send + '_ {
         async move {
-            let mut tx = Self::begin(conn).await?;
+            let mut tx = Self::begin(conn, statement_timeout).await?;
             let lookup = Self::claim(&mut tx, key).await?;
             Ok(match lookup.record {
                 Some(record) => Begun::Live(record),
@@ -93,14 +108,15 @@ pub trait Backend: sqlx::Database + Sized {
     fn complete<'c>(
         conn: &'c mut Self::Connection,
         completion: &'c Completion<'c>,
+        retention: Duration,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
-    /// Marks the point that [`Backend::rollback_to_savepoint`] returns to.
+    /// Marks the point that [`Storage::rollback_to_savepoint`] returns to.
     fn savepoint(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 
-    /// Undoes everything since [`Backend::savepoint`], keeping the claim.
+    /// Undoes everything since [`Storage::savepoint`], keeping the claim.
     fn rollback_to_savepoint(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
@@ -112,17 +128,19 @@ pub trait Backend: sqlx::Database + Sized {
         start: &'c Start<'c>,
     ) -> impl Future<Output = Result<Started, sqlx::Error>> + Send + 'c;
 
-    /// Completes a `started` row owned by `token`; with `completion.retention` zero the row
-    /// keeps its expiry. Returns `false` if the claim is no longer owned by `token`.
+    /// Completes a `started` row owned by `token`, to expire `retention` from now, or with
+    /// `None` when its claim said (a recovery hook completing an abandoned claim). Returns
+    /// `false` if the claim is no longer owned by `token`.
     fn finish<'c>(
-        pool: &'c Pool<Self>,
+        conn: &'c mut Self::Connection,
         completion: &'c Completion<'c>,
         token: i64,
+        retention: Option<Duration>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
     /// Deletes a `started` row owned by `token`, so that a retry runs the handler again.
     fn release<'c>(
-        pool: &'c Pool<Self>,
+        conn: &'c mut Self::Connection,
         key: &'c KeyRef,
         token: i64,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;

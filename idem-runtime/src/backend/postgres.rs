@@ -8,11 +8,13 @@ use sqlx::{
 
 use std::time::Duration;
 
-use super::Backend;
+use super::Storage;
 use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, Lookup, RawRecord, Start, Started,
     checked_fingerprint,
 };
+
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 const CLAIM: &str = "SELECT acquired, status, method, path, fingerprint, \
      response_status, response_headers, response_body FROM idem_claim($1, $2, $3)";
@@ -45,8 +47,7 @@ const START: &str = "SELECT outcome, taken_over, status, method, path, fingerpri
 const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $4, \
      response_headers = $5, response_body = $6, locked_at = NULL, lease_until = NULL, \
      claim_token = NULL, \
-     expires_at = CASE WHEN $7::float8 > 0 THEN now() + make_interval(secs => $7::float8) \
-       ELSE expires_at END \
+     expires_at = COALESCE(now() + make_interval(secs => $7::float8), expires_at) \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
 const RELEASE: &str = "DELETE FROM idem_keys \
@@ -68,18 +69,22 @@ const RECLAIM: &str = "WITH lapsed AS ( \
      RETURNING k.scope, k.key, k.method, k.path, k.fingerprint, \
        extract(epoch FROM now() - k.locked_at)::float8 AS age";
 
-impl Backend for Postgres {
-    const NAME: &'static str = "postgres";
-
+impl Storage for Postgres {
     async fn begin(
         conn: PoolConnection<Postgres>,
+        statement_timeout: Option<Duration>,
     ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        // The claim's correctness rests on READ COMMITTED snapshots (see the migration).
-        Transaction::begin(
-            conn,
-            Some("BEGIN ISOLATION LEVEL READ COMMITTED".into_sql_str()),
-        )
-        .await
+        // The claim's correctness rests on READ COMMITTED snapshots (see the migration). The
+        // statement timeout goes in the same round trip, and ends with the transaction.
+        let begin = match statement_timeout {
+            None => BEGIN.into_sql_str(),
+            Some(limit) => sqlx::AssertSqlSafe(format!(
+                "{BEGIN}; SET LOCAL statement_timeout = {}",
+                limit.as_millis().max(1)
+            ))
+            .into_sql_str(),
+        };
+        Transaction::begin(conn, Some(begin)).await
     }
 
     async fn lookup(
@@ -110,7 +115,11 @@ impl Backend for Postgres {
         })
     }
 
-    async fn complete(conn: &mut PgConnection, c: &Completion<'_>) -> Result<bool, sqlx::Error> {
+    async fn complete(
+        conn: &mut PgConnection,
+        c: &Completion<'_>,
+        retention: Duration,
+    ) -> Result<bool, sqlx::Error> {
         let status =
             i16::try_from(c.response.status).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         let done = sqlx::query(COMPLETE)
@@ -122,7 +131,7 @@ impl Backend for Postgres {
             .bind(status)
             .bind(Json(&c.response.headers))
             .bind(&c.response.body)
-            .bind(c.retention.as_secs_f64())
+            .bind(retention.as_secs_f64())
             .bind(c.key.lock_id.to_string())
             .execute(conn)
             .await?;
@@ -177,7 +186,12 @@ impl Backend for Postgres {
         }
     }
 
-    async fn finish(pool: &PgPool, c: &Completion<'_>, token: i64) -> Result<bool, sqlx::Error> {
+    async fn finish(
+        conn: &mut PgConnection,
+        c: &Completion<'_>,
+        token: i64,
+        retention: Option<Duration>,
+    ) -> Result<bool, sqlx::Error> {
         let status =
             i16::try_from(c.response.status).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         let done = sqlx::query(FINISH)
@@ -187,18 +201,22 @@ impl Backend for Postgres {
             .bind(status)
             .bind(Json(&c.response.headers))
             .bind(&c.response.body)
-            .bind(c.retention.as_secs_f64())
-            .execute(pool)
+            .bind(retention.map(|r| r.as_secs_f64()))
+            .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
     }
 
-    async fn release(pool: &PgPool, key: &KeyRef, token: i64) -> Result<bool, sqlx::Error> {
+    async fn release(
+        conn: &mut PgConnection,
+        key: &KeyRef,
+        token: i64,
+    ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(RELEASE)
             .bind(&key.scope)
             .bind(&key.key)
             .bind(token)
-            .execute(pool)
+            .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
     }

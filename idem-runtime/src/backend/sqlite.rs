@@ -10,7 +10,7 @@ use sqlx::{
     migrate::MigrateError, pool::PoolConnection, sqlite::SqliteRow, types::Json,
 };
 
-use super::Backend;
+use super::Storage;
 use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, RawRecord, Start, Started,
     checked_fingerprint,
@@ -44,7 +44,7 @@ const START: &str = "INSERT INTO idem_keys \
 
 const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $4, \
      response_headers = $5, response_body = $6, locked_at = NULL, lease_until = NULL, \
-     claim_token = NULL, expires_at = CASE WHEN $7 > 0 THEN $8 + $7 ELSE expires_at END \
+     claim_token = NULL, expires_at = COALESCE($8 + $7, expires_at) \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
 const RELEASE: &str = "DELETE FROM idem_keys \
@@ -86,12 +86,14 @@ async fn live_row(
         .transpose()
 }
 
-impl Backend for Sqlite {
-    const NAME: &'static str = "sqlite";
+impl Storage for Sqlite {
     const SINGLE_WRITER: bool = true;
 
     async fn begin(
         conn: PoolConnection<Sqlite>,
+        // SQLite has no statement timeout; its statements are short (no lock waits beyond
+        // the busy timeout, no network).
+        _statement_timeout: Option<Duration>,
     ) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
         // IMMEDIATE takes the write lock now: a deferred transaction that read first could fail
         // with "database is locked" when it later writes.
@@ -121,6 +123,7 @@ impl Backend for Sqlite {
     async fn complete(
         conn: &mut SqliteConnection,
         c: &Completion<'_>,
+        retention: Duration,
     ) -> Result<bool, sqlx::Error> {
         let now = now_ms();
         let done = sqlx::query(COMPLETE)
@@ -133,7 +136,7 @@ impl Backend for Sqlite {
             .bind(Json(&c.response.headers))
             .bind(&c.response.body)
             .bind(now)
-            .bind(now.saturating_add(ms(c.retention)))
+            .bind(now.saturating_add(ms(retention)))
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -199,9 +202,10 @@ impl Backend for Sqlite {
     }
 
     async fn finish(
-        pool: &SqlitePool,
+        conn: &mut SqliteConnection,
         c: &Completion<'_>,
         token: i64,
+        retention: Option<Duration>,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(FINISH)
             .bind(&c.key.scope)
@@ -210,19 +214,23 @@ impl Backend for Sqlite {
             .bind(i64::from(c.response.status))
             .bind(Json(&c.response.headers))
             .bind(&c.response.body)
-            .bind(ms(c.retention))
+            .bind(retention.map(ms))
             .bind(now_ms())
-            .execute(pool)
+            .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
     }
 
-    async fn release(pool: &SqlitePool, key: &KeyRef, token: i64) -> Result<bool, sqlx::Error> {
+    async fn release(
+        conn: &mut SqliteConnection,
+        key: &KeyRef,
+        token: i64,
+    ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(RELEASE)
             .bind(&key.scope)
             .bind(&key.key)
             .bind(token)
-            .execute(pool)
+            .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
     }

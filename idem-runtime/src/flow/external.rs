@@ -1,0 +1,176 @@
+//! External mode: a `started` row committed before the handler runs, exclusive for a lease,
+//! completed afterwards; dropped before completion (a panic, a cancelled request), it releases
+//! the key.
+
+use axum::response::Response;
+
+use super::{Options, Scope, extract::IdemRequest, outcome::Outcome};
+use crate::{
+    backend::Backend,
+    context::IdempotencyContext,
+    record::{KeyRef, Start, Started, fresh_token},
+};
+
+/// External mode: a `started` row committed before the handler runs, owned by a token and
+/// exclusive for a lease. The side effect is outside the database, so nothing can make it
+/// atomic with the stored response; a retry after the lease takes the key over, and the
+/// handler's [`IdempotencyContext::derive`] keys make the downstream call happen once.
+#[derive(Debug)]
+pub struct ExternalClaim<DB: Backend> {
+    request: IdemRequest<DB>,
+    key: KeyRef,
+    options: Options,
+    token: i64,
+    /// Until completion, dropping the claim (a panic, a cancelled request) releases the key.
+    armed: bool,
+}
+
+impl<DB: Backend> ExternalClaim<DB> {
+    /// Commits a `started` claim with a lease.
+    ///
+    /// # Errors
+    ///
+    /// The response to send instead of running the handler, as for [`Claim::acquire`]; a 409
+    /// carries the lease's remaining time in `Retry-After`.
+    pub async fn acquire(
+        request: IdemRequest<DB>,
+        scope: Scope,
+        options: Options,
+    ) -> Result<Self, Response> {
+        let key = request.key_ref(scope)?;
+        // Armed before the claim is sent: if this request is cancelled while the claim is in
+        // flight, dropping it releases whatever was committed under its token.
+        let mut claim = Self {
+            request,
+            key,
+            options,
+            token: fresh_token(),
+            armed: true,
+        };
+        let outcome = {
+            let start = Start {
+                key: &claim.key,
+                method: claim.request.method.as_str(),
+                path: &claim.request.path,
+                fingerprint: &claim.request.fingerprint,
+                lease: options.lease,
+                retention: options.retention,
+                token: claim.token,
+            };
+            let _permit = claim.request.store.write_permit().await;
+            match claim.request.store.connection().await {
+                Ok(mut conn) => DB::start(&mut conn, &start).await,
+                Err(error) => Err(error),
+            }
+        };
+        if !matches!(outcome, Ok(Started::Acquired { .. })) {
+            claim.armed = false;
+        }
+        match outcome {
+            Ok(Started::Acquired { taken_over }) => {
+                if taken_over {
+                    tracing::info!(parent: &claim.request.span, "took over an abandoned or expired claim");
+                }
+                Ok(claim)
+            }
+            Ok(Started::Found { record, lease_left }) => {
+                Err(claim.request.answer_existing(record, lease_left))
+            }
+            Ok(Started::Busy) => Err(claim.request.in_progress(None)),
+            Err(error) => Err(claim.request.store_failed(&error)),
+        }
+    }
+
+    /// The handler's idempotency context.
+    pub fn context(&self) -> IdempotencyContext {
+        IdempotencyContext::new(&self.key.scope, &self.key.key)
+    }
+
+    /// Stores the handler's response (or releases the key after a 5xx that is not replayed).
+    ///
+    /// The claim stays armed until the database has the outcome: a request cancelled before
+    /// that releases its key when the claim is dropped.
+    pub async fn complete(mut self, response: Response) -> Response {
+        if response.status().is_server_error() && !self.options.replay_5xx {
+            let released = self.request.store.release(&self.key, self.token).await;
+            self.armed = false;
+            if let Err(error) = released {
+                tracing::error!(parent: &self.request.span, %error, "releasing the key after a 5xx failed; it frees itself when the lease ends");
+            }
+            return self.request.finish(Outcome::NotStored, response);
+        }
+        let captured = match self.request.capture(response).await {
+            Ok(captured) => captured,
+            Err(problem) => {
+                let _ = self.request.store.release(&self.key, self.token).await;
+                self.armed = false;
+                return problem;
+            }
+        };
+        let stored = captured.to_stored();
+        let finished = {
+            let completion = self.request.completion(&self.key, &stored);
+            let retention = Some(self.options.retention);
+            self.request
+                .store
+                .finish(&completion, self.token, retention)
+                .await
+        };
+        self.armed = false;
+        match finished {
+            Ok(true) => self
+                .request
+                .finish(Outcome::Executed, captured.into_response()),
+            Ok(false) => {
+                // The lease ran out and another request took the key over; it will store its
+                // own outcome. This client still gets what the handler answered.
+                tracing::warn!(parent: &self.request.span, "the claim's lease ran out before completion; the outcome was not stored");
+                self.request
+                    .finish(Outcome::NotStored, captured.into_response())
+            }
+            Err(error) => {
+                tracing::error!(parent: &self.request.span, %error, "storing the outcome failed");
+                self.request
+                    .finish(Outcome::NotStored, captured.into_response())
+            }
+        }
+    }
+}
+
+impl<DB: Backend> Drop for ExternalClaim<DB> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // The handler panicked or its request was cancelled: it is not running any more, so
+        // the key can be released at once (the derived downstream keys keep a retry safe).
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.request.store.clone();
+        let key = self.key.clone();
+        let token = self.token;
+        runtime.spawn(async move {
+            if let Err(error) = store.release(&key, token).await {
+                tracing::warn!(%error, "releasing an interrupted claim failed; it frees itself when the lease ends");
+            }
+        });
+    }
+}
+
+impl<DB: Backend> ExternalClaim<DB> {
+    /// The handler body ran past its `timeout` and its future was dropped: releases the
+    /// claim under its token, as a cancelled request does, and answers 503.
+    ///
+    /// The claim stays armed until the release returns: if this request is cancelled
+    /// meanwhile, dropping the claim releases it.
+    pub async fn timed_out(mut self) -> Response {
+        let released = self.request.store.release(&self.key, self.token).await;
+        self.armed = false;
+        if let Err(error) = released {
+            tracing::error!(parent: &self.request.span, %error, "releasing the key after a timeout failed; it frees itself when the lease ends");
+        }
+        self.request
+            .timed_out(self.options.timeout, "the key was released")
+    }
+}

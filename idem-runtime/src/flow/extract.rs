@@ -1,0 +1,215 @@
+//! Extraction: the handler's last extractor, wrapped so that the `Idempotency-Key` header is
+//! validated (400), the body buffered up to the limit (413) and the request fingerprinted
+//! before the wrapped extractor runs on the buffered request.
+
+use axum::{
+    body::Body,
+    extract::{FromRef, FromRequest, FromRequestParts, Request},
+    response::{IntoResponse, Response},
+};
+use http::Method;
+use http_body_util::BodyExt;
+use tracing::{Span, field::Empty};
+
+use super::{
+    Scope,
+    outcome::{Outcome, finish, key_problem},
+};
+use crate::{
+    backend::Backend,
+    fingerprint::Fingerprint,
+    header::{self, IdempotencyKey},
+    problem::ProblemKind,
+    record::KeyRef,
+    store::Store,
+};
+
+/// Marks the [`FromRequest`] impl of [`Input`] whose inner extractor consumes the body.
+#[derive(Debug)]
+pub enum ViaBody {}
+
+/// Marks the [`FromRequest`] impl of [`Input`] whose inner extractor reads only the parts.
+#[derive(Debug)]
+pub enum ViaParts {}
+
+/// The handler's last extractor, run after the idempotency key and body have been taken.
+#[derive(Debug)]
+pub struct Input<T, DB: Backend> {
+    /// What the wrapped extractor produced.
+    pub value: T,
+    /// The key, fingerprint and store of this request.
+    pub request: IdemRequest<DB>,
+}
+
+/// A request that carries a valid key and has been fingerprinted.
+pub struct IdemRequest<DB: Backend> {
+    pub(super) store: Store<DB>,
+    pub(super) key: IdempotencyKey,
+    pub(super) method: Method,
+    pub(super) path: String,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) span: Span,
+}
+
+impl<DB: Backend> std::fmt::Debug for IdemRequest<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdemRequest")
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> IdemRequest<DB> {
+    /// The `idempotency` span of this request; the handler runs inside it.
+    pub fn span(&self) -> Span {
+        self.span.clone()
+    }
+
+    /// The key under the handler's scope; a scope that cannot hold keys is refused (400).
+    pub(super) fn key_ref(&self, scope: Scope) -> Result<KeyRef, Response> {
+        let scope = match scope {
+            Scope::Global => String::new(),
+            Scope::Caller(scope) => {
+                let wrong = if scope.is_empty() {
+                    Some("is empty".to_owned())
+                } else if scope.contains('\0') {
+                    Some("contains the character U+0000 (NUL)".to_owned())
+                } else if scope.len() > crate::MAX_SCOPE_LEN {
+                    Some(format!(
+                        "is {} bytes long, over the limit of {}",
+                        scope.len(),
+                        crate::MAX_SCOPE_LEN
+                    ))
+                } else {
+                    None
+                };
+                if let Some(wrong) = wrong {
+                    return Err(self.finish(
+                        Outcome::Rejected,
+                        ProblemKind::InvalidScope
+                            .with_detail(format!(
+                                "the caller this request is scoped to {wrong}; nothing was stored"
+                            ))
+                            .into_response(),
+                    ));
+                }
+                scope
+            }
+        };
+        let key = KeyRef::new(scope, self.key.as_str().to_owned());
+        self.span.record("key_id", key.log_id());
+        Ok(key)
+    }
+}
+
+async fn prepare<S, DB>(request: Request, state: &S) -> Result<(Request, IdemRequest<DB>), Response>
+where
+    S: Send + Sync,
+    DB: Backend,
+    Store<DB>: FromRef<S>,
+{
+    let store = Store::<DB>::from_ref(state);
+    let (parts, body) = request.into_parts();
+    // Inside `Router::nest` the handler sees its path without the prefix; the fingerprint must
+    // see the whole path, or two resources under different prefixes would share keys.
+    let uri = parts
+        .extensions
+        .get::<axum::extract::OriginalUri>()
+        .map_or(&parts.uri, |original| &original.0);
+    let path = uri
+        .path_and_query()
+        .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    let span = tracing::info_span!(
+        "idempotency",
+        method = %parts.method,
+        path = %path,
+        key_id = Empty,
+        outcome = Empty,
+        status = Empty,
+    );
+    let key = match header::parse_key(&parts.headers) {
+        Ok(key) => key,
+        Err(error) => return Err(finish(&span, Outcome::Rejected, key_problem(&error))),
+    };
+    let limit = store.settings().max_request_body;
+    let bytes = match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            let problem = if error.is::<http_body_util::LengthLimitError>() {
+                ProblemKind::BodyTooLarge.with_detail(format!(
+                    "the request body is larger than {limit} bytes; nothing was stored"
+                ))
+            } else {
+                axum_problem_bad_body(&error.to_string())
+            };
+            return Err(finish(&span, Outcome::Rejected, problem.into_response()));
+        }
+    };
+    let fingerprint = Fingerprint::of(&parts.method, &path, &parts.headers, &bytes);
+    let method = parts.method.clone();
+    let request = Request::from_parts(parts, Body::from(bytes));
+    Ok((
+        request,
+        IdemRequest {
+            store,
+            key,
+            method,
+            path,
+            fingerprint,
+            span,
+        },
+    ))
+}
+
+fn axum_problem_bad_body(reason: &str) -> crate::Problem {
+    crate::Problem::new(
+        http::StatusCode::BAD_REQUEST,
+        "Request body could not be read",
+    )
+    .with_detail(format!("reading the request body failed: {reason}"))
+}
+
+impl<T, DB: Backend> Input<T, DB> {
+    pub(super) fn accept<R: IntoResponse>(
+        extracted: Result<T, R>,
+        request: IdemRequest<DB>,
+    ) -> Result<Self, Response> {
+        match extracted {
+            Ok(value) => Ok(Self { value, request }),
+            Err(rejection) => Err(request.finish(Outcome::Rejected, rejection.into_response())),
+        }
+    }
+}
+
+impl<S, T, DB> FromRequest<S, ViaBody> for Input<T, DB>
+where
+    S: Send + Sync,
+    T: FromRequest<S>,
+    DB: Backend,
+    Store<DB>: FromRef<S>,
+{
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        let (request, idem) = prepare::<S, DB>(request, state).await?;
+        Self::accept(T::from_request(request, state).await, idem)
+    }
+}
+
+impl<S, T, DB> FromRequest<S, ViaParts> for Input<T, DB>
+where
+    S: Send + Sync,
+    T: FromRequestParts<S>,
+    DB: Backend,
+    Store<DB>: FromRef<S>,
+{
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        let (request, idem) = prepare::<S, DB>(request, state).await?;
+        let (mut parts, _) = request.into_parts();
+        Self::accept(T::from_request_parts(&mut parts, state).await, idem)
+    }
+}

@@ -1,0 +1,232 @@
+//! How a request ends: the answers the layer gives instead of (or around) the handler's, each
+//! recorded on the request's span as an [`Outcome`]. A duplicate's 409 is
+//! [`IdemRequest::in_progress`], a replay or a 422 [`IdemRequest::answer_existing`].
+
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use tracing::Span;
+
+use super::extract::IdemRequest;
+use crate::{
+    backend::Backend,
+    header::KeyError,
+    problem::ProblemKind,
+    record::{Completion, KeyRecord, KeyRef, KeyStatus, StoredResponse},
+    replay::{self, CaptureError, Captured},
+};
+
+/// How a request through the layer ended, as recorded on its span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// The handler ran and its outcome was committed with the key.
+    Executed,
+    /// The handler ran, answered 5xx, and nothing was stored (`replay_5xx = false`).
+    NotStored,
+    /// A stored response was replayed.
+    Replayed,
+    /// Another request holds the key: 409.
+    Conflict,
+    /// The key was used before with another request: 422.
+    Mismatch,
+    /// The key, body or an extractor was refused before the handler ran.
+    Rejected,
+    /// The store failed or the response could not be stored; nothing was committed.
+    Failed,
+    /// The handler ran past its `timeout` and was stopped; nothing was stored.
+    TimedOut,
+}
+
+impl Outcome {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::NotStored => "executed_not_stored",
+            Self::Replayed => "replayed",
+            Self::Conflict => "conflict",
+            Self::Mismatch => "mismatch",
+            Self::Rejected => "rejected",
+            Self::Failed => "failed",
+            Self::TimedOut => "timed_out",
+        }
+    }
+}
+
+pub(super) fn finish(span: &Span, outcome: Outcome, response: Response) -> Response {
+    let status = response.status().as_u16();
+    span.record("outcome", outcome.as_str());
+    span.record("status", status);
+    tracing::info!(parent: span, outcome = outcome.as_str(), status, "idempotent request");
+    response
+}
+
+pub(super) fn key_problem(error: &KeyError) -> Response {
+    let kind = if matches!(error, KeyError::Missing) {
+        ProblemKind::MissingKey
+    } else {
+        ProblemKind::MalformedKey
+    };
+    kind.with_detail(error.to_string()).into_response()
+}
+
+impl<DB: Backend> IdemRequest<DB> {
+    pub(super) fn finish(&self, outcome: Outcome, response: Response) -> Response {
+        finish(&self.span, outcome, response)
+    }
+
+    pub(super) fn store_failed(&self, error: &sqlx::Error) -> Response {
+        tracing::error!(parent: &self.span, %error, "idempotency store failed");
+        self.finish(
+            Outcome::Failed,
+            ProblemKind::StoreUnavailable
+                .with_detail(
+                    "the idempotency store failed; nothing was stored, retry with the same key",
+                )
+                .into_response(),
+        )
+    }
+
+    /// The database refused the COMMIT (a deferred constraint, a serialization failure), or
+    /// the connection broke during it and the outcome is unknown.
+    pub(super) fn commit_failed(&self, error: &sqlx::Error) -> Response {
+        tracing::error!(parent: &self.span, %error, "committing the handler's transaction failed");
+        let problem = match error {
+            sqlx::Error::Database(refusal) => ProblemKind::CommitRefused.with_detail(format!(
+                "the database refused to commit the handler's writes ({}); nothing was stored, retry with the same key",
+                refusal.message()
+            )),
+            _ => ProblemKind::OutcomeUnknown.with_detail(
+                "the connection failed while committing; retry with the same key to get the stored outcome, or to run the request if it was not committed",
+            ),
+        };
+        self.finish(Outcome::Failed, problem.into_response())
+    }
+
+    /// 409: the key is held by another request, for about `retry_after`.
+    pub(super) fn in_progress(&self, retry_after: Option<Duration>) -> Response {
+        let default = self.store.settings().retry_after;
+        let seconds = retry_after.unwrap_or(default).as_secs_f64().ceil().max(1.0) as u64;
+        self.finish(
+            Outcome::Conflict,
+            ProblemKind::InProgress
+                .with_detail(format!(
+                    "a request with this idempotency key is being processed; retry after {seconds}s to get its outcome"
+                ))
+                .with_retry_after(seconds)
+                .into_response(),
+        )
+    }
+
+    /// The answer to a request whose key has a live row: 422, a replay, or 409.
+    pub(super) fn answer_existing(
+        &self,
+        record: KeyRecord,
+        lease_left: Option<Duration>,
+    ) -> Response {
+        if record.fingerprint != self.fingerprint {
+            return self.finish(
+                Outcome::Mismatch,
+                ProblemKind::KeyReused
+                    .with_detail(format!(
+                        "this idempotency key was already used for a different request ({} {}); use a new key for a new request",
+                        record.method, record.path
+                    ))
+                    .into_response(),
+            );
+        }
+        match (record.status, record.response) {
+            (KeyStatus::Completed, Some(stored)) => {
+                self.finish(Outcome::Replayed, replay::replay(stored))
+            }
+            (KeyStatus::Started, _) => self.in_progress(lease_left),
+            (KeyStatus::Completed, None) => self.store_failed(&sqlx::Error::Protocol(
+                "a completed idempotency key has no stored response".into(),
+            )),
+        }
+    }
+
+    /// Reads the handler's response for storage.
+    pub(super) async fn capture(&self, response: Response) -> Result<Captured, Response> {
+        let limit = self.store.settings().max_response_body;
+        match Captured::read(response, limit).await {
+            Ok(captured) => Ok(captured),
+            Err(error @ CaptureError::TooLarge { .. }) => Err(self.finish(
+                Outcome::Failed,
+                ProblemKind::ResponseTooLarge
+                    .with_detail(format!("{error}; the handler's outcome was not stored"))
+                    .into_response(),
+            )),
+            Err(CaptureError::Body(error)) => {
+                tracing::error!(parent: &self.span, %error, "response body failed");
+                Err(self.finish(
+                    Outcome::Failed,
+                    crate::Problem::new(
+                        http::StatusCode::INTERNAL_SERVER_ERROR,
+                        "Response body failed",
+                    )
+                    .with_detail("the handler's response body failed; its outcome was not stored")
+                    .into_response(),
+                ))
+            }
+        }
+    }
+
+    pub(super) fn completion<'a>(
+        &'a self,
+        key: &'a KeyRef,
+        stored: &'a StoredResponse,
+    ) -> Completion<'a> {
+        Completion {
+            key,
+            method: self.method.as_str(),
+            path: &self.path,
+            fingerprint: &self.fingerprint,
+            response: stored,
+        }
+    }
+
+    /// 503: the handler ran past its `timeout` and was stopped.
+    pub(super) fn timed_out(&self, timeout: Option<Duration>, undone: &str) -> Response {
+        let limit = timeout.map_or_else(|| "its timeout".to_owned(), attribute_duration);
+        tracing::warn!(parent: &self.span, timeout = %limit, "the handler ran past its timeout and was stopped");
+        self.finish(
+            Outcome::TimedOut,
+            ProblemKind::HandlerTimedOut
+                .with_detail(format!(
+                    "the handler took longer than {limit} and was stopped; {undone} and nothing was stored, retry with the same key"
+                ))
+                .into_response(),
+        )
+    }
+}
+
+/// A duration in the attribute's syntax: `"1h30m"`, `"45s"`.
+fn attribute_duration(duration: Duration) -> String {
+    let mut left = duration.as_secs();
+    if left == 0 {
+        return format!("{}ms", duration.as_millis());
+    }
+    let mut text = String::new();
+    for (unit, secs) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if left >= secs {
+            text.push_str(&format!("{}{unit}", left / secs));
+            left %= secs;
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn timeouts_are_written_in_the_attribute_syntax() {
+        let text = |secs| attribute_duration(Duration::from_secs(secs));
+        assert_eq!(text(1), "1s");
+        assert_eq!(text(90), "1m30s");
+        assert_eq!(text(3600), "1h");
+        assert_eq!(text(86_401), "1d1s");
+        assert_eq!(attribute_duration(Duration::from_millis(250)), "250ms");
+    }
+}
