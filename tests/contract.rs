@@ -1,4 +1,4 @@
-//! Every row of CONTRACT.md §2, through the example's real router, on both backends: each test
+//! Every row of the README's "What a request gets" table, through the example's real router, on both backends: each test
 //! runs against a fresh PostgreSQL database (`#[sqlx::test]`) and a fresh SQLite file.
 
 use axum::http::StatusCode;

@@ -1,4 +1,4 @@
-//! External mode through the refunds route (CONTRACT.md §4), on both backends: the claim is
+//! External mode through the refunds route, on both backends: the claim is
 //! committed before the processor call, a duplicate within the lease gets 409, a takeover after the lease runs the
 //! handler again, and the derived key makes the processor refund once.
 

@@ -1,4 +1,4 @@
-//! The example services of idem (`CONTRACT.md` §3 and §4).
+//! The example services of idem: the payments API and the card processor the README describes.
 //!
 //! - `cargo run --bin payments` serves [`payments::postgres::router`] or [`payments::sqlite::router`]: payments and payouts
 //!   (transactional mode) and refunds (external mode, calling the processor).

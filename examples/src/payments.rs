@@ -1,4 +1,5 @@
-//! The routes of the payments service (`CONTRACT.md` §3 and §4), once per database:
+//! The routes of the payments service (as the README's "The two commands" describes), once per
+//! database:
 //! [`postgres`] and [`sqlite`] hold the same handlers over `Transaction<'_, Postgres>` and
 //! `Transaction<'_, Sqlite>` (an `#[idempotent]` handler names its database, so the set is
 //! written once, in a macro, and instantiated twice).

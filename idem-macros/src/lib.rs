@@ -39,8 +39,24 @@ mod handler;
 ///   Needs a Tokio runtime with the time driver (as `#[tokio::main]` builds). Default: none, the
 ///   body runs for as long as it takes.
 ///
-/// The handler takes exactly one `&mut sqlx::Transaction<'_, DB>`; the macro begins it, claims
-/// the key in it, and commits the handler's writes together with the stored response.
+/// - `lock_timeout = "<duration>"`: external mode only: the lease of a claim, after which a
+///   retry may take the key over. Longer than the slowest legitimate run, at most `retention`.
+///   Default `"30s"`.
+/// - `backend = <type>`: external mode only: the database of the key table, `sqlx::Postgres`
+///   or `sqlx::Sqlite` (a transactional handler's transaction names it). Default PostgreSQL if
+///   `idem-runtime`'s `postgres` feature is on, else SQLite.
+///
+/// Two modes, chosen by the signature:
+///
+/// - **Transactional**: the handler takes one `&mut sqlx::Transaction<'_, DB>`; the macro
+///   begins it, claims the key in it, and commits the handler's writes together with the
+///   stored response, or neither.
+/// - **External**: the handler takes no transaction; the claim is committed first as a
+///   `started` row with a lease, the body runs (a call to another system), and the response is
+///   stored afterwards. Pass `IdempotencyContext::derive` keys downstream.
+///
+/// Any handler may take an `idem_runtime::IdempotencyContext` parameter. The router's state
+/// must provide `idem_runtime::Store<DB>` through `FromRef`.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let original: proc_macro2::TokenStream = item.clone().into();

@@ -39,6 +39,7 @@ pub mod tasks;
 
 mod backend;
 mod context;
+mod error;
 mod fingerprint;
 mod flow;
 mod header;
@@ -50,6 +51,7 @@ mod store;
 
 pub use backend::{Backend, migrate};
 pub use context::IdempotencyContext;
+pub use error::Error;
 pub use idem_macros::idempotent;
 pub use problem::{Problem, ProblemKind};
 pub use scope::IdempotencyScope;
@@ -60,6 +62,10 @@ pub use store::{Settings, Store};
 /// holds.
 pub const MAX_SCOPE_LEN: usize = 1024;
 pub use tokio_util::sync::CancellationToken;
+
+/// The sqlx idem is built on: a handler's `Transaction` and the pool given to [`Store`] must be
+/// this version's types.
+pub use sqlx;
 
 /// What the `#[idempotent]` macro's output names. Not a public API: it may change in any
 /// release, in step with the macro (which is pinned to this crate's exact version).

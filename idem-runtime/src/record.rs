@@ -99,21 +99,22 @@ impl RawRecord {
     ///
     /// # Errors
     ///
-    /// [`sqlx::Error::Decode`] for an unknown status, a fingerprint that is not 32 bytes, or a
+    /// [`Error::CorruptRow`](crate::Error::CorruptRow) for an unknown status, a fingerprint that is not 32 bytes, or a
     /// status code out of range: the row was not written by idem.
-    pub fn check(self) -> Result<KeyRecord, sqlx::Error> {
+    pub fn check(self) -> Result<KeyRecord, crate::Error> {
         let status = match self.status.as_str() {
             "completed" => KeyStatus::Completed,
             "started" => KeyStatus::Started,
             other => {
-                return Err(sqlx::Error::Decode(
-                    format!("unknown idem_keys.status {other:?}").into(),
-                ));
+                return Err(crate::Error::corrupt(format!(
+                    "unknown idem_keys.status {other:?}"
+                )));
             }
         };
         let response = match self.response_status {
             Some(code) => Some(StoredResponse {
-                status: u16::try_from(code).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                status: u16::try_from(code)
+                    .map_err(|_| crate::Error::corrupt(format!("response_status {code}")))?,
                 headers: self.response_headers.unwrap_or_default(),
                 body: self.response_body.unwrap_or_default(),
             }),
@@ -133,10 +134,10 @@ impl RawRecord {
 ///
 /// # Errors
 ///
-/// [`sqlx::Error::Decode`] when it is not.
-pub fn checked_fingerprint(bytes: &[u8]) -> Result<Fingerprint, sqlx::Error> {
+/// [`Error::CorruptRow`](crate::Error::CorruptRow) when it is not.
+pub fn checked_fingerprint(bytes: &[u8]) -> Result<Fingerprint, crate::Error> {
     Fingerprint::from_slice(bytes)
-        .ok_or_else(|| sqlx::Error::Decode("idem_keys.fingerprint is not 32 bytes".into()))
+        .ok_or_else(|| crate::Error::corrupt("idem_keys.fingerprint is not 32 bytes"))
 }
 
 /// What a claim found.

@@ -184,7 +184,9 @@ impl<DB: Backend> Store<DB> {
         &self.settings
     }
 
-    /// How many keys this process's transactional handlers hold right now (in flight).
+    /// How many keys this process's transactional handlers hold right now (in flight). For
+    /// tests; the metrics will report it.
+    #[doc(hidden)]
     pub fn keys_in_flight(&self) -> usize {
         self.held.lock().len()
     }
@@ -192,6 +194,7 @@ impl<DB: Backend> Store<DB> {
     /// How many of this process's writers wait for their turn right now. Always 0 on
     /// databases that admit several writers (PostgreSQL); on SQLite, idem's writers queue in the
     /// process for the single write lock, and this is the length of that queue.
+    #[doc(hidden)]
     pub fn queued_writers(&self) -> usize {
         self.queued_writers.load(Ordering::SeqCst)
     }
@@ -213,15 +216,16 @@ impl<DB: Backend> Store<DB> {
     }
 
     /// A pooled connection, waited for at most [`Settings::acquire_timeout`].
-    pub(crate) async fn connection(&self) -> Result<PoolConnection<DB>, sqlx::Error> {
-        tokio::time::timeout(self.settings.acquire_timeout, self.pool.acquire())
+    pub(crate) async fn connection(&self) -> Result<PoolConnection<DB>, crate::Error> {
+        let acquired = tokio::time::timeout(self.settings.acquire_timeout, self.pool.acquire())
             .await
-            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut))?;
+        Ok(acquired)
     }
 
     /// Deletes the `started` row of `key` owned by `token` (an external claim), in this
     /// process's turn to write.
-    pub(crate) async fn release(&self, key: &KeyRef, token: i64) -> Result<bool, sqlx::Error> {
+    pub(crate) async fn release(&self, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
         let _permit = self.write_permit().await;
         let mut conn = self.connection().await?;
         DB::release(&mut conn, key, token).await
@@ -234,7 +238,7 @@ impl<DB: Backend> Store<DB> {
         completion: &Completion<'_>,
         token: i64,
         retention: Option<Duration>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, crate::Error> {
         let _permit = self.write_permit().await;
         let mut conn = self.connection().await?;
         DB::finish(&mut conn, completion, token, retention).await

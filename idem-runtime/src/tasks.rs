@@ -139,8 +139,9 @@ impl<DB: Backend> Store<DB> {
     ///
     /// # Errors
     ///
-    /// The first database error; the batches before it stay deleted.
-    pub async fn purge_expired(&self, options: PurgeOptions) -> Result<PurgeReport, sqlx::Error> {
+    /// [`Error::Database`](crate::Error::Database) on the first database error; the batches
+    /// before it stay deleted.
+    pub async fn purge_expired(&self, options: PurgeOptions) -> Result<PurgeReport, crate::Error> {
         let started = Instant::now();
         let batch = i64::from(options.batch_size.max(1));
         let mut report = PurgeReport::default();
@@ -171,13 +172,15 @@ impl<DB: Backend> Store<DB> {
     ///
     /// # Errors
     ///
-    /// A database error while finding or settling claims; claims not settled stay reclaimed
-    /// until the recovery lease (60 s) runs out, then are found again.
+    /// [`Error::Database`](crate::Error::Database) while finding or settling claims, or
+    /// [`Error::CorruptRow`](crate::Error::CorruptRow) for a claim idem did not write; claims
+    /// not settled stay reclaimed until the recovery lease (60 s) runs out, then are found
+    /// again.
     pub async fn recover_abandoned<H: RecoveryHook>(
         &self,
         hook: &H,
         limit: u32,
-    ) -> Result<RecoveryReport, sqlx::Error> {
+    ) -> Result<RecoveryReport, crate::Error> {
         let token = fresh_token();
         let claims = {
             let _permit = self.write_permit().await;

@@ -1,4 +1,4 @@
-//! `cargo run --bin payments`: the payments API of `CONTRACT.md` §3 and §4.
+//! `cargo run --bin payments`: the payments API the README describes.
 //!
 //! Listens on `$ADDR` (default `127.0.0.1:3000`). Stores everything in `$DATABASE_URL`
 //! (PostgreSQL, or `sqlite:<path>`); without it, in the SQLite file `$SQLITE_PATH` (default

@@ -1,4 +1,4 @@
-//! `cargo run --bin processor`: the simulated card processor of `CONTRACT.md` §4, on
+//! `cargo run --bin processor`: the simulated card processor the README describes, on
 //! `$PROCESSOR_ADDR` (default `127.0.0.1:3001`).
 
 use std::process::ExitCode;

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use sqlx::{Pool, Transaction, migrate::MigrateError, pool::PoolConnection};
+use sqlx::{Pool, Transaction, pool::PoolConnection};
 
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ mod postgres;
 mod sqlite;
 
 /// A database that can hold idempotency keys in the same transaction as the handler's writes:
-/// [`sqlx::Postgres`] (feature `postgres`) or [`sqlx::Sqlite`] (feature `sqlite`).
+/// `sqlx::Postgres` (feature `postgres`) or `sqlx::Sqlite` (feature `sqlite`).
 ///
 /// The `#[idempotent]` macro picks the backend from the handler's transaction type
 /// (`&mut Transaction<'_, Postgres>` selects [`sqlx::Postgres`]); its output has the same shape
@@ -69,7 +69,7 @@ pub trait Storage: sqlx::Database + Sized {
     fn begin(
         conn: PoolConnection<Self>,
         statement_timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, crate::Error>> + Send;
 
     /// Begins the handler's transaction on `conn`, as [`Storage::begin`], and claims `key` in
     /// it. The default begins, then calls [`Storage::claim`].
@@ -77,7 +77,7 @@ pub trait Storage: sqlx::Database + Sized {
         conn: PoolConnection<Self>,
         key: &KeyRef,
         statement_timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Begun<Self>, sqlx::Error>> + Send + '_ {
+    ) -> impl Future<Output = Result<Begun<Self>, crate::Error>> + Send + '_ {
         async move {
             let mut tx = Self::begin(conn, statement_timeout).await?;
             let lookup = Self::claim(&mut tx, key).await?;
@@ -93,7 +93,7 @@ pub trait Storage: sqlx::Database + Sized {
     fn lookup<'c>(
         conn: &'c mut Self::Connection,
         key: &'c KeyRef,
-    ) -> impl Future<Output = Result<Option<KeyRecord>, sqlx::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<Option<KeyRecord>, crate::Error>> + Send + 'c;
 
     /// Claims `key` inside `conn`'s transaction, in one round trip and without waiting for other
     /// transactions: either this transaction now holds the key, or the live record (if any) is
@@ -101,7 +101,7 @@ pub trait Storage: sqlx::Database + Sized {
     fn claim<'c>(
         conn: &'c mut Self::Connection,
         key: &'c KeyRef,
-    ) -> impl Future<Output = Result<Lookup, sqlx::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<Lookup, crate::Error>> + Send + 'c;
 
     /// Stores a completed response for a key this transaction holds, replacing an expired row.
     /// Returns `false` if a live row is in the way (nothing was written).
@@ -109,24 +109,24 @@ pub trait Storage: sqlx::Database + Sized {
         conn: &'c mut Self::Connection,
         completion: &'c Completion<'c>,
         retention: Duration,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
     /// Marks the point that [`Storage::rollback_to_savepoint`] returns to.
     fn savepoint(
         conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
 
     /// Undoes everything since [`Storage::savepoint`], keeping the claim.
     fn rollback_to_savepoint(
         conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
 
     /// Takes an external-mode claim in a statement of its own: a committed `started` row with a
     /// lease, replacing an expired row or an abandoned claim whose lease ran out.
     fn start<'c>(
         conn: &'c mut Self::Connection,
         start: &'c Start<'c>,
-    ) -> impl Future<Output = Result<Started, sqlx::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<Started, crate::Error>> + Send + 'c;
 
     /// Completes a `started` row owned by `token`, to expire `retention` from now, or with
     /// `None` when its claim said (a recovery hook completing an abandoned claim). Returns
@@ -136,20 +136,20 @@ pub trait Storage: sqlx::Database + Sized {
         completion: &'c Completion<'c>,
         token: i64,
         retention: Option<Duration>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
     /// Deletes a `started` row owned by `token`, so that a retry runs the handler again.
     fn release<'c>(
         conn: &'c mut Self::Connection,
         key: &'c KeyRef,
         token: i64,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
     /// Deletes up to `limit` rows past their expiry, skipping rows that live requests hold.
     fn purge_batch(
         pool: &Pool<Self>,
         limit: i64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<u64, crate::Error>> + Send + '_;
 
     /// Reclaims up to `limit` `started` rows whose lease ran out: renews their lease by `lease`
     /// under `token`, so that no retry takes them over while the recovery decides.
@@ -158,13 +158,13 @@ pub trait Storage: sqlx::Database + Sized {
         limit: i64,
         lease: Duration,
         token: i64,
-    ) -> impl Future<Output = Result<Vec<Abandoned>, sqlx::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<Vec<Abandoned>, crate::Error>> + Send + '_;
 
     /// Whether `error` says the transaction was aborted by an earlier failed statement.
-    fn is_transaction_aborted(error: &sqlx::Error) -> bool;
+    fn is_transaction_aborted(error: &crate::Error) -> bool;
 
     /// Creates or upgrades the key table, and checks the settings the backend relies on.
-    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), MigrateError>> + Send + '_;
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
 }
 
 /// Creates or upgrades idem's tables in the database behind `pool`.
@@ -175,8 +175,8 @@ pub trait Storage: sqlx::Database + Sized {
 ///
 /// # Errors
 ///
-/// [`MigrateError`] when the database cannot be reached or a migration fails; nothing of a
-/// failed migration is left applied.
-pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), MigrateError> {
+/// [`Error::Migrate`](crate::Error::Migrate) when the database cannot be reached or a
+/// migration fails; nothing of a failed migration is left applied.
+pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), crate::Error> {
     DB::migrate(pool).await
 }

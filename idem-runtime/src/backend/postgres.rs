@@ -2,8 +2,8 @@
 //! written once, completed, in the handler's commit.
 
 use sqlx::{
-    PgConnection, PgPool, Postgres, Row, SqlSafeStr, Transaction, migrate::MigrateError,
-    pool::PoolConnection, postgres::PgRow, types::Json,
+    PgConnection, PgPool, Postgres, Row, SqlSafeStr, Transaction, pool::PoolConnection,
+    postgres::PgRow, types::Json,
 };
 
 use std::time::Duration;
@@ -73,7 +73,7 @@ impl Storage for Postgres {
     async fn begin(
         conn: PoolConnection<Postgres>,
         statement_timeout: Option<Duration>,
-    ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    ) -> Result<Transaction<'static, Postgres>, crate::Error> {
         // The claim's correctness rests on READ COMMITTED snapshots (see the migration). The
         // statement timeout goes in the same round trip, and ends with the transaction.
         let begin = match statement_timeout {
@@ -84,13 +84,13 @@ impl Storage for Postgres {
             ))
             .into_sql_str(),
         };
-        Transaction::begin(conn, Some(begin)).await
+        Ok(Transaction::begin(conn, Some(begin)).await?)
     }
 
     async fn lookup(
         conn: &mut PgConnection,
         key: &KeyRef,
-    ) -> Result<Option<KeyRecord>, sqlx::Error> {
+    ) -> Result<Option<KeyRecord>, crate::Error> {
         let row = sqlx::query(LOOKUP)
             .bind(&key.scope)
             .bind(&key.key)
@@ -102,7 +102,7 @@ impl Storage for Postgres {
         }
     }
 
-    async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Lookup, sqlx::Error> {
+    async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Lookup, crate::Error> {
         let row = sqlx::query(CLAIM)
             .bind(&key.scope)
             .bind(&key.key)
@@ -119,7 +119,7 @@ impl Storage for Postgres {
         conn: &mut PgConnection,
         c: &Completion<'_>,
         retention: Duration,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, crate::Error> {
         let status =
             i16::try_from(c.response.status).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         let done = sqlx::query(COMPLETE)
@@ -138,21 +138,21 @@ impl Storage for Postgres {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn savepoint(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    async fn savepoint(conn: &mut PgConnection) -> Result<(), crate::Error> {
         sqlx::raw_sql("SAVEPOINT idem_handler")
             .execute(conn)
             .await?;
         Ok(())
     }
 
-    async fn rollback_to_savepoint(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    async fn rollback_to_savepoint(conn: &mut PgConnection) -> Result<(), crate::Error> {
         sqlx::raw_sql("ROLLBACK TO SAVEPOINT idem_handler")
             .execute(conn)
             .await?;
         Ok(())
     }
 
-    async fn start(conn: &mut PgConnection, start: &Start<'_>) -> Result<Started, sqlx::Error> {
+    async fn start(conn: &mut PgConnection, start: &Start<'_>) -> Result<Started, crate::Error> {
         let row = sqlx::query(START)
             .bind(&start.key.scope)
             .bind(&start.key.key)
@@ -173,16 +173,16 @@ impl Storage for Postgres {
             "busy" => Ok(Started::Busy),
             "found" => {
                 let record = decode_record(&row)?.ok_or_else(|| {
-                    sqlx::Error::Decode("idem_start found a row without a status".into())
+                    crate::Error::corrupt("idem_start found a row without a status")
                 })?;
                 let lease_left = row
                     .try_get::<Option<f64>, _>("lease_left")?
                     .map(|secs| Duration::from_secs_f64(secs.max(0.0)));
                 Ok(Started::Found { record, lease_left })
             }
-            other => Err(sqlx::Error::Decode(
-                format!("idem_start returned outcome {other:?}").into(),
-            )),
+            other => Err(crate::Error::corrupt(format!(
+                "idem_start returned outcome {other:?}"
+            ))),
         }
     }
 
@@ -191,7 +191,7 @@ impl Storage for Postgres {
         c: &Completion<'_>,
         token: i64,
         retention: Option<Duration>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, crate::Error> {
         let status =
             i16::try_from(c.response.status).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         let done = sqlx::query(FINISH)
@@ -211,7 +211,7 @@ impl Storage for Postgres {
         conn: &mut PgConnection,
         key: &KeyRef,
         token: i64,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, crate::Error> {
         let done = sqlx::query(RELEASE)
             .bind(&key.scope)
             .bind(&key.key)
@@ -221,7 +221,7 @@ impl Storage for Postgres {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn purge_batch(pool: &PgPool, limit: i64) -> Result<u64, sqlx::Error> {
+    async fn purge_batch(pool: &PgPool, limit: i64) -> Result<u64, crate::Error> {
         Ok(sqlx::query(PURGE)
             .bind(limit)
             .execute(pool)
@@ -234,7 +234,7 @@ impl Storage for Postgres {
         limit: i64,
         lease: Duration,
         token: i64,
-    ) -> Result<Vec<Abandoned>, sqlx::Error> {
+    ) -> Result<Vec<Abandoned>, crate::Error> {
         let rows = sqlx::query(RECLAIM)
             .bind(limit)
             .bind(lease.as_secs_f64())
@@ -255,20 +255,20 @@ impl Storage for Postgres {
             .collect()
     }
 
-    fn is_transaction_aborted(error: &sqlx::Error) -> bool {
+    fn is_transaction_aborted(error: &crate::Error) -> bool {
         // SQLSTATE 25P02: in_failed_sql_transaction.
-        matches!(error, sqlx::Error::Database(e) if e.code().as_deref() == Some("25P02"))
+        matches!(error, crate::Error::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02"))
     }
 
-    async fn migrate(pool: &PgPool) -> Result<(), MigrateError> {
-        let mut migrator = sqlx::migrate!("../migrations/postgres");
+    async fn migrate(pool: &PgPool) -> Result<(), crate::Error> {
+        let mut migrator = sqlx::migrate!("migrations/postgres");
         migrator.set_ignore_missing(true);
         migrator.dangerous_set_table_name("_idem_migrations");
-        migrator.run(pool).await
+        Ok(migrator.run(pool).await?)
     }
 }
 
-fn decode_record(row: &PgRow) -> Result<Option<KeyRecord>, sqlx::Error> {
+fn decode_record(row: &PgRow) -> Result<Option<KeyRecord>, crate::Error> {
     let Some(status) = row.try_get::<Option<String>, _>("status")? else {
         return Ok(None);
     };

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{
     Connection, Row, SqlSafeStr, Sqlite, SqliteConnection, SqlitePool, Transaction,
-    migrate::MigrateError, pool::PoolConnection, sqlite::SqliteRow, types::Json,
+    pool::PoolConnection, sqlite::SqliteRow, types::Json,
 };
 
 use super::Storage;
@@ -75,7 +75,7 @@ async fn live_row(
     conn: &mut SqliteConnection,
     key: &KeyRef,
     now: i64,
-) -> Result<Option<(KeyRecord, Option<i64>)>, sqlx::Error> {
+) -> Result<Option<(KeyRecord, Option<i64>)>, crate::Error> {
     let row = sqlx::query(LIVE)
         .bind(&key.scope)
         .bind(&key.key)
@@ -94,22 +94,22 @@ impl Storage for Sqlite {
         // SQLite has no statement timeout; its statements are short (no lock waits beyond
         // the busy timeout, no network).
         _statement_timeout: Option<Duration>,
-    ) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+    ) -> Result<Transaction<'static, Sqlite>, crate::Error> {
         // IMMEDIATE takes the write lock now: a deferred transaction that read first could fail
         // with "database is locked" when it later writes.
-        Transaction::begin(conn, Some(BEGIN_IMMEDIATE.into_sql_str())).await
+        Ok(Transaction::begin(conn, Some(BEGIN_IMMEDIATE.into_sql_str())).await?)
     }
 
     async fn lookup(
         conn: &mut SqliteConnection,
         key: &KeyRef,
-    ) -> Result<Option<KeyRecord>, sqlx::Error> {
+    ) -> Result<Option<KeyRecord>, crate::Error> {
         Ok(live_row(conn, key, now_ms())
             .await?
             .map(|(record, _)| record))
     }
 
-    async fn claim(conn: &mut SqliteConnection, key: &KeyRef) -> Result<Lookup, sqlx::Error> {
+    async fn claim(conn: &mut SqliteConnection, key: &KeyRef) -> Result<Lookup, crate::Error> {
         // The transaction holds SQLite's write lock: nobody else can complete the key now.
         let record = live_row(conn, key, now_ms())
             .await?
@@ -124,7 +124,7 @@ impl Storage for Sqlite {
         conn: &mut SqliteConnection,
         c: &Completion<'_>,
         retention: Duration,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, crate::Error> {
         let now = now_ms();
         let done = sqlx::query(COMPLETE)
             .bind(&c.key.scope)
@@ -142,21 +142,24 @@ impl Storage for Sqlite {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn savepoint(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    async fn savepoint(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
         sqlx::raw_sql("SAVEPOINT idem_handler")
             .execute(conn)
             .await?;
         Ok(())
     }
 
-    async fn rollback_to_savepoint(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    async fn rollback_to_savepoint(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
         sqlx::raw_sql("ROLLBACK TO SAVEPOINT idem_handler")
             .execute(conn)
             .await?;
         Ok(())
     }
 
-    async fn start(conn: &mut SqliteConnection, start: &Start<'_>) -> Result<Started, sqlx::Error> {
+    async fn start(
+        conn: &mut SqliteConnection,
+        start: &Start<'_>,
+    ) -> Result<Started, crate::Error> {
         let mut tx = conn.begin_with(BEGIN_IMMEDIATE).await?;
         let now = now_ms();
         let existing = live_row(&mut tx, start.key, now).await?;
@@ -206,7 +209,7 @@ impl Storage for Sqlite {
         c: &Completion<'_>,
         token: i64,
         retention: Option<Duration>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, crate::Error> {
         let done = sqlx::query(FINISH)
             .bind(&c.key.scope)
             .bind(&c.key.key)
@@ -225,7 +228,7 @@ impl Storage for Sqlite {
         conn: &mut SqliteConnection,
         key: &KeyRef,
         token: i64,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<bool, crate::Error> {
         let done = sqlx::query(RELEASE)
             .bind(&key.scope)
             .bind(&key.key)
@@ -235,7 +238,7 @@ impl Storage for Sqlite {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn purge_batch(pool: &SqlitePool, limit: i64) -> Result<u64, sqlx::Error> {
+    async fn purge_batch(pool: &SqlitePool, limit: i64) -> Result<u64, crate::Error> {
         Ok(sqlx::query(PURGE)
             .bind(now_ms())
             .bind(limit)
@@ -249,7 +252,7 @@ impl Storage for Sqlite {
         limit: i64,
         lease: Duration,
         token: i64,
-    ) -> Result<Vec<Abandoned>, sqlx::Error> {
+    ) -> Result<Vec<Abandoned>, crate::Error> {
         let now = now_ms();
         let rows = sqlx::query(RECLAIM)
             .bind(now)
@@ -275,20 +278,20 @@ impl Storage for Sqlite {
             .collect()
     }
 
-    fn is_transaction_aborted(_error: &sqlx::Error) -> bool {
+    fn is_transaction_aborted(_error: &crate::Error) -> bool {
         // SQLite does not abort a transaction when one of its statements fails.
         false
     }
 
-    async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
-        let mut migrator = sqlx::migrate!("../migrations/sqlite");
+    async fn migrate(pool: &SqlitePool) -> Result<(), crate::Error> {
+        let mut migrator = sqlx::migrate!("migrations/sqlite");
         migrator.set_ignore_missing(true);
         migrator.dangerous_set_table_name("_idem_migrations");
-        migrator.run(pool).await
+        Ok(migrator.run(pool).await?)
     }
 }
 
-fn decode_record(row: &SqliteRow) -> Result<KeyRecord, sqlx::Error> {
+fn decode_record(row: &SqliteRow) -> Result<KeyRecord, crate::Error> {
     RawRecord {
         status: row.try_get("status")?,
         method: row.try_get("method")?,

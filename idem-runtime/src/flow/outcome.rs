@@ -74,7 +74,7 @@ impl<DB: Backend> IdemRequest<DB> {
         finish(&self.span, outcome, response)
     }
 
-    pub(super) fn store_failed(&self, error: &sqlx::Error) -> Response {
+    pub(super) fn store_failed(&self, error: &crate::Error) -> Response {
         tracing::error!(parent: &self.span, %error, "idempotency store failed");
         self.finish(
             Outcome::Failed,
@@ -139,8 +139,8 @@ impl<DB: Backend> IdemRequest<DB> {
                 self.finish(Outcome::Replayed, replay::replay(stored))
             }
             (KeyStatus::Started, _) => self.in_progress(lease_left),
-            (KeyStatus::Completed, None) => self.store_failed(&sqlx::Error::Protocol(
-                "a completed idempotency key has no stored response".into(),
+            (KeyStatus::Completed, None) => self.store_failed(&crate::Error::corrupt(
+                "a completed idempotency key has no stored response",
             )),
         }
     }

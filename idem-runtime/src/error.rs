@@ -1,0 +1,33 @@
+//! The error of idem's own operations: migrations, the background tasks, and the store behind
+//! every request.
+
+/// What went wrong in the idempotency store.
+///
+/// Requests never see it: the layer answers them with a problem (503 `StoreUnavailable` and the
+/// like) and logs it. It is what [`migrate`](crate::migrate) and the
+/// [`tasks`](crate::tasks) return.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database failed or could not be reached.
+    #[error("the idempotency store's database failed: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Creating or upgrading idem's tables failed; nothing of the failed migration is applied.
+    #[error("migrating idem's tables failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A row of the key table breaks idem's invariants (written by something other than idem,
+    /// or by an incompatible version of it).
+    #[error("a row of idem_keys is not one idem wrote: {reason}")]
+    CorruptRow {
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn corrupt(reason: impl Into<String>) -> Self {
+        Self::CorruptRow {
+            reason: reason.into(),
+        }
+    }
+}
