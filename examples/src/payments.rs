@@ -219,7 +219,7 @@ macro_rules! api {
         }
 
         /// `POST /v1/payments`: a 5xx is rolled back and not stored, so a retry charges again.
-        #[idempotent(scope = "tenant", retention = "24h", replay_5xx = false)]
+        #[idempotent(scope = "tenant", retention = "24h", replay_5xx = false, state = AppState)]
         pub async fn create_payment(
             tenant: Tenant,
             tx: &mut Transaction<'_, $db>,
@@ -229,7 +229,7 @@ macro_rules! api {
         }
 
         /// `POST /v1/payouts`: a 5xx is stored and replayed (Stripe v1), its writes undone.
-        #[idempotent(scope = "tenant", retention = "7d", replay_5xx = true)]
+        #[idempotent(scope = "tenant", retention = "7d", replay_5xx = true, state = AppState)]
         pub async fn create_payout(
             tenant: Tenant,
             tx: &mut Transaction<'_, $db>,
@@ -369,7 +369,7 @@ macro_rules! api {
 
         /// `POST /v1/refunds`, in external mode: no transaction; the processor call happens between a
         /// committed claim and the stored outcome, protected by a key derived from the client's.
-        #[idempotent(scope = "tenant", retention = "24h", lock_timeout = "5s", backend = $db)]
+        #[idempotent(scope = "tenant", retention = "24h", lock_timeout = "5s", backend = $db, state = AppState)]
         pub async fn create_refund(
             tenant: Tenant,
             ctx: IdempotencyContext,

@@ -1,12 +1,26 @@
-//! The attribute's arguments: `scope`, `global`, `retention`, `replay_5xx`, `lock_timeout`,
-//! `timeout`, `backend`.
+//! The attribute's arguments, each declared once in [`ARGUMENTS`]: `scope`, `global`,
+//! `retention`, `replay_5xx`, `lock_timeout`, `timeout`, `backend`, `state`.
 
 use proc_macro2::{Span, TokenStream};
 use syn::{Expr, ExprLit, Lit, LitStr, meta::ParseNestedMeta, parse::Parser};
 
 use crate::duration;
 
-const EXPECTED: &str = "expected one of `scope`, `global`, `retention`, `replay_5xx`, `lock_timeout`, `timeout`, `backend`";
+/// Reads one argument into [`Raw`], or says what is wrong with it.
+type ParseArgument = fn(&ParseNestedMeta<'_>, &mut Raw) -> syn::Result<()>;
+
+/// Every argument the attribute accepts, with its parser; the "unknown argument" error lists
+/// these names.
+const ARGUMENTS: &[(&str, ParseArgument)] = &[
+    ("scope", parse_scope),
+    ("global", parse_global),
+    ("retention", parse_retention),
+    ("replay_5xx", parse_replay_5xx),
+    ("lock_timeout", parse_lock_timeout),
+    ("timeout", parse_timeout),
+    ("backend", parse_backend),
+    ("state", parse_state),
+];
 
 /// Seconds in the default lease of external mode.
 const DEFAULT_LOCK_TIMEOUT: u64 = 30;
@@ -35,6 +49,8 @@ pub struct Args {
     pub timeout: Option<(u64, Span)>,
     /// External mode: the database, when it is not the default one.
     pub backend: Option<syn::Type>,
+    /// The router's state, to check the handler against at its definition.
+    pub state: Option<syn::Type>,
 }
 
 #[derive(Default)]
@@ -48,6 +64,7 @@ struct Raw {
     lock_timeout: Option<(u64, Span)>,
     timeout: Option<(u64, Span)>,
     backend: Option<syn::Type>,
+    state: Option<syn::Type>,
 }
 
 /// Parses the arguments, collecting every error; the values that could be read are returned
@@ -101,6 +118,7 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
         lock_timeout_span: raw.lock_timeout.map(|(_, span)| span),
         timeout: raw.timeout,
         backend: raw.backend,
+        state: raw.state,
     };
     (args, errors)
 }
@@ -114,103 +132,131 @@ pub fn combine(errors: impl IntoIterator<Item = syn::Error>) -> Option<syn::Erro
 }
 
 fn parse_one(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
-    let path = &meta.path;
-    let name = path
+    let name = meta
+        .path
         .get_ident()
         .map(ToString::to_string)
         .unwrap_or_default();
-    let repeated = |name: &str| meta.error(format!("`{name}` is specified more than once"));
-    match name.as_str() {
-        "scope" => {
-            raw.scope_attempted = true;
-            if raw.scope.is_some() {
-                return Err(repeated("scope"));
-            }
-            let expr = value(meta, "scope = \"<parameter name>\"")?;
-            match expr {
-                Expr::Lit(ExprLit {
-                    lit: Lit::Str(lit), ..
-                }) if !lit.value().is_empty() => {
-                    raw.scope = Some(lit);
-                    Ok(())
-                }
-                other => Err(syn::Error::new_spanned(
-                    other,
-                    "expected the name of a handler parameter as a string, e.g. `scope = \"tenant\"`",
-                )),
-            }
+    match ARGUMENTS.iter().find(|(known, _)| *known == name) {
+        Some((_, parse)) => parse(meta, raw),
+        None => {
+            let expected: Vec<String> = ARGUMENTS
+                .iter()
+                .map(|(known, _)| format!("`{known}`"))
+                .collect();
+            Err(syn::Error::new_spanned(
+                &meta.path,
+                format!(
+                    "unknown argument `{}`; expected one of {}",
+                    quote::ToTokens::to_token_stream(&meta.path),
+                    expected.join(", ")
+                ),
+            ))
         }
-        "global" => {
-            raw.scope_attempted = true;
-            if raw.global.is_some() {
-                return Err(repeated("global"));
-            }
-            if !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
-                return Err(meta.error("`global` takes no value: write `#[idempotent(global)]`"));
-            }
-            raw.global = Some(path_span(meta));
+    }
+}
+
+fn repeated(meta: &ParseNestedMeta<'_>, name: &str) -> syn::Error {
+    meta.error(format!("`{name}` is specified more than once"))
+}
+
+fn parse_scope(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    raw.scope_attempted = true;
+    if raw.scope.is_some() {
+        return Err(repeated(meta, "scope"));
+    }
+    match value(meta, "scope = \"<parameter name>\"")? {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) if !lit.value().is_empty() => {
+            raw.scope = Some(lit);
             Ok(())
         }
-        "retention" => {
-            if raw.retention.is_some() {
-                return Err(repeated("retention"));
-            }
-            raw.retention = Some(duration_value(meta, "retention", "24h")?);
-            Ok(())
-        }
-        "lock_timeout" => {
-            if raw.lock_timeout.is_some() {
-                return Err(repeated("lock_timeout"));
-            }
-            let span = path_span(meta);
-            raw.lock_timeout = Some((duration_value(meta, "lock_timeout", "30s")?, span));
-            Ok(())
-        }
-        "timeout" => {
-            if raw.timeout.is_some() {
-                return Err(repeated("timeout"));
-            }
-            let span = path_span(meta);
-            raw.timeout = Some((duration_value(meta, "timeout", "10s")?, span));
-            Ok(())
-        }
-        "backend" => {
-            if raw.backend.is_some() {
-                return Err(repeated("backend"));
-            }
-            if !meta.input.peek(syn::Token![=]) {
-                return Err(meta.error("expected a database type: `backend = sqlx::Sqlite`"));
-            }
-            raw.backend = Some(meta.value()?.parse()?);
-            Ok(())
-        }
-        "replay_5xx" => {
-            if raw.replay_5xx.is_some() {
-                return Err(repeated("replay_5xx"));
-            }
-            let expr = value(meta, "replay_5xx = true")?;
-            match expr {
-                Expr::Lit(ExprLit {
-                    lit: Lit::Bool(lit),
-                    ..
-                }) => {
-                    raw.replay_5xx = Some(lit.value);
-                    Ok(())
-                }
-                other => Err(syn::Error::new_spanned(
-                    other,
-                    "expected `true` or `false`, e.g. `replay_5xx = true`",
-                )),
-            }
-        }
-        _ => Err(syn::Error::new_spanned(
-            path,
-            format!(
-                "unknown argument `{}`; {EXPECTED}",
-                quote::ToTokens::to_token_stream(path)
-            ),
+        other => Err(syn::Error::new_spanned(
+            other,
+            "expected the name of a handler parameter as a string, e.g. `scope = \"tenant\"`",
         )),
     }
+}
+
+fn parse_global(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    raw.scope_attempted = true;
+    if raw.global.is_some() {
+        return Err(repeated(meta, "global"));
+    }
+    if !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
+        return Err(meta.error("`global` takes no value: write `#[idempotent(global)]`"));
+    }
+    raw.global = Some(path_span(meta));
+    Ok(())
+}
+
+fn parse_retention(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.retention.is_some() {
+        return Err(repeated(meta, "retention"));
+    }
+    raw.retention = Some(duration_value(meta, "retention", "24h")?);
+    Ok(())
+}
+
+fn parse_lock_timeout(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.lock_timeout.is_some() {
+        return Err(repeated(meta, "lock_timeout"));
+    }
+    let span = path_span(meta);
+    raw.lock_timeout = Some((duration_value(meta, "lock_timeout", "30s")?, span));
+    Ok(())
+}
+
+fn parse_timeout(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.timeout.is_some() {
+        return Err(repeated(meta, "timeout"));
+    }
+    let span = path_span(meta);
+    raw.timeout = Some((duration_value(meta, "timeout", "10s")?, span));
+    Ok(())
+}
+
+fn parse_backend(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.backend.is_some() {
+        return Err(repeated(meta, "backend"));
+    }
+    raw.backend = Some(type_value(meta, "backend = sqlx::Sqlite")?);
+    Ok(())
+}
+
+fn parse_state(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.state.is_some() {
+        return Err(repeated(meta, "state"));
+    }
+    raw.state = Some(type_value(meta, "state = AppState")?);
+    Ok(())
+}
+
+fn parse_replay_5xx(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.replay_5xx.is_some() {
+        return Err(repeated(meta, "replay_5xx"));
+    }
+    match value(meta, "replay_5xx = true")? {
+        Expr::Lit(ExprLit {
+            lit: Lit::Bool(lit),
+            ..
+        }) => {
+            raw.replay_5xx = Some(lit.value);
+            Ok(())
+        }
+        other => Err(syn::Error::new_spanned(
+            other,
+            "expected `true` or `false`, e.g. `replay_5xx = true`",
+        )),
+    }
+}
+
+fn type_value(meta: &ParseNestedMeta<'_>, example: &str) -> syn::Result<syn::Type> {
+    if !meta.input.peek(syn::Token![=]) {
+        return Err(meta.error(format!("expected a type: `{example}`")));
+    }
+    meta.value()?.parse()
 }
 
 fn duration_value(meta: &ParseNestedMeta<'_>, name: &str, example: &str) -> syn::Result<u64> {

@@ -67,6 +67,10 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
             #private::Input { value: (), request: __idem_request }: #private::Input<(), #db>
         },
     };
+    let state_checks = args
+        .state
+        .as_ref()
+        .map(|state| state_checks(state, &db, &extractors));
     let extractors = extractors.iter().map(|arg| quote!(#arg));
 
     let scope = match scope {
@@ -159,11 +163,11 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
                     )
                     .await
                     {
-                        ::core::result::Result::Ok(claim) => claim,
-                        ::core::result::Result::Err(response) => return response,
+                        ::core::result::Result::Ok(__idem_claim) => __idem_claim,
+                        ::core::result::Result::Err(__idem_answer) => return __idem_answer,
                     };
-                    fn __idem_into_response(output: #declared) -> #private::Response {
-                        #private::IntoResponse::into_response(output)
+                    fn __idem_into_response(__idem_output: #declared) -> #private::Response {
+                        #private::IntoResponse::into_response(__idem_output)
                     }
                     #run
                     __idem_claim.complete(__idem_response).await
@@ -171,6 +175,56 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
                 __idem_span,
             )
             .await
+        }
+        #state_checks
+    }
+}
+
+/// With `state = S`: checks, at the handler, what Axum would otherwise report only at
+/// `.route(...)` as an unsatisfied `Handler`: that `S` provides the store, and that every
+/// argument but the last reads only the request's parts. Each error lands on the type at fault.
+fn state_checks(state: &Type, db: &TokenStream, extractors: &[syn::PatType]) -> TokenStream {
+    let private = runtime_private();
+    let store = quote_spanned! {syn::spanned::Spanned::span(state)=>
+        #private::state_provides_store::<#state, #db>();
+    };
+    let parts = extractors.iter().map(|arg| {
+        let ty = &arg.ty;
+        quote_spanned! {arg.ty_span()=>
+            #private::reads_only_parts::<#ty, #state>();
+        }
+    });
+    quote! {
+        const _: () = {
+            #[allow(dead_code)]
+            fn __idem_checks() {
+                #store
+                #(#parts)*
+            }
+        };
+    }
+}
+
+/// What the attribute emits when it refuses the function: the errors; the function unchanged
+/// but renamed (so that its body still type-checks and its imports stay used); and, under the
+/// original name, a stand-in handler that Axum accepts, so that `.route(...)` does not add a
+/// confusing `Handler` error of its own to the macro's.
+pub fn after_errors(original: TokenStream, errors: &syn::Error) -> TokenStream {
+    let errors = errors.to_compile_error();
+    let Ok(mut item) = syn::parse2::<ItemFn>(original.clone()) else {
+        return quote!(#[allow(unused)] #original #errors);
+    };
+    let ident = item.sig.ident.clone();
+    let vis = item.vis.clone();
+    let private = runtime_private();
+    item.sig.ident = quote::format_ident!("__idem_refused_{}", ident);
+    quote! {
+        #errors
+        #[allow(unused, dead_code, non_snake_case)]
+        #item
+        #[allow(unused, dead_code)]
+        #vis async fn #ident() -> #private::Response {
+            ::core::unreachable!("`#[idempotent]` refused this handler at compile time")
         }
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! The pipeline is parse (`args.rs`), validate (`handler.rs`), expand (`expand.rs`); every error of
 //! the first two stages is collected and reported at once, spanned on the offending token, next
-//! to the unchanged function so that the rest of the crate still type-checks.
+//! to the unchanged function (renamed) and a stand-in handler of the original name, so that the
+//! rest of the crate still type-checks and `.route(...)` adds no error of its own.
 
 use proc_macro::TokenStream;
 
@@ -62,11 +63,6 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let original: proc_macro2::TokenStream = item.clone().into();
     match expand::idempotent(attr.into(), item.into()) {
         Ok(tokens) => tokens.into(),
-        Err(errors) => {
-            // The function is still emitted, so that the rest of the crate type-checks and only
-            // these errors show; `unused` stays quiet about parameters of the unexpanded body.
-            let errors = errors.to_compile_error();
-            quote::quote!(#[allow(unused)] #original #errors).into()
-        }
+        Err(errors) => expand::after_errors(original, &errors).into(),
     }
 }

@@ -87,6 +87,31 @@ pub mod __private {
     pub use axum::response::{IntoResponse, Response};
     pub use tracing::Instrument;
 
+    /// `#[idempotent(state = S)]`: the router state `S` must provide the store.
+    #[diagnostic::on_unimplemented(
+        message = "the router state `{Self}` does not provide the idempotency store `Store<{DB}>`",
+        label = "`Store<{DB}>: FromRef<{Self}>` is not implemented",
+        note = "implement `axum::extract::FromRef<{Self}> for idem_runtime::Store<{DB}>` (return a clone of the store the state keeps), or make the store itself the router's state"
+    )]
+    pub trait ProvidesStore<DB: crate::Backend> {}
+    impl<S, DB: crate::Backend> ProvidesStore<DB> for S where crate::Store<DB>: axum::extract::FromRef<S>
+    {}
+
+    /// Compiles only when `S` provides `Store<DB>`.
+    pub fn state_provides_store<S: ProvidesStore<DB>, DB: crate::Backend>() {}
+
+    /// `#[idempotent(state = S)]`: every argument but the last reads only the request's parts.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` is not the last argument, but it is not an extractor of the request's parts",
+        label = "only the last argument may read the request body; move this one last",
+        note = "every argument but the last must implement `axum::extract::FromRequestParts<{S}>`"
+    )]
+    pub trait PartsExtractor<S> {}
+    impl<S, T: axum::extract::FromRequestParts<S>> PartsExtractor<S> for T {}
+
+    /// Compiles only when `T` is an extractor of the request's parts for state `S`.
+    pub fn reads_only_parts<T: PartsExtractor<S>, S>() {}
+
     /// The parts under the request flow, for the property tests, fuzz targets and benchmarks
     /// that exercise them directly.
     pub use crate::{

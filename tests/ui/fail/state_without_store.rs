@@ -1,26 +1,17 @@
-use axum::{Json, Router, extract::Path, routing::post};
 use idem_runtime::idempotent;
 use sqlx::{Postgres, Transaction};
 
-/// A state that does not provide `idem_runtime::Store<Postgres>` through `FromRef`.
 #[derive(Clone)]
 struct AppState {
     name: String,
 }
 
-#[idempotent(scope = "account")]
-async fn create(
-    Path(account): Path<String>,
-    tx: &mut Transaction<'_, Postgres>,
-    Json(body): Json<serde_json::Value>,
-) {
-    let _ = (account, tx, body);
-}
-
-fn router() -> Router<AppState> {
-    Router::new().route("/accounts/{account}/payments", post(create))
+#[idempotent(scope = "tenant", state = AppState)]
+async fn create(tenant: String, tx: &mut Transaction<'_, Postgres>) {
+    let _ = (tenant, tx);
 }
 
 fn main() {
-    let _ = router;
+    let state = AppState { name: "app".into() };
+    let _ = &state.name;
 }

@@ -50,7 +50,7 @@ struct NewPayment {
     amount: i64,
 }
 
-#[idempotent(scope = "tenant", retention = "1h30m", replay_5xx = true)]
+#[idempotent(scope = "tenant", retention = "1h30m", replay_5xx = true, state = AppState)]
 async fn create_payment(
     State(state): State<AppState>,
     tenant: Tenant,
