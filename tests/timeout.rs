@@ -87,7 +87,7 @@ macro_rules! timeout_handlers {
 
         /// External mode: performs its side effect (a committed row, keyed by the derived
         /// key as a downstream call would be), then waits on the gate.
-        #[idempotent(scope = "tenant", lock_timeout = "5s", timeout = "3s", backend = $db)]
+        #[idempotent(scope = "tenant", lease = "5s", timeout = "3s", backend = $db)]
         async fn stuck_external(
             tenant: Tenant,
             ctx: IdempotencyContext,

@@ -369,7 +369,7 @@ macro_rules! api {
 
         /// `POST /v1/refunds`, in external mode: no transaction; the processor call happens between a
         /// committed claim and the stored outcome, protected by a key derived from the client's.
-        #[idempotent(scope = "tenant", retention = "24h", lock_timeout = "5s", backend = $db, state = AppState)]
+        #[idempotent(scope = "tenant", retention = "24h", lease = "5s", backend = $db, state = AppState)]
         pub async fn create_refund(
             tenant: Tenant,
             ctx: IdempotencyContext,

@@ -1,5 +1,6 @@
 //! The attribute's arguments, each declared once in [`ARGUMENTS`]: `scope`, `global`,
-//! `retention`, `replay_5xx`, `lock_timeout`, `timeout`, `backend`, `state`.
+//! `retention`, `replay_5xx`, `lease`, `timeout`, `backend`, `state` (and `lock_timeout`, the
+//! old name of `lease`, refused with an error that names the new one).
 
 use proc_macro2::{Span, TokenStream};
 use syn::{Expr, ExprLit, Lit, LitStr, meta::ParseNestedMeta, parse::Parser};
@@ -16,6 +17,7 @@ const ARGUMENTS: &[(&str, ParseArgument)] = &[
     ("global", parse_global),
     ("retention", parse_retention),
     ("replay_5xx", parse_replay_5xx),
+    ("lease", parse_lease),
     ("lock_timeout", parse_lock_timeout),
     ("timeout", parse_timeout),
     ("backend", parse_backend),
@@ -43,8 +45,8 @@ pub struct Args {
     pub retention_secs: u64,
     pub replay_5xx: bool,
     /// The lease of external mode, and where it was written (an error in transactional mode).
-    pub lock_timeout_secs: u64,
-    pub lock_timeout_span: Option<Span>,
+    pub lease_secs: u64,
+    pub lease_span: Option<Span>,
     /// How long the handler body may run (`None`: unbounded), and where it was written.
     pub timeout: Option<(u64, Span)>,
     /// External mode: the database, when it is not the default one.
@@ -61,7 +63,7 @@ struct Raw {
     scope_attempted: bool,
     retention: Option<u64>,
     replay_5xx: Option<bool>,
-    lock_timeout: Option<(u64, Span)>,
+    lease: Option<(u64, Span)>,
     timeout: Option<(u64, Span)>,
     backend: Option<syn::Type>,
     state: Option<syn::Type>,
@@ -100,22 +102,20 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
             None
         }
     };
-    if let Some((lease, span)) = raw.lock_timeout
+    if let Some((lease, span)) = raw.lease
         && lease > raw.retention.unwrap_or(DEFAULT_RETENTION)
     {
         errors.push(syn::Error::new(
             span,
-            "`lock_timeout` is longer than `retention`: a claim would expire before its lease ends; shorten the lease",
+            "`lease` is longer than `retention`: a claim would expire before its lease ends; shorten the lease",
         ));
     }
     let args = Args {
         scope,
         retention_secs: raw.retention.unwrap_or(DEFAULT_RETENTION),
         replay_5xx: raw.replay_5xx.unwrap_or(false),
-        lock_timeout_secs: raw
-            .lock_timeout
-            .map_or(DEFAULT_LOCK_TIMEOUT, |(secs, _)| secs),
-        lock_timeout_span: raw.lock_timeout.map(|(_, span)| span),
+        lease_secs: raw.lease.map_or(DEFAULT_LOCK_TIMEOUT, |(secs, _)| secs),
+        lease_span: raw.lease.map(|(_, span)| span),
         timeout: raw.timeout,
         backend: raw.backend,
         state: raw.state,
@@ -199,13 +199,22 @@ fn parse_retention(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()>
     Ok(())
 }
 
-fn parse_lock_timeout(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
-    if raw.lock_timeout.is_some() {
-        return Err(repeated(meta, "lock_timeout"));
+fn parse_lease(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.lease.is_some() {
+        return Err(repeated(meta, "lease"));
     }
     let span = path_span(meta);
-    raw.lock_timeout = Some((duration_value(meta, "lock_timeout", "30s")?, span));
+    raw.lease = Some((duration_value(meta, "lease", "30s")?, span));
     Ok(())
+}
+
+/// `lock_timeout` was the first name of `lease`; PostgreSQL's `lock_timeout` means something
+/// else (how long to wait for a lock), so the old spelling is refused with the new one.
+fn parse_lock_timeout(meta: &ParseNestedMeta<'_>, _: &mut Raw) -> syn::Result<()> {
+    Err(syn::Error::new(
+        path_span(meta),
+        "`lock_timeout` is now `lease`: write `lease = \"30s\"` (the time a claim of external mode is exclusive before a retry may take it over)",
+    ))
 }
 
 fn parse_timeout(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {

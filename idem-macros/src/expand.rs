@@ -84,7 +84,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
     };
     let retention = args.retention_secs;
     let replay_5xx = args.replay_5xx;
-    let lease = args.lock_timeout_secs;
+    let lease = args.lease_secs;
     let timeout = match args.timeout {
         Some((secs, _)) => {
             quote!(::core::option::Option::Some(::core::time::Duration::from_secs(#secs)))

@@ -168,25 +168,25 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
             "`backend` is for handlers without a transaction parameter; this handler's database is its transaction's",
         ));
     }
-    if let (Some(_), Some(span)) = (&tx, args.lock_timeout_span) {
+    if let (Some(_), Some(span)) = (&tx, args.lease_span) {
         errors.push(syn::Error::new(
             span,
-            "`lock_timeout` applies only to handlers without a transaction parameter (external mode); with a transaction the key is held by the transaction itself and freed by its end",
+            "`lease` applies only to handlers without a transaction parameter (external mode); with a transaction the key is held by the transaction itself and freed by its end",
         ));
     }
 
     // External mode: the lease is counted from the claim, before the body starts, so a body
     // allowed to run as long as the lease could still be running when a retry takes it over.
     if let (None, Some((timeout, span))) = (&tx, args.timeout)
-        && timeout >= args.lock_timeout_secs
+        && timeout >= args.lease_secs
     {
-        let lease = match args.lock_timeout_span {
-            Some(_) => format!("`lock_timeout`, {}s", args.lock_timeout_secs),
-            None => format!("the default `lock_timeout`, {}s", args.lock_timeout_secs),
+        let lease = match args.lease_span {
+            Some(_) => format!("`lease`, {}s", args.lease_secs),
+            None => format!("the default `lease`, {}s", args.lease_secs),
         };
         errors.push(syn::Error::new(
             span,
-            format!("`timeout` must be shorter than the lease ({lease}): a handler still running when its lease ends can be taken over by a retry and run twice at once; shorten `timeout` or lengthen `lock_timeout`"),
+            format!("`timeout` must be shorter than the lease ({lease}): a handler still running when its lease ends can be taken over by a retry and run twice at once; shorten `timeout` or lengthen `lease`"),
         ));
     }
 

@@ -36,11 +36,11 @@ mod handler;
 /// - `timeout = "<duration>"`: how long the handler body may run (`"10s"`, `"2m"`). Past it the
 ///   body's future is dropped, its transaction rolled back (in external mode its claim
 ///   released), and the client gets a 503 problem (`HandlerTimedOut`) telling it to retry with
-///   the same key; nothing is stored. In external mode it must be shorter than `lock_timeout`.
+///   the same key; nothing is stored. In external mode it must be shorter than `lease`.
 ///   Needs a Tokio runtime with the time driver (as `#[tokio::main]` builds). Default: none, the
 ///   body runs for as long as it takes.
 ///
-/// - `lock_timeout = "<duration>"`: external mode only: the lease of a claim, after which a
+/// - `lease = "<duration>"`: external mode only: how long a claim is exclusive, after which a
 ///   retry may take the key over. Longer than the slowest legitimate run, at most `retention`.
 ///   Default `"30s"`.
 /// - `backend = <type>`: external mode only: the database of the key table, `sqlx::Postgres`

@@ -169,7 +169,7 @@ macro_rules! test_handlers {
         }
 
         /// External mode: counts its calls; the first waits for the test to open the gate.
-        #[idempotent(scope = "tenant", retention = "1h", lock_timeout = "5s", backend = $db)]
+        #[idempotent(scope = "tenant", retention = "1h", lease = "5s", backend = $db)]
         async fn external_slow(
             tenant: Tenant,
             Extension(calls): Extension<Arc<Calls>>,

@@ -1,11 +1,11 @@
-//! External mode: no transaction parameter; a `lock_timeout` lease; the idempotency context
+//! External mode: no transaction parameter; a `lease`; the idempotency context
 //! for a downstream key; with and without a body; on the default backend and on SQLite.
 
 use axum::{Json, Router, extract::Path, http::StatusCode, routing::post};
 use idem_runtime::{IdempotencyContext, Store, idempotent};
 use sqlx::Postgres;
 
-#[idempotent(scope = "account", retention = "24h", lock_timeout = "5s")]
+#[idempotent(scope = "account", retention = "24h", lease = "5s")]
 async fn send_email(
     Path(account): Path<String>,
     ctx: IdempotencyContext,

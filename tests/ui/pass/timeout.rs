@@ -31,7 +31,7 @@ async fn create_sqlite(tx: &mut Transaction<'_, Sqlite>) -> Response {
     StatusCode::CREATED.into_response()
 }
 
-#[idempotent(scope = "account", lock_timeout = "1m", timeout = "59s")]
+#[idempotent(scope = "account", lease = "1m", timeout = "59s")]
 async fn send_email(Path(account): Path<String>, ctx: IdempotencyContext) -> String {
     format!("{account} {}", ctx.derive("email"))
 }
