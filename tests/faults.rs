@@ -162,6 +162,27 @@ backend_tests! {
         app.gate.add_permits(1);
         assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
     }
+
+    async fn problem_types_follow_the_stores_base(db) {
+        let mut settings = idem_runtime::Settings::default();
+        settings.problem_type_base = "https://api.example.com/problems#".to_owned();
+        let app = App::build(db, Options { settings, ..Options::default() }).await;
+        let missing = app
+            .send(Req::post("/v1/payments").tenant("t1").json(&payment(100, "cus_1")).build())
+            .await;
+        assert_eq!(
+            missing.problem(StatusCode::BAD_REQUEST),
+            "https://api.example.com/problems#missingkey"
+        );
+        app.send(pay("k1").build()).await;
+        let reused = app
+            .send(Req::post("/v1/payments").tenant("t1").key("k1").json(&payment(7, "cus_1")).build())
+            .await;
+        assert_eq!(
+            reused.problem(StatusCode::UNPROCESSABLE_ENTITY),
+            "https://api.example.com/problems#keyreused"
+        );
+    }
 }
 
 /// PostgreSQL only (SQLite has no connection to cut): the COMMIT reaches the server and
@@ -245,4 +266,34 @@ async fn store_unavailable(router: axum::Router) {
         reply.problem(StatusCode::SERVICE_UNAVAILABLE),
         ProblemKind::StoreUnavailable.type_uri()
     );
+}
+
+/// Every kind's `type` URI resolves to a section of `docs/problems.md`: the page has a heading
+/// named after each kind, which is the anchor the URI ends with.
+#[test]
+fn every_problem_type_points_at_a_section_of_docs_problems_md() {
+    let page = include_str!("../docs/problems.md");
+    for kind in [
+        ProblemKind::MissingKey,
+        ProblemKind::MalformedKey,
+        ProblemKind::InvalidScope,
+        ProblemKind::InProgress,
+        ProblemKind::KeyReused,
+        ProblemKind::BodyTooLarge,
+        ProblemKind::ResponseTooLarge,
+        ProblemKind::StoreUnavailable,
+        ProblemKind::CommitRefused,
+        ProblemKind::OutcomeUnknown,
+        ProblemKind::HandlerTimedOut,
+    ] {
+        let uri = kind.type_uri();
+        let anchor = uri.rsplit_once('#').expect("an anchor").1;
+        let heading = format!("\n## {kind:?}\n");
+        assert!(
+            page.contains(&heading),
+            "docs/problems.md has no `{heading}`"
+        );
+        assert_eq!(anchor, format!("{kind:?}").to_lowercase());
+        assert!(uri.starts_with(idem_runtime::DEFAULT_PROBLEM_TYPE_BASE));
+    }
 }

@@ -53,7 +53,7 @@ pub use backend::{Backend, migrate};
 pub use context::IdempotencyContext;
 pub use error::Error;
 pub use idem_macros::idempotent;
-pub use problem::{Problem, ProblemKind};
+pub use problem::{DEFAULT_PROBLEM_TYPE_BASE, Problem, ProblemKind};
 pub use scope::IdempotencyScope;
 pub use store::{Settings, Store};
 

@@ -8,8 +8,12 @@ use serde::Serialize;
 /// The media type of a problem details document.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-const DOCS: &str =
-    "https://docs.rs/idem-runtime/latest/idem_runtime/problem/enum.ProblemKind.html#variant.";
+/// Where the problem types of idem's own answers are documented: the repository's
+/// `docs/problems.md`, one section per kind. [`Settings::problem_type_base`] replaces it.
+///
+/// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
+pub const DEFAULT_PROBLEM_TYPE_BASE: &str =
+    "https://github.com/idem-rs/idem/blob/main/docs/problems.md#";
 
 /// The kinds of problem the idempotency layer answers with. Each has a stable `type` URI that
 /// points at its documentation here.
@@ -63,9 +67,24 @@ impl ProblemKind {
         }
     }
 
-    /// The stable `type` URI of this kind.
+    /// The stable `type` URI of this kind under [`DEFAULT_PROBLEM_TYPE_BASE`]: the base and the
+    /// kind's name in lower case (`…/docs/problems.md#keyreused`).
     pub fn type_uri(self) -> String {
-        format!("{DOCS}{self:?}")
+        self.type_uri_under(DEFAULT_PROBLEM_TYPE_BASE)
+    }
+
+    /// The `type` URI of this kind under `base` (see [`Settings::problem_type_base`]).
+    ///
+    /// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
+    pub fn type_uri_under(self, base: &str) -> String {
+        format!("{base}{}", format!("{self:?}").to_lowercase())
+    }
+
+    /// A problem of this kind with the given detail, its `type` under `base`.
+    pub fn problem_under(self, base: &str, detail: impl Into<String>) -> Problem {
+        Problem::new(self.status(), self.title())
+            .with_type(self.type_uri_under(base))
+            .with_detail(detail)
     }
 
     /// A short, human-readable summary that does not change from occurrence to occurrence.
@@ -85,11 +104,10 @@ impl ProblemKind {
         }
     }
 
-    /// A problem of this kind with the given detail.
+    /// A problem of this kind with the given detail, its `type` under
+    /// [`DEFAULT_PROBLEM_TYPE_BASE`].
     pub fn with_detail(self, detail: impl Into<String>) -> Problem {
-        Problem::new(self.status(), self.title())
-            .with_type(self.type_uri())
-            .with_detail(detail)
+        self.problem_under(DEFAULT_PROBLEM_TYPE_BASE, detail)
     }
 }
 
@@ -177,7 +195,7 @@ mod tests {
     fn type_uris_are_stable_and_distinct() {
         assert_eq!(
             ProblemKind::MissingKey.type_uri(),
-            "https://docs.rs/idem-runtime/latest/idem_runtime/problem/enum.ProblemKind.html#variant.MissingKey"
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#missingkey"
         );
         assert_ne!(
             ProblemKind::InProgress.type_uri(),

@@ -33,6 +33,11 @@ pub struct Settings {
     /// connection until the pool's own `acquire_timeout` (30 s by default); this bounds the
     /// wait for idem's requests whichever is shorter. Default: 5 s.
     pub acquire_timeout: Duration,
+    /// Where the `type` URIs of the layer's own problems point: the kind's name in lower case is
+    /// appended (`KeyReused` → `<base>keyreused`). Default
+    /// [`DEFAULT_PROBLEM_TYPE_BASE`](crate::DEFAULT_PROBLEM_TYPE_BASE), the repository's
+    /// `docs/problems.md`; point it at your own API documentation to publish them there.
+    pub problem_type_base: String,
 }
 
 impl Default for Settings {
@@ -42,6 +47,7 @@ impl Default for Settings {
             max_response_body: 1 << 20,
             retry_after: Duration::from_secs(1),
             acquire_timeout: Duration::from_secs(5),
+            problem_type_base: crate::problem::DEFAULT_PROBLEM_TYPE_BASE.to_owned(),
         }
     }
 }
@@ -167,6 +173,12 @@ impl<DB: Backend> Store<DB> {
     /// Sets [`Settings::retry_after`].
     pub fn retry_after(self, after: Duration) -> Self {
         self.map_settings(|s| s.retry_after = after)
+    }
+
+    /// Sets [`Settings::problem_type_base`].
+    pub fn problem_type_base(self, base: impl Into<String>) -> Self {
+        let base = base.into();
+        self.map_settings(|s| s.problem_type_base = base)
     }
 
     /// Sets [`Settings::acquire_timeout`].

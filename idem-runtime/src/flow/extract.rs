@@ -69,35 +69,35 @@ impl<DB: Backend> IdemRequest<DB> {
 
     /// The key under the handler's scope; a scope that cannot hold keys is refused (400).
     pub(super) fn key_ref(&self, scope: Scope) -> Result<KeyRef, Response> {
-        let scope = match scope {
-            Scope::Global => String::new(),
-            Scope::Caller(scope) => {
-                let wrong = if scope.is_empty() {
-                    Some("is empty".to_owned())
-                } else if scope.contains('\0') {
-                    Some("contains the character U+0000 (NUL)".to_owned())
-                } else if scope.len() > crate::MAX_SCOPE_LEN {
-                    Some(format!(
-                        "is {} bytes long, over the limit of {}",
-                        scope.len(),
-                        crate::MAX_SCOPE_LEN
-                    ))
-                } else {
-                    None
-                };
-                if let Some(wrong) = wrong {
-                    return Err(self.finish(
+        let scope =
+            match scope {
+                Scope::Global => String::new(),
+                Scope::Caller(scope) => {
+                    let wrong = if scope.is_empty() {
+                        Some("is empty".to_owned())
+                    } else if scope.contains('\0') {
+                        Some("contains the character U+0000 (NUL)".to_owned())
+                    } else if scope.len() > crate::MAX_SCOPE_LEN {
+                        Some(format!(
+                            "is {} bytes long, over the limit of {}",
+                            scope.len(),
+                            crate::MAX_SCOPE_LEN
+                        ))
+                    } else {
+                        None
+                    };
+                    if let Some(wrong) = wrong {
+                        return Err(self.finish(
                         Outcome::Rejected,
-                        ProblemKind::InvalidScope
-                            .with_detail(format!(
+                        self.problem(ProblemKind::InvalidScope, format!(
                                 "the caller this request is scoped to {wrong}; nothing was stored"
                             ))
                             .into_response(),
                     ));
+                    }
+                    scope
                 }
-                scope
-            }
-        };
+            };
         let key = KeyRef::new(scope, self.key.as_str().to_owned());
         self.span.record("key_id", key.log_id());
         Ok(key)
@@ -131,16 +131,20 @@ where
     );
     let key = match header::parse_key(&parts.headers) {
         Ok(key) => key,
-        Err(error) => return Err(finish(&span, Outcome::Rejected, key_problem(&error))),
+        Err(error) => {
+            let problem = key_problem(&error, &store.settings().problem_type_base);
+            return Err(finish(&span, Outcome::Rejected, problem));
+        }
     };
     let limit = store.settings().max_request_body;
     let bytes = match http_body_util::Limited::new(body, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) => {
             let problem = if error.is::<http_body_util::LengthLimitError>() {
-                ProblemKind::BodyTooLarge.with_detail(format!(
-                    "the request body is larger than {limit} bytes; nothing was stored"
-                ))
+                ProblemKind::BodyTooLarge.problem_under(
+                    &store.settings().problem_type_base,
+                    format!("the request body is larger than {limit} bytes; nothing was stored"),
+                )
             } else {
                 axum_problem_bad_body(&error.to_string())
             };

@@ -11,7 +11,7 @@ use super::extract::IdemRequest;
 use crate::{
     backend::Backend,
     header::KeyError,
-    problem::ProblemKind,
+    problem::{Problem, ProblemKind},
     record::{Completion, KeyRecord, KeyRef, KeyStatus, StoredResponse},
     replay::{self, CaptureError, Captured},
 };
@@ -60,16 +60,24 @@ pub(super) fn finish(span: &Span, outcome: Outcome, response: Response) -> Respo
     response
 }
 
-pub(super) fn key_problem(error: &KeyError) -> Response {
+/// 400: the key is missing or malformed; `base` is where problem types point.
+pub(super) fn key_problem(error: &KeyError, base: &str) -> Response {
     let kind = if matches!(error, KeyError::Missing) {
         ProblemKind::MissingKey
     } else {
         ProblemKind::MalformedKey
     };
-    kind.with_detail(error.to_string()).into_response()
+    kind.problem_under(base, error.to_string()).into_response()
 }
 
 impl<DB: Backend> IdemRequest<DB> {
+    /// A problem of `kind`, its `type` under the store's [`Settings::problem_type_base`].
+    ///
+    /// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
+    pub(super) fn problem(&self, kind: ProblemKind, detail: impl Into<String>) -> Problem {
+        kind.problem_under(&self.store.settings().problem_type_base, detail)
+    }
+
     pub(super) fn finish(&self, outcome: Outcome, response: Response) -> Response {
         finish(&self.span, outcome, response)
     }
@@ -78,11 +86,11 @@ impl<DB: Backend> IdemRequest<DB> {
         tracing::error!(parent: &self.span, %error, "idempotency store failed");
         self.finish(
             Outcome::Failed,
-            ProblemKind::StoreUnavailable
-                .with_detail(
-                    "the idempotency store failed; nothing was stored, retry with the same key",
-                )
-                .into_response(),
+            self.problem(
+                ProblemKind::StoreUnavailable,
+                "the idempotency store failed; nothing was stored, retry with the same key",
+            )
+            .into_response(),
         )
     }
 
@@ -91,11 +99,15 @@ impl<DB: Backend> IdemRequest<DB> {
     pub(super) fn commit_failed(&self, error: &sqlx::Error) -> Response {
         tracing::error!(parent: &self.span, %error, "committing the handler's transaction failed");
         let problem = match error {
-            sqlx::Error::Database(refusal) => ProblemKind::CommitRefused.with_detail(format!(
-                "the database refused to commit the handler's writes ({}); nothing was stored, retry with the same key",
-                refusal.message()
-            )),
-            _ => ProblemKind::OutcomeUnknown.with_detail(
+            sqlx::Error::Database(refusal) => self.problem(
+                ProblemKind::CommitRefused,
+                format!(
+                    "the database refused to commit the handler's writes ({}); nothing was stored, retry with the same key",
+                    refusal.message()
+                ),
+            ),
+            _ => self.problem(
+                ProblemKind::OutcomeUnknown,
                 "the connection failed while committing; retry with the same key to get the stored outcome, or to run the request if it was not committed",
             ),
         };
@@ -108,8 +120,7 @@ impl<DB: Backend> IdemRequest<DB> {
         let seconds = retry_after.unwrap_or(default).as_secs_f64().ceil().max(1.0) as u64;
         self.finish(
             Outcome::Conflict,
-            ProblemKind::InProgress
-                .with_detail(format!(
+            self.problem(ProblemKind::InProgress, format!(
                     "a request with this idempotency key is being processed; retry after {seconds}s to get its outcome"
                 ))
                 .with_retry_after(seconds)
@@ -126,8 +137,7 @@ impl<DB: Backend> IdemRequest<DB> {
         if record.fingerprint != self.fingerprint {
             return self.finish(
                 Outcome::Mismatch,
-                ProblemKind::KeyReused
-                    .with_detail(format!(
+                self.problem(ProblemKind::KeyReused, format!(
                         "this idempotency key was already used for a different request ({} {}); use a new key for a new request",
                         record.method, record.path
                     ))
@@ -152,9 +162,11 @@ impl<DB: Backend> IdemRequest<DB> {
             Ok(captured) => Ok(captured),
             Err(error @ CaptureError::TooLarge { .. }) => Err(self.finish(
                 Outcome::Failed,
-                ProblemKind::ResponseTooLarge
-                    .with_detail(format!("{error}; the handler's outcome was not stored"))
-                    .into_response(),
+                self.problem(
+                    ProblemKind::ResponseTooLarge,
+                    format!("{error}; the handler's outcome was not stored"),
+                )
+                .into_response(),
             )),
             Err(CaptureError::Body(error)) => {
                 tracing::error!(parent: &self.span, %error, "response body failed");
@@ -191,8 +203,7 @@ impl<DB: Backend> IdemRequest<DB> {
         tracing::warn!(parent: &self.span, timeout = %limit, "the handler ran past its timeout and was stopped");
         self.finish(
             Outcome::TimedOut,
-            ProblemKind::HandlerTimedOut
-                .with_detail(format!(
+            self.problem(ProblemKind::HandlerTimedOut, format!(
                     "the handler took longer than {limit} and was stopped; {undone} and nothing was stored, retry with the same key"
                 ))
                 .into_response(),

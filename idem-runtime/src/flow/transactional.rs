@@ -156,8 +156,7 @@ impl<DB: Backend> Claim<DB> {
             Ok(false) => {
                 return request.finish(
                     Outcome::Failed,
-                    ProblemKind::CommitRefused
-                        .with_detail("the key's claim was gone at completion (did the handler run COMMIT or ROLLBACK itself?); the outcome was not stored")
+                    request.problem(ProblemKind::CommitRefused, "the key's claim was gone at completion (did the handler run COMMIT or ROLLBACK itself?); the outcome was not stored")
                         .into_response(),
                 );
             }
