@@ -28,6 +28,8 @@ impl<DB: sqlx::Database> std::fmt::Debug for Begun<DB> {
     }
 }
 
+mod shared;
+
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]

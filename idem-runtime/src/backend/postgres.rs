@@ -8,7 +8,10 @@ use sqlx::{
 
 use std::time::Duration;
 
-use super::Storage;
+use super::{
+    Storage,
+    shared::{abandoned, decode_record, replace_expired_row, shared_storage},
+};
 use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, Lookup, RawRecord, Start, Started,
     checked_fingerprint,
@@ -22,19 +25,16 @@ const CLAIM: &str = "SELECT acquired, status, method, path, fingerprint, \
 // INSERT ... SELECT ... WHERE: the row is written only while the claim's marker (set by
 // idem_claim, local to the transaction) is still there, i.e. the handler did not end the
 // transaction itself.
-const COMPLETE: &str = "INSERT INTO idem_keys AS k \
+const COMPLETE: &str = concat!(
+    "INSERT INTO idem_keys AS k \
      (scope, key, method, path, fingerprint, status, response_status, response_headers, \
       response_body, created_at, expires_at, locked_at) \
      SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), \
             now() + make_interval(secs => $9), NULL \
-     WHERE current_setting('idem.claim', true) = $10 \
-     ON CONFLICT (scope, key) DO UPDATE SET \
-       method = EXCLUDED.method, path = EXCLUDED.path, fingerprint = EXCLUDED.fingerprint, \
-       status = 'completed', response_status = EXCLUDED.response_status, \
-       response_headers = EXCLUDED.response_headers, response_body = EXCLUDED.response_body, \
-       created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at, locked_at = NULL, \
-       lease_until = NULL, claim_token = NULL \
-     WHERE k.expires_at <= now()";
+     WHERE current_setting('idem.claim', true) = $10 ",
+    replace_expired_row!(),
+    "WHERE k.expires_at <= now()"
+);
 
 const LOOKUP: &str = "SELECT status, method, path, fingerprint, response_status, \
      response_headers, response_body FROM idem_keys \
@@ -48,9 +48,6 @@ const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status
      response_headers = $5, response_body = $6, locked_at = NULL, lease_until = NULL, \
      claim_token = NULL, \
      expires_at = COALESCE(now() + make_interval(secs => $7::float8), expires_at) \
-     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
-
-const RELEASE: &str = "DELETE FROM idem_keys \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
 // ctid batches: the inner SELECT finds the oldest expired rows through the expires_at index and
@@ -70,6 +67,8 @@ const RECLAIM: &str = "WITH lapsed AS ( \
        extract(epoch FROM now() - k.locked_at)::float8 AS age";
 
 impl Storage for Postgres {
+    shared_storage!(PgConnection, migrations = "migrations/postgres");
+
     async fn begin(
         conn: PoolConnection<Postgres>,
         statement_timeout: Option<Duration>,
@@ -115,43 +114,6 @@ impl Storage for Postgres {
         })
     }
 
-    async fn complete(
-        conn: &mut PgConnection,
-        c: &Completion<'_>,
-        retention: Duration,
-    ) -> Result<bool, crate::Error> {
-        let status =
-            i16::try_from(c.response.status).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-        let done = sqlx::query(COMPLETE)
-            .bind(&c.key.scope)
-            .bind(&c.key.key)
-            .bind(c.method)
-            .bind(c.path)
-            .bind(&c.fingerprint.as_bytes()[..])
-            .bind(status)
-            .bind(Json(&c.response.headers))
-            .bind(&c.response.body)
-            .bind(retention.as_secs_f64())
-            .bind(c.key.lock_id.to_string())
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn savepoint(conn: &mut PgConnection) -> Result<(), crate::Error> {
-        sqlx::raw_sql("SAVEPOINT idem_handler")
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn rollback_to_savepoint(conn: &mut PgConnection) -> Result<(), crate::Error> {
-        sqlx::raw_sql("ROLLBACK TO SAVEPOINT idem_handler")
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
     async fn start(conn: &mut PgConnection, start: &Start<'_>) -> Result<Started, crate::Error> {
         let row = sqlx::query(START)
             .bind(&start.key.scope)
@@ -186,41 +148,6 @@ impl Storage for Postgres {
         }
     }
 
-    async fn finish(
-        conn: &mut PgConnection,
-        c: &Completion<'_>,
-        token: i64,
-        retention: Option<Duration>,
-    ) -> Result<bool, crate::Error> {
-        let status =
-            i16::try_from(c.response.status).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-        let done = sqlx::query(FINISH)
-            .bind(&c.key.scope)
-            .bind(&c.key.key)
-            .bind(token)
-            .bind(status)
-            .bind(Json(&c.response.headers))
-            .bind(&c.response.body)
-            .bind(retention.map(|r| r.as_secs_f64()))
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(
-        conn: &mut PgConnection,
-        key: &KeyRef,
-        token: i64,
-    ) -> Result<bool, crate::Error> {
-        let done = sqlx::query(RELEASE)
-            .bind(&key.scope)
-            .bind(&key.key)
-            .bind(token)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
     async fn purge_batch(pool: &PgPool, limit: i64) -> Result<u64, crate::Error> {
         Ok(sqlx::query(PURGE)
             .bind(limit)
@@ -243,14 +170,8 @@ impl Storage for Postgres {
             .await?;
         rows.iter()
             .map(|row| {
-                let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-                Ok(Abandoned {
-                    key: KeyRef::new(row.try_get("scope")?, row.try_get("key")?),
-                    method: row.try_get("method")?,
-                    path: row.try_get("path")?,
-                    fingerprint: checked_fingerprint(&fingerprint)?,
-                    age: Duration::from_secs_f64(row.try_get::<f64, _>("age")?.max(0.0)),
-                })
+                let age: f64 = row.try_get("age")?;
+                abandoned!(row, Duration::from_secs_f64(age.max(0.0)))
             })
             .collect()
     }
@@ -259,32 +180,23 @@ impl Storage for Postgres {
         // SQLSTATE 25P02: in_failed_sql_transaction.
         matches!(error, crate::Error::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02"))
     }
-
-    async fn migrate(pool: &PgPool) -> Result<(), crate::Error> {
-        let mut migrator = sqlx::migrate!("migrations/postgres");
-        migrator.set_ignore_missing(true);
-        migrator.dangerous_set_table_name("_idem_migrations");
-        Ok(migrator.run(pool).await?)
-    }
 }
 
 fn decode_record(row: &PgRow) -> Result<Option<KeyRecord>, crate::Error> {
-    let Some(status) = row.try_get::<Option<String>, _>("status")? else {
-        return Ok(None);
-    };
-    RawRecord {
-        status,
-        method: row.try_get("method")?,
-        path: row.try_get("path")?,
-        fingerprint: row.try_get("fingerprint")?,
-        response_status: row
-            .try_get::<Option<i16>, _>("response_status")?
-            .map(i64::from),
-        response_headers: row
-            .try_get::<Option<Json<Vec<(String, String)>>>, _>("response_headers")?
-            .map(|Json(headers)| headers),
-        response_body: row.try_get("response_body")?,
-    }
-    .check()
-    .map(Some)
+    decode_record!(row, i16)
+}
+
+/// HTTP statuses are held in a `smallint`.
+fn status(status: u16) -> Result<i16, crate::Error> {
+    i16::try_from(status).map_err(|e| sqlx::Error::Encode(Box::new(e)).into())
+}
+
+/// A time to live in seconds, added to the server's `now()`.
+fn expiry(retention: Option<Duration>) -> Option<f64> {
+    retention.map(|r| r.as_secs_f64())
+}
+
+/// The claim's transaction-local mark, which the completion must still find.
+fn completion_guard(c: &Completion<'_>) -> String {
+    c.key.lock_id.to_string()
 }

@@ -10,7 +10,10 @@ use sqlx::{
     pool::PoolConnection, sqlite::SqliteRow, types::Json,
 };
 
-use super::Storage;
+use super::{
+    Storage,
+    shared::{abandoned, decode_record, replace_expired_row, shared_storage},
+};
 use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, RawRecord, Start, Started,
     checked_fingerprint,
@@ -19,17 +22,14 @@ use crate::record::{
 const LIVE: &str = "SELECT status, method, path, fingerprint, response_status, response_headers, \
      response_body, lease_until FROM idem_keys WHERE scope = $1 AND key = $2 AND expires_at > $3";
 
-const COMPLETE: &str = "INSERT INTO idem_keys \
+const COMPLETE: &str = concat!(
+    "INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, response_status, response_headers, \
       response_body, created_at, expires_at) \
-     VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, $10) \
-     ON CONFLICT (scope, key) DO UPDATE SET \
-       method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint, \
-       status = 'completed', response_status = excluded.response_status, \
-       response_headers = excluded.response_headers, response_body = excluded.response_body, \
-       created_at = excluded.created_at, expires_at = excluded.expires_at, locked_at = NULL, \
-       lease_until = NULL, claim_token = NULL \
-     WHERE idem_keys.expires_at <= $9";
+     VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, $10, $10 + $9) ",
+    replace_expired_row!(),
+    "WHERE idem_keys.expires_at <= $10"
+);
 
 const START: &str = "INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, created_at, expires_at, locked_at, \
@@ -44,10 +44,8 @@ const START: &str = "INSERT INTO idem_keys \
 
 const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $4, \
      response_headers = $5, response_body = $6, locked_at = NULL, lease_until = NULL, \
-     claim_token = NULL, expires_at = COALESCE($8 + $7, expires_at) \
-     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
-
-const RELEASE: &str = "DELETE FROM idem_keys \
+     claim_token = NULL, \
+     expires_at = COALESCE(CAST(unixepoch('subsec') * 1000 AS INTEGER) + $7, expires_at) \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
 const PURGE: &str = "DELETE FROM idem_keys WHERE rowid IN ( \
@@ -82,11 +80,17 @@ async fn live_row(
         .bind(now)
         .fetch_optional(conn)
         .await?;
-    row.map(|row| Ok((decode_record(&row)?, row.try_get("lease_until")?)))
-        .transpose()
+    row.map(|row| {
+        let record = decode_record(&row)?
+            .ok_or_else(|| crate::Error::corrupt("a key's row without a status"))?;
+        Ok((record, row.try_get("lease_until")?))
+    })
+    .transpose()
 }
 
 impl Storage for Sqlite {
+    shared_storage!(SqliteConnection, migrations = "migrations/sqlite");
+
     const SINGLE_WRITER: bool = true;
 
     async fn begin(
@@ -118,42 +122,6 @@ impl Storage for Sqlite {
             acquired: true,
             record,
         })
-    }
-
-    async fn complete(
-        conn: &mut SqliteConnection,
-        c: &Completion<'_>,
-        retention: Duration,
-    ) -> Result<bool, crate::Error> {
-        let now = now_ms();
-        let done = sqlx::query(COMPLETE)
-            .bind(&c.key.scope)
-            .bind(&c.key.key)
-            .bind(c.method)
-            .bind(c.path)
-            .bind(&c.fingerprint.as_bytes()[..])
-            .bind(i64::from(c.response.status))
-            .bind(Json(&c.response.headers))
-            .bind(&c.response.body)
-            .bind(now)
-            .bind(now.saturating_add(ms(retention)))
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn savepoint(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
-        sqlx::raw_sql("SAVEPOINT idem_handler")
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn rollback_to_savepoint(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
-        sqlx::raw_sql("ROLLBACK TO SAVEPOINT idem_handler")
-            .execute(conn)
-            .await?;
-        Ok(())
     }
 
     async fn start(
@@ -204,40 +172,6 @@ impl Storage for Sqlite {
         Ok(Started::Acquired { taken_over })
     }
 
-    async fn finish(
-        conn: &mut SqliteConnection,
-        c: &Completion<'_>,
-        token: i64,
-        retention: Option<Duration>,
-    ) -> Result<bool, crate::Error> {
-        let done = sqlx::query(FINISH)
-            .bind(&c.key.scope)
-            .bind(&c.key.key)
-            .bind(token)
-            .bind(i64::from(c.response.status))
-            .bind(Json(&c.response.headers))
-            .bind(&c.response.body)
-            .bind(retention.map(ms))
-            .bind(now_ms())
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(
-        conn: &mut SqliteConnection,
-        key: &KeyRef,
-        token: i64,
-    ) -> Result<bool, crate::Error> {
-        let done = sqlx::query(RELEASE)
-            .bind(&key.scope)
-            .bind(&key.key)
-            .bind(token)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
     async fn purge_batch(pool: &SqlitePool, limit: i64) -> Result<u64, crate::Error> {
         Ok(sqlx::query(PURGE)
             .bind(now_ms())
@@ -263,17 +197,9 @@ impl Storage for Sqlite {
             .await?;
         rows.iter()
             .map(|row| {
-                let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
                 let locked_at: Option<i64> = row.try_get("locked_at")?;
-                Ok(Abandoned {
-                    key: KeyRef::new(row.try_get("scope")?, row.try_get("key")?),
-                    method: row.try_get("method")?,
-                    path: row.try_get("path")?,
-                    fingerprint: checked_fingerprint(&fingerprint)?,
-                    age: Duration::from_millis(
-                        now.saturating_sub(locked_at.unwrap_or(now)).max(0) as u64
-                    ),
-                })
+                let age = now.saturating_sub(locked_at.unwrap_or(now)).max(0);
+                abandoned!(row, Duration::from_millis(age as u64))
             })
             .collect()
     }
@@ -282,26 +208,27 @@ impl Storage for Sqlite {
         // SQLite does not abort a transaction when one of its statements fails.
         false
     }
-
-    async fn migrate(pool: &SqlitePool) -> Result<(), crate::Error> {
-        let mut migrator = sqlx::migrate!("migrations/sqlite");
-        migrator.set_ignore_missing(true);
-        migrator.dangerous_set_table_name("_idem_migrations");
-        Ok(migrator.run(pool).await?)
-    }
 }
 
-fn decode_record(row: &SqliteRow) -> Result<KeyRecord, crate::Error> {
-    RawRecord {
-        status: row.try_get("status")?,
-        method: row.try_get("method")?,
-        path: row.try_get("path")?,
-        fingerprint: row.try_get("fingerprint")?,
-        response_status: row.try_get("response_status")?,
-        response_headers: row
-            .try_get::<Option<Json<Vec<(String, String)>>>, _>("response_headers")?
-            .map(|Json(headers)| headers),
-        response_body: row.try_get("response_body")?,
-    }
-    .check()
+fn decode_record(row: &SqliteRow) -> Result<Option<KeyRecord>, crate::Error> {
+    decode_record!(row, i64)
+}
+
+/// HTTP statuses are held in an `INTEGER`.
+#[expect(
+    clippy::unnecessary_wraps,
+    reason = "the same signature as PostgreSQL's, which can fail"
+)]
+fn status(status: u16) -> Result<i64, crate::Error> {
+    Ok(i64::from(status))
+}
+
+/// A time to live in milliseconds, added to the process's clock.
+fn expiry(retention: Option<Duration>) -> Option<i64> {
+    retention.map(ms)
+}
+
+/// The time of the completion: its `created_at`, and what an expired row is measured against.
+fn completion_guard(_: &Completion<'_>) -> i64 {
+    now_ms()
 }

@@ -1,0 +1,144 @@
+//! What both backends do alike, written once: the statements whose SQL differs only in dialect
+//! are bound and run by [`shared_storage!`], records are decoded by [`decode_record!`].
+//!
+//! A backend module that invokes them provides, under these names: the SQL constants `COMPLETE`
+//! and `FINISH`; `status(u16)`, the integer its `response_status` column holds;
+//! `expiry(Option<Duration>)`, how it binds a time to live (`None` keeps the row's expiry); and `completion_guard(&Completion)`,
+//! the completion's last parameter (what makes the write conditional, or the time it happens).
+
+/// Deletes a `started` row owned by `$3`: the same statement on every database.
+pub(super) const RELEASE: &str = "DELETE FROM idem_keys \
+     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
+/// What a completion writes over an expired row of its key: every column, as a fresh row. The
+/// `WHERE` that follows it (only an expired row) is the backend's, in its dialect.
+macro_rules! replace_expired_row {
+    () => {
+        "ON CONFLICT (scope, key) DO UPDATE SET \
+           method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint, \
+           status = 'completed', response_status = excluded.response_status, \
+           response_headers = excluded.response_headers, response_body = excluded.response_body, \
+           created_at = excluded.created_at, expires_at = excluded.expires_at, locked_at = NULL, \
+           lease_until = NULL, claim_token = NULL "
+    };
+}
+
+/// The `Storage` methods that differ between backends only in their SQL's dialect.
+macro_rules! shared_storage {
+    ($conn:ty, migrations = $migrations:literal) => {
+        async fn complete(
+            conn: &mut $conn,
+            c: &Completion<'_>,
+            retention: Duration,
+        ) -> Result<bool, crate::Error> {
+            let done = sqlx::query(COMPLETE)
+                .bind(&c.key.scope)
+                .bind(&c.key.key)
+                .bind(c.method)
+                .bind(c.path)
+                .bind(&c.fingerprint.as_bytes()[..])
+                .bind(status(c.response.status)?)
+                .bind(Json(&c.response.headers))
+                .bind(&c.response.body)
+                .bind(expiry(Some(retention)))
+                .bind(completion_guard(c))
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn finish(
+            conn: &mut $conn,
+            c: &Completion<'_>,
+            token: i64,
+            retention: Option<Duration>,
+        ) -> Result<bool, crate::Error> {
+            let done = sqlx::query(FINISH)
+                .bind(&c.key.scope)
+                .bind(&c.key.key)
+                .bind(token)
+                .bind(status(c.response.status)?)
+                .bind(Json(&c.response.headers))
+                .bind(&c.response.body)
+                .bind(expiry(retention))
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn release(conn: &mut $conn, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
+            let done = sqlx::query(super::shared::RELEASE)
+                .bind(&key.scope)
+                .bind(&key.key)
+                .bind(token)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn savepoint(conn: &mut $conn) -> Result<(), crate::Error> {
+            sqlx::raw_sql("SAVEPOINT idem_handler")
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn rollback_to_savepoint(conn: &mut $conn) -> Result<(), crate::Error> {
+            sqlx::raw_sql("ROLLBACK TO SAVEPOINT idem_handler")
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn migrate(pool: &sqlx::Pool<Self>) -> Result<(), crate::Error> {
+            // Recorded apart from the application's own `_sqlx_migrations`.
+            let mut migrator = sqlx::migrate!($migrations);
+            migrator.set_ignore_missing(true);
+            migrator.dangerous_set_table_name("_idem_migrations");
+            Ok(migrator.run(pool).await?)
+        }
+    };
+}
+
+/// Decodes the columns of a key's row (`status` may be `NULL` where the statement found none),
+/// its `response_status` held as `$status`.
+macro_rules! decode_record {
+    ($row:expr, $status:ty) => {{
+        let row = $row;
+        match row.try_get::<Option<String>, _>("status")? {
+            None => Ok(None),
+            Some(status) => RawRecord {
+                status,
+                method: row.try_get("method")?,
+                path: row.try_get("path")?,
+                fingerprint: row.try_get("fingerprint")?,
+                response_status: row
+                    .try_get::<Option<$status>, _>("response_status")?
+                    .map(i64::from),
+                response_headers: row
+                    .try_get::<Option<Json<Vec<(String, String)>>>, _>("response_headers")?
+                    .map(|Json(headers)| headers),
+                response_body: row.try_get("response_body")?,
+            }
+            .check()
+            .map(Some),
+        }
+    }};
+}
+
+/// An abandoned claim from a row of the recovery's `RETURNING`, `$age` after its claim.
+macro_rules! abandoned {
+    ($row:expr, $age:expr) => {{
+        let row = $row;
+        let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+        Ok(Abandoned {
+            key: KeyRef::new(row.try_get("scope")?, row.try_get("key")?),
+            method: row.try_get("method")?,
+            path: row.try_get("path")?,
+            fingerprint: checked_fingerprint(&fingerprint)?,
+            age: $age,
+        })
+    }};
+}
+
+pub(super) use {abandoned, decode_record, replace_expired_row, shared_storage};
