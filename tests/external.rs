@@ -208,6 +208,39 @@ backend_tests! {
         );
     }
 
+    // The takeover rule is written twice, in PostgreSQL's `idem_start` and in SQLite's `start`:
+    // this test and the two above pin each of its cases on both databases.
+    async fn a_lapsed_claim_is_taken_over_only_by_the_same_request(db) {
+        let app = App::new(db).await;
+        let request = |body: &str| {
+            Req::post("/test/external-slow").tenant("t1").key("x1").json(body)
+        };
+        let first = tokio::spawn({
+            let app = app.clone();
+            let request = request("1").build();
+            async move { app.send(request).await }
+        });
+        until_called(&app.calls.external, 1).await;
+        app.lapse_lease("x1").await;
+        // Another request with the key: refused as a reuse, even though the lease ran out.
+        let other = app.send(request("2").build()).await;
+        assert_eq!(
+            other.problem(StatusCode::UNPROCESSABLE_ENTITY),
+            ProblemKind::KeyReused.type_uri()
+        );
+        assert_eq!(app.key_status("x1").await.as_deref(), Some("started"));
+        // The same request takes it over.
+        let takeover = app.send(request("1").build()).await;
+        assert_eq!(takeover.status, StatusCode::CREATED);
+        assert_eq!(&takeover.body[..], b"call 2 for t1");
+        app.gate.add_permits(1);
+        first.await.unwrap();
+        // A completed key is never taken over, lease or not.
+        let replay = app.send(request("1").build()).await;
+        assert!(replay.replayed());
+        assert_eq!(&replay.body[..], b"call 2 for t1");
+    }
+
     async fn derived_keys_differ_per_scope_and_hide_the_client_key(db) {
         let processor = TestProcessor::gated().await;
         processor.gate.add_permits(1);

@@ -128,6 +128,11 @@ impl Storage for Sqlite {
         conn: &mut SqliteConnection,
         start: &Start<'_>,
     ) -> Result<Started, crate::Error> {
+        // The takeover rule, as PostgreSQL's `idem_start` has it (there it must run inside the
+        // function that holds the advisory lock, with a fresh snapshot, in one round trip): a
+        // live row stays when it is completed, leased, or another request's; an expired row or
+        // a lapsed claim of the same request is replaced. `tests/external.rs` pins each case on
+        // both databases.
         let mut tx = conn.begin_with(BEGIN_IMMEDIATE).await?;
         let now = now_ms();
         let existing = live_row(&mut tx, start.key, now).await?;
