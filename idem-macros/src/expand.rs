@@ -70,7 +70,8 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
     let state_checks = args
         .state
         .as_ref()
-        .map(|state| state_checks(state, &db, &extractors));
+        .map(|state| state_checks(state, &db, &extractors, &sig.generics));
+    let (generics, _, where_clause) = sig.generics.split_for_impl();
     let extractors = extractors.iter().map(|arg| quote!(#arg));
 
     let scope = match scope {
@@ -117,6 +118,23 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
             (quote!(#ty), quote!(#inferred))
         }
     };
+    // The declared type converts the body's value (`impl Trait` is allowed in argument
+    // position, and the user's trait imports stay in use). A nested fn cannot see the handler's
+    // type parameters, so a return type that names them converts through a closure of the
+    // inferred type.
+    let into_response = if !mentions_type_params(&sig.output, &sig.generics) {
+        quote! {
+            fn __idem_into_response(__idem_output: #declared) -> #private::Response {
+                #private::IntoResponse::into_response(__idem_output)
+            }
+        }
+    } else {
+        quote! {
+            let __idem_into_response = |__idem_output: #inferred| -> #private::Response {
+                #private::IntoResponse::into_response(__idem_output)
+            };
+        }
+    };
 
     let body = quote!(#private::hint::<#inferred, _>(async move #block));
     // With a `timeout`, the body's future (and its borrow of the claim) is dropped when the
@@ -144,7 +162,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
 
     quote! {
         #(#attrs)*
-        #vis async fn #ident(#(#extractors,)* #input) -> #private::Response {
+        #vis async fn #ident #generics (#(#extractors,)* #input) -> #private::Response #where_clause {
             let __idem_span = __idem_request.span();
             #private::Instrument::instrument(
                 async move {
@@ -166,9 +184,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
                         ::core::result::Result::Ok(__idem_claim) => __idem_claim,
                         ::core::result::Result::Err(__idem_answer) => return __idem_answer,
                     };
-                    fn __idem_into_response(__idem_output: #declared) -> #private::Response {
-                        #private::IntoResponse::into_response(__idem_output)
-                    }
+                    #into_response
                     #run
                     __idem_claim.complete(__idem_response).await
                 },
@@ -183,7 +199,13 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
 /// With `state = S`: checks, at the handler, what Axum would otherwise report only at
 /// `.route(...)` as an unsatisfied `Handler`: that `S` provides the store, and that every
 /// argument but the last reads only the request's parts. Each error lands on the type at fault.
-fn state_checks(state: &Type, db: &TokenStream, extractors: &[syn::PatType]) -> TokenStream {
+fn state_checks(
+    state: &Type,
+    db: &TokenStream,
+    extractors: &[syn::PatType],
+    generics: &syn::Generics,
+) -> TokenStream {
+    let (generics, _, where_clause) = generics.split_for_impl();
     let private = runtime_private();
     let store = quote_spanned! {syn::spanned::Spanned::span(state)=>
         #private::state_provides_store::<#state, #db>();
@@ -197,7 +219,7 @@ fn state_checks(state: &Type, db: &TokenStream, extractors: &[syn::PatType]) -> 
     quote! {
         const _: () = {
             #[allow(dead_code)]
-            fn __idem_checks() {
+            fn __idem_checks #generics () #where_clause {
                 #store
                 #(#parts)*
             }
@@ -227,6 +249,27 @@ pub fn after_errors(original: TokenStream, errors: &syn::Error) -> TokenStream {
             ::core::unreachable!("`#[idempotent]` refused this handler at compile time")
         }
     }
+}
+
+/// Whether the return type names one of the handler's type parameters.
+fn mentions_type_params(output: &ReturnType, generics: &syn::Generics) -> bool {
+    fn idents(tokens: TokenStream, found: &mut Vec<proc_macro2::Ident>) {
+        for token in tokens {
+            match token {
+                proc_macro2::TokenTree::Ident(ident) => found.push(ident),
+                proc_macro2::TokenTree::Group(group) => idents(group.stream(), found),
+                _ => {}
+            }
+        }
+    }
+    let ReturnType::Type(_, ty) = output else {
+        return false;
+    };
+    let mut found = Vec::new();
+    idents(quote!(#ty), &mut found);
+    generics
+        .type_params()
+        .any(|param| found.contains(&param.ident))
 }
 
 /// `::idem_runtime::__private`, under whatever name the user's crate gives `idem-runtime`.

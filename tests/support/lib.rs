@@ -258,7 +258,7 @@ impl App {
                     )
                     .with_state(state)
                     .merge(
-                        handlers::postgres::routes(Arc::clone(&calls), Arc::clone(&gate))
+                        handlers::routes::<sqlx::Postgres>(Arc::clone(&calls), Arc::clone(&gate))
                             .with_state(store.clone()),
                     );
                 (
@@ -280,7 +280,7 @@ impl App {
                     )
                     .with_state(state)
                     .merge(
-                        handlers::sqlite::routes(Arc::clone(&calls), Arc::clone(&gate))
+                        handlers::routes::<sqlx::Sqlite>(Arc::clone(&calls), Arc::clone(&gate))
                             .with_state(store.clone()),
                     );
                 (

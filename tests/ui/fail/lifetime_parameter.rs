@@ -2,7 +2,7 @@ use idem_runtime::idempotent;
 use sqlx::{Postgres, Transaction};
 
 #[idempotent(scope = "tenant")]
-async fn create<T>(tenant: String, tx: &mut Transaction<'_, Postgres>) {
+async fn create<'a>(tenant: String, tx: &mut Transaction<'a, Postgres>) {
     let _ = (tenant, tx);
 }
 
