@@ -236,7 +236,7 @@ async fn an_unreachable_postgres_is_503_store_unavailable_without_waiting_for_th
                 .port(port)
                 .username("postgres"),
         );
-    store_unavailable(idem_examples::payments::postgres::router(Store::new(pool))).await;
+    store_unavailable(idem_examples::payments::router(Store::new(pool))).await;
 }
 
 /// A SQLite file that cannot be opened (its directory does not exist).
@@ -248,7 +248,7 @@ async fn an_unopenable_sqlite_file_is_503_store_unavailable() {
         .connect_lazy_with(
             sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("missing/dir/x.db")),
         );
-    store_unavailable(idem_examples::payments::sqlite::router(Store::new(pool))).await;
+    store_unavailable(idem_examples::payments::router(Store::new(pool))).await;
 }
 
 /// Sends a payment to `router` and checks the answer is 503 `StoreUnavailable`, and that it

@@ -20,10 +20,10 @@ use sqlx::{Postgres, Sqlite};
 /// Serves the example's router over PostgreSQL on a loopback port, plus `POST /bare/payments`:
 /// the same payment handler and business writes in a transaction, without idempotency.
 pub async fn serve(store: Store<Postgres>) -> Result<SocketAddr, crate::db::Error> {
-    let app = payments::postgres::routes()
+    let app = payments::routes::<sqlx::Postgres>()
         .route(
             "/bare/payments",
-            post(payments::postgres::create_payment_bare),
+            post(payments::create_payment_bare::<sqlx::Postgres>),
         )
         .with_state(AppState::new(store));
     listen(app).await
@@ -31,10 +31,10 @@ pub async fn serve(store: Store<Postgres>) -> Result<SocketAddr, crate::db::Erro
 
 /// As [`serve`], over SQLite.
 pub async fn serve_sqlite(store: Store<Sqlite>) -> Result<SocketAddr, crate::db::Error> {
-    let app = payments::sqlite::routes()
+    let app = payments::routes::<sqlx::Sqlite>()
         .route(
             "/bare/payments",
-            post(payments::sqlite::create_payment_bare),
+            post(payments::create_payment_bare::<sqlx::Sqlite>),
         )
         .with_state(AppState::new(store));
     listen(app).await

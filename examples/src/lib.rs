@@ -1,7 +1,7 @@
 //! The example services of idem: the payments API and the card processor the README describes.
 //!
-//! - `cargo run --bin payments` serves [`payments::postgres::router`] or [`payments::sqlite::router`]: payments and payouts
-//!   (transactional mode) and refunds (external mode, calling the processor).
+//! - `cargo run --bin payments` serves [`payments::router`] over PostgreSQL or SQLite: payments
+//!   and payouts (transactional mode) and refunds (external mode, calling the processor).
 //! - `cargo run --bin processor` serves [`processor::router`]: a simulated card processor in its
 //!   own process, so that it outlives a crash of the payments service.
 
@@ -12,3 +12,4 @@ pub mod payments;
 pub mod processor;
 pub mod refunds;
 pub mod schema;
+pub mod sql;

@@ -1,19 +1,27 @@
-//! The routes of the payments service (as the README's "The two commands" describes), once per
-//! database:
-//! [`postgres`] and [`sqlite`] hold the same handlers over `Transaction<'_, Postgres>` and
-//! `Transaction<'_, Sqlite>` (an `#[idempotent]` handler names its database, so the set is
-//! written once, in a macro, and instantiated twice).
+//! The routes of the payments service (as the README's "The two commands" describes), written
+//! once for both databases: every handler is generic over its database `DB` (routed as
+//! `routes::<Postgres>()` or `routes::<Sqlite>()`), and its SQL goes through [`crate::sql::Sql`].
 
 use axum::{
-    Json,
-    extract::FromRef,
+    Json, Router,
+    extract::{FromRef, Path, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
+    routing::{get, post},
 };
-use idem_runtime::{Backend, Store};
+use idem_runtime::{Backend, IdempotencyContext, Store, idempotent};
 use serde::{Deserialize, Serialize};
+use sqlx::Transaction;
+use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::error::ApiError;
+use crate::{
+    auth::Tenant,
+    card::{self, Decision},
+    error::{ApiError, ApiJson},
+    processor::RefundRequest,
+    refunds::{NewRefund, Refund},
+    sql::Sql,
+};
 
 /// The router's state: the idempotency store, whose pool the read routes use too, and the
 /// client of the card processor that refunds go to.
@@ -165,6 +173,8 @@ type Created = (
     Json<Transfer>,
 );
 
+type RefundCreated = (StatusCode, [(header::HeaderName, String); 1], Json<Refund>);
+
 /// The answer to a handler that panicked: nothing was committed.
 pub(crate) fn panic_problem(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
     idem_runtime::Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "Internal error")
@@ -172,306 +182,244 @@ pub(crate) fn panic_problem(_: Box<dyn std::any::Any + Send + 'static>) -> Respo
         .into_response()
 }
 
-/// The handlers and router over one database type.
-macro_rules! api {
-    ($db:ty) => {
-        use axum::{
-            Json, Router,
-            extract::{Path, State},
-            http::{StatusCode, header},
-            routing::{get, post},
-        };
-        use idem_runtime::{IdempotencyContext, Store, idempotent};
-        use sqlx::{Pool, Transaction};
-        use tower_http::catch_panic::CatchPanicLayer;
+/// The payments API over `store`, with the processor at its default address; its tables must
+/// exist ([`crate::schema::create`]).
+pub fn router<DB: Sql>(store: Store<DB>) -> Router {
+    routes::<DB>().with_state(AppState::new(store))
+}
 
-        use crate::{
-            auth::Tenant,
-            card::{self, Decision},
-            error::{ApiError, ApiJson},
-            payments::{Created, Kind, NewTransfer, PAYMENTS, PAYOUTS, Transfer, panic_problem},
-            processor::RefundRequest,
-            refunds::{NewRefund, Refund},
-        };
+/// The routes of [`router`], before the state is given, for embedding in a larger router.
+pub fn routes<DB: Sql>() -> Router<AppState<DB>> {
+    Router::new()
+        .route(
+            "/v1/payments",
+            post(create_payment::<DB>).get(list_payments::<DB>),
+        )
+        .route("/v1/payments/{id}", get(get_payment::<DB>))
+        .route(
+            "/v1/payouts",
+            post(create_payout::<DB>).get(list_payouts::<DB>),
+        )
+        .route("/v1/payouts/{id}", get(get_payout::<DB>))
+        .route(
+            "/v1/refunds",
+            post(create_refund::<DB>).get(list_refunds::<DB>),
+        )
+        .route("/v1/refunds/{id}", get(get_refund::<DB>))
+        .layer(CatchPanicLayer::custom(panic_problem))
+}
 
-        /// The router's state over this database.
-        pub type AppState = crate::payments::AppState<$db>;
+/// `POST /v1/payments`: a 5xx is rolled back and not stored, so a retry charges again.
+#[idempotent(scope = "tenant", retention = "24h", replay_5xx = false, state = AppState<DB>)]
+pub async fn create_payment<DB: Sql>(
+    tenant: Tenant,
+    tx: &mut Transaction<'_, DB>,
+    ApiJson(body): ApiJson<NewTransfer>,
+) -> Result<Created, ApiError> {
+    create(&PAYMENTS, &tenant, tx, body).await
+}
 
-        /// The payments API over `store`, with the processor at its default address; its tables must
-        /// exist ([`crate::schema::create`]).
-        pub fn router(store: Store<$db>) -> Router {
-            routes().with_state(AppState::new(store))
-        }
+/// `POST /v1/payouts`: a 5xx is stored and replayed (Stripe v1), its writes undone.
+#[idempotent(scope = "tenant", retention = "7d", replay_5xx = true, state = AppState<DB>)]
+pub async fn create_payout<DB: Sql>(
+    tenant: Tenant,
+    tx: &mut Transaction<'_, DB>,
+    ApiJson(body): ApiJson<NewTransfer>,
+) -> Result<Created, ApiError> {
+    create(&PAYOUTS, &tenant, tx, body).await
+}
 
-        /// The routes of [`router`], before the state is given, for embedding in a larger router.
-        pub fn routes() -> Router<AppState> {
-            Router::new()
-                .route("/v1/payments", post(create_payment).get(list_payments))
-                .route("/v1/payments/{id}", get(get_payment))
-                .route("/v1/payouts", post(create_payout).get(list_payouts))
-                .route("/v1/payouts/{id}", get(get_payout))
-                .route(
-                    "/v1/refunds",
-                    post(create_refund).get(list_refunds),
-                )
-                .route("/v1/refunds/{id}", get(get_refund))
-                .layer(CatchPanicLayer::custom(panic_problem))
-        }
+/// `POST /v1/payments` without idempotency: the same work in a transaction of its own. Not
+/// routed by [`router`]; it is the baseline that tests and benchmarks compare against.
+pub async fn create_payment_bare<DB: Sql>(
+    tenant: Tenant,
+    State(state): State<AppState<DB>>,
+    ApiJson(body): ApiJson<NewTransfer>,
+) -> Result<Created, ApiError> {
+    let mut tx = state.store.pool().begin().await?;
+    let created = create(&PAYMENTS, &tenant, &mut tx, body).await?;
+    tx.commit().await?;
+    Ok(created)
+}
 
-        /// `POST /v1/payments`: a 5xx is rolled back and not stored, so a retry charges again.
-        #[idempotent(scope = "tenant", retention = "24h", replay_5xx = false, state = AppState)]
-        pub async fn create_payment(
-            tenant: Tenant,
-            tx: &mut Transaction<'_, $db>,
-            ApiJson(body): ApiJson<NewTransfer>,
-        ) -> Result<Created, ApiError> {
-            create(&PAYMENTS, &tenant, tx, body).await
-        }
-
-        /// `POST /v1/payouts`: a 5xx is stored and replayed (Stripe v1), its writes undone.
-        #[idempotent(scope = "tenant", retention = "7d", replay_5xx = true, state = AppState)]
-        pub async fn create_payout(
-            tenant: Tenant,
-            tx: &mut Transaction<'_, $db>,
-            ApiJson(body): ApiJson<NewTransfer>,
-        ) -> Result<Created, ApiError> {
-            create(&PAYOUTS, &tenant, tx, body).await
-        }
-
-        /// `POST /v1/payments` without idempotency: the same work in a transaction of its own. Not
-        /// routed by [`router`]; it is the baseline that tests and benchmarks compare against.
-        pub async fn create_payment_bare(
-            tenant: Tenant,
-            State(state): State<AppState>,
-            ApiJson(body): ApiJson<NewTransfer>,
-        ) -> Result<Created, ApiError> {
-            let mut tx = state.store.pool().begin().await?;
-            let created = create(&PAYMENTS, &tenant, &mut tx, body).await?;
-            tx.commit().await?;
-            Ok(created)
-        }
-
-        /// Records the attempt, asks the processor, and settles the record with its decision.
-        async fn create(
-            kind: &Kind,
-            tenant: &Tenant,
-            tx: &mut Transaction<'_, $db>,
-            body: NewTransfer,
-        ) -> Result<Created, ApiError> {
-            body.validate()?;
-            let id = format!("{}_{}", kind.id_prefix, uuid::Uuid::new_v4().simple());
-            sqlx::query(kind.insert)
-                .bind(&id)
-                .bind(&tenant.0)
-                .bind(body.amount)
-                .bind(&body.currency)
-                .bind(&body.customer)
-                .execute(&mut **tx)
-                .await?;
-            let status = match card::decide(&body.customer).await {
-                Decision::Approved => kind.approved,
-                Decision::Declined => "declined",
-                Decision::Unavailable => {
-                    return Err(ApiError::Unavailable(format!(
-                        "the processor did not answer; the {} was not made, retry with the same key",
-                        kind.noun
-                    )));
-                }
-            };
-            sqlx::query(kind.settle)
-                .bind(&id)
-                .bind(status)
-                .execute(&mut **tx)
-                .await?;
-            if status == "declined" {
-                return Err(ApiError::Declined(format!(
-                    "the {} {id} was declined by the card issuer",
-                    kind.noun
-                )));
-            }
-            let location = format!("{}/{id}", kind.path);
-            let transfer = Transfer {
-                id,
-                amount: body.amount,
-                currency: body.currency,
-                customer: body.customer,
-                status: status.to_owned(),
-            };
-            Ok((
-                StatusCode::CREATED,
-                [(header::LOCATION, location)],
-                Json(transfer),
-            ))
-        }
-
-        /// `GET /v1/payments`.
-        pub async fn list_payments(
-            tenant: Tenant,
-            State(state): State<AppState>,
-        ) -> Result<Json<Vec<Transfer>>, ApiError> {
-            list(&PAYMENTS, state.store.pool(), &tenant).await
-        }
-
-        /// `GET /v1/payouts`.
-        pub async fn list_payouts(
-            tenant: Tenant,
-            State(state): State<AppState>,
-        ) -> Result<Json<Vec<Transfer>>, ApiError> {
-            list(&PAYOUTS, state.store.pool(), &tenant).await
-        }
-
-        /// `GET /v1/payments/{id}`.
-        pub async fn get_payment(
-            tenant: Tenant,
-            State(state): State<AppState>,
-            Path(id): Path<String>,
-        ) -> Result<Json<Transfer>, ApiError> {
-            fetch(&PAYMENTS, state.store.pool(), &tenant, &id).await
-        }
-
-        /// `GET /v1/payouts/{id}`.
-        pub async fn get_payout(
-            tenant: Tenant,
-            State(state): State<AppState>,
-            Path(id): Path<String>,
-        ) -> Result<Json<Transfer>, ApiError> {
-            fetch(&PAYOUTS, state.store.pool(), &tenant, &id).await
-        }
-
-        async fn list(
-            kind: &Kind,
-            pool: &Pool<$db>,
-            tenant: &Tenant,
-        ) -> Result<Json<Vec<Transfer>>, ApiError> {
-            let sql = format!("{} {}", kind.list, <$db as crate::schema::Tables>::NEWEST_FIRST);
-            let rows = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                .bind(&tenant.0)
-                .fetch_all(pool)
-                .await?;
-            Ok(Json(rows))
-        }
-
-        async fn fetch(
-            kind: &Kind,
-            pool: &Pool<$db>,
-            tenant: &Tenant,
-            id: &str,
-        ) -> Result<Json<Transfer>, ApiError> {
-            crate::payments::check_id(kind.noun, id)?;
-            sqlx::query_as(kind.fetch)
-                .bind(&tenant.0)
-                .bind(id)
-                .fetch_optional(pool)
-                .await?
-                .map(Json)
-                .ok_or_else(|| ApiError::NotFound(format!("no {} {id} for this tenant", kind.noun)))
-        }
-
-        /// `POST /v1/refunds`, in external mode: no transaction; the processor call happens between a
-        /// committed claim and the stored outcome, protected by a key derived from the client's.
-        #[idempotent(scope = "tenant", retention = "24h", lease = "5s", backend = $db, state = AppState)]
-        pub async fn create_refund(
-            tenant: Tenant,
-            ctx: IdempotencyContext,
-            State(state): State<AppState>,
-            ApiJson(body): ApiJson<NewRefund>,
-        ) -> Result<(StatusCode, [(header::HeaderName, String); 1], Json<Refund>), ApiError> {
-            if body.amount <= 0 {
-                return Err(ApiError::Invalid(format!(
-                    "`amount` must be a positive integer in minor units, got {}",
-                    body.amount
-                )));
-            }
-            let pool = state.store.pool();
-            let customer: Option<String> =
-                sqlx::query_scalar("SELECT customer FROM payments WHERE tenant = $1 AND id = $2")
-                    .bind(&tenant.0)
-                    .bind(&body.payment)
-                    .fetch_optional(pool)
-                    .await?;
-            let Some(customer) = customer else {
-                return Err(ApiError::NotFound(format!(
-                    "no payment {} for this tenant",
-                    body.payment
-                )));
-            };
-            let request = RefundRequest {
-                payment: body.payment,
-                amount: body.amount,
-                customer,
-            };
-            // The same derived key on every retry and takeover: the processor refunds once.
-            let executed = state
-                .processor
-                .refund(&ctx.derive("refund"), &request)
-                .await?;
-            let refund = Refund {
-                id: executed.id,
-                payment: executed.payment,
-                amount: executed.amount,
-                status: executed.status,
-            };
-            // A takeover after a crash may find the row written already: the insert is idempotent too.
-            sqlx::query(
-                "INSERT INTO refunds (id, tenant, payment, amount, status) VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT (id) DO NOTHING",
-            )
-            .bind(&refund.id)
-            .bind(&tenant.0)
-            .bind(&refund.payment)
-            .bind(refund.amount)
-            .bind(&refund.status)
-            .execute(pool)
-            .await?;
-            let location = format!("/v1/refunds/{}", refund.id);
-            Ok((
-                StatusCode::CREATED,
-                [(header::LOCATION, location)],
-                Json(refund),
-            ))
-        }
-
-        /// `GET /v1/refunds`: the caller's refunds, newest first.
-        pub async fn list_refunds(
-            tenant: Tenant,
-            State(state): State<AppState>,
-        ) -> Result<Json<Vec<Refund>>, ApiError> {
-            let sql = format!(
-                "SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 {}",
-                <$db as crate::schema::Tables>::NEWEST_FIRST
-            );
-            let rows = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(&tenant.0)
-            .fetch_all(state.store.pool())
-            .await?;
-            Ok(Json(rows))
-        }
-
-        /// `GET /v1/refunds/{id}`: one of the caller's refunds.
-        pub async fn get_refund(
-            tenant: Tenant,
-            State(state): State<AppState>,
-            Path(id): Path<String>,
-        ) -> Result<Json<Refund>, ApiError> {
-            crate::payments::check_id("refund", &id)?;
-            sqlx::query_as("SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 AND id = $2")
-                .bind(&tenant.0)
-                .bind(&id)
-                .fetch_optional(state.store.pool())
-                .await?
-                .map(Json)
-                .ok_or_else(|| ApiError::NotFound(format!("no refund {id} for this tenant")))
-        }
-
+/// Records the attempt, asks the processor, and settles the record with its decision.
+async fn create<DB: Sql>(
+    kind: &Kind,
+    tenant: &Tenant,
+    tx: &mut Transaction<'_, DB>,
+    body: NewTransfer,
+) -> Result<Created, ApiError> {
+    body.validate()?;
+    let mut transfer = Transfer {
+        id: format!("{}_{}", kind.id_prefix, uuid::Uuid::new_v4().simple()),
+        amount: body.amount,
+        currency: body.currency,
+        customer: body.customer,
+        status: "processing".to_owned(),
     };
+    DB::insert_transfer(tx, kind.insert, &transfer, &tenant.0).await?;
+    let status = match card::decide(&transfer.customer).await {
+        Decision::Approved => kind.approved,
+        Decision::Declined => "declined",
+        Decision::Unavailable => {
+            return Err(ApiError::Unavailable(format!(
+                "the processor did not answer; the {} was not made, retry with the same key",
+                kind.noun
+            )));
+        }
+    };
+    DB::settle(tx, kind.settle, &transfer.id, status).await?;
+    if status == "declined" {
+        return Err(ApiError::Declined(format!(
+            "the {} {} was declined by the card issuer",
+            kind.noun, transfer.id
+        )));
+    }
+    status.clone_into(&mut transfer.status);
+    let location = format!("{}/{}", kind.path, transfer.id);
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(transfer),
+    ))
 }
 
-/// The API over PostgreSQL.
-pub mod postgres {
-    api!(sqlx::Postgres);
+/// `GET /v1/payments`.
+pub async fn list_payments<DB: Sql>(
+    tenant: Tenant,
+    State(state): State<AppState<DB>>,
+) -> Result<Json<Vec<Transfer>>, ApiError> {
+    list(&PAYMENTS, &state, &tenant).await
 }
 
-/// The API over SQLite.
-pub mod sqlite {
-    api!(sqlx::Sqlite);
+/// `GET /v1/payouts`.
+pub async fn list_payouts<DB: Sql>(
+    tenant: Tenant,
+    State(state): State<AppState<DB>>,
+) -> Result<Json<Vec<Transfer>>, ApiError> {
+    list(&PAYOUTS, &state, &tenant).await
+}
+
+/// `GET /v1/payments/{id}`.
+pub async fn get_payment<DB: Sql>(
+    tenant: Tenant,
+    State(state): State<AppState<DB>>,
+    Path(id): Path<String>,
+) -> Result<Json<Transfer>, ApiError> {
+    fetch(&PAYMENTS, &state, &tenant, &id).await
+}
+
+/// `GET /v1/payouts/{id}`.
+pub async fn get_payout<DB: Sql>(
+    tenant: Tenant,
+    State(state): State<AppState<DB>>,
+    Path(id): Path<String>,
+) -> Result<Json<Transfer>, ApiError> {
+    fetch(&PAYOUTS, &state, &tenant, &id).await
+}
+
+async fn list<DB: Sql>(
+    kind: &Kind,
+    state: &AppState<DB>,
+    tenant: &Tenant,
+) -> Result<Json<Vec<Transfer>>, ApiError> {
+    let sql = format!("{} {}", kind.list, DB::NEWEST_FIRST);
+    let rows = DB::transfers(state.store.pool(), sql, &tenant.0, &[]).await?;
+    Ok(Json(rows))
+}
+
+async fn fetch<DB: Sql>(
+    kind: &Kind,
+    state: &AppState<DB>,
+    tenant: &Tenant,
+    id: &str,
+) -> Result<Json<Transfer>, ApiError> {
+    check_id(kind.noun, id)?;
+    let rows = DB::transfers(state.store.pool(), kind.fetch.to_owned(), &tenant.0, &[id]).await?;
+    rows.into_iter()
+        .next()
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no {} {id} for this tenant", kind.noun)))
+}
+
+/// `POST /v1/refunds`, in external mode: no transaction; the processor call happens between a
+/// committed claim and the stored outcome, protected by a key derived from the client's.
+#[idempotent(
+    scope = "tenant",
+    retention = "24h",
+    lease = "5s",
+    backend = DB,
+    state = AppState<DB>
+)]
+pub async fn create_refund<DB: Sql>(
+    tenant: Tenant,
+    ctx: IdempotencyContext,
+    State(state): State<AppState<DB>>,
+    ApiJson(body): ApiJson<NewRefund>,
+) -> Result<RefundCreated, ApiError> {
+    if body.amount <= 0 {
+        return Err(ApiError::Invalid(format!(
+            "`amount` must be a positive integer in minor units, got {}",
+            body.amount
+        )));
+    }
+    let pool = state.store.pool();
+    let Some(customer) = DB::payment_customer(pool, &tenant.0, &body.payment).await? else {
+        return Err(ApiError::NotFound(format!(
+            "no payment {} for this tenant",
+            body.payment
+        )));
+    };
+    let request = RefundRequest {
+        payment: body.payment,
+        amount: body.amount,
+        customer,
+    };
+    // The same derived key on every retry and takeover: the processor refunds once.
+    let executed = state
+        .processor
+        .refund(&ctx.derive("refund"), &request)
+        .await?;
+    let refund = Refund {
+        id: executed.id,
+        payment: executed.payment,
+        amount: executed.amount,
+        status: executed.status,
+    };
+    // A takeover after a crash may find the row written already: the insert is idempotent too.
+    DB::insert_refund(pool, &refund, &tenant.0).await?;
+    let location = format!("/v1/refunds/{}", refund.id);
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(refund),
+    ))
+}
+
+/// `GET /v1/refunds`: the caller's refunds, newest first.
+pub async fn list_refunds<DB: Sql>(
+    tenant: Tenant,
+    State(state): State<AppState<DB>>,
+) -> Result<Json<Vec<Refund>>, ApiError> {
+    let sql = format!(
+        "SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 {}",
+        DB::NEWEST_FIRST
+    );
+    let rows = DB::refunds(state.store.pool(), sql, &tenant.0, &[]).await?;
+    Ok(Json(rows))
+}
+
+/// `GET /v1/refunds/{id}`: one of the caller's refunds.
+pub async fn get_refund<DB: Sql>(
+    tenant: Tenant,
+    State(state): State<AppState<DB>>,
+    Path(id): Path<String>,
+) -> Result<Json<Refund>, ApiError> {
+    check_id("refund", &id)?;
+    let sql = "SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 AND id = $2";
+    let rows = DB::refunds(state.store.pool(), sql.to_owned(), &tenant.0, &[&id]).await?;
+    rows.into_iter()
+        .next()
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no refund {id} for this tenant")))
 }

@@ -251,10 +251,10 @@ impl App {
                 if let Some(processor) = processor {
                     state.processor = processor;
                 }
-                let router = payments::postgres::routes()
+                let router = payments::routes::<sqlx::Postgres>()
                     .route(
                         "/test/bare-payments",
-                        post(payments::postgres::create_payment_bare),
+                        post(payments::create_payment_bare::<sqlx::Postgres>),
                     )
                     .with_state(state)
                     .merge(
@@ -273,10 +273,10 @@ impl App {
                 if let Some(processor) = processor {
                     state.processor = processor;
                 }
-                let router = payments::sqlite::routes()
+                let router = payments::routes::<sqlx::Sqlite>()
                     .route(
                         "/test/bare-payments",
-                        post(payments::sqlite::create_payment_bare),
+                        post(payments::create_payment_bare::<sqlx::Sqlite>),
                     )
                     .with_state(state)
                     .merge(

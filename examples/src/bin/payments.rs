@@ -19,7 +19,7 @@ use idem_runtime::{
     tasks::{self, PurgeOptions, ReleaseAbandoned},
 };
 use sqlx::{
-    Pool,
+    Pool, Postgres, Sqlite,
     postgres::PgPoolOptions,
     sqlite::{SqliteConnectOptions, SqlitePoolOptions},
 };
@@ -57,7 +57,7 @@ async fn run() -> Result<(), Error> {
                 .await
                 .map_err(|e| format!("cannot open DATABASE_URL: {e}"))?;
             tracing::info!(database = %url, "storing in SQLite");
-            serve(pool, payments::sqlite::routes()).await
+            serve(pool, payments::routes::<Sqlite>()).await
         }
         Ok(url) => {
             let pool = PgPoolOptions::new()
@@ -66,7 +66,7 @@ async fn run() -> Result<(), Error> {
                 .await
                 .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
             tracing::info!("storing in PostgreSQL (DATABASE_URL)");
-            serve(pool, payments::postgres::routes()).await
+            serve(pool, payments::routes::<Postgres>()).await
         }
         Err(_) => {
             let path = PathBuf::from(
@@ -79,7 +79,7 @@ async fn run() -> Result<(), Error> {
                 path = %path.display(),
                 "storing in SQLite (set DATABASE_URL to use PostgreSQL)"
             );
-            serve(pool, payments::sqlite::routes()).await
+            serve(pool, payments::routes::<Sqlite>()).await
         }
     }
 }

@@ -1,0 +1,155 @@
+//! The example's SQL, behind one trait: the handlers in [`crate::payments`] are generic over the
+//! database and call these methods; sqlx's executors are per database type, so the bodies are
+//! written once in a macro and implemented for PostgreSQL and SQLite.
+
+use std::future::Future;
+
+use sqlx::{Pool, Transaction};
+
+use crate::{payments::Transfer, refunds::Refund, schema::Tables};
+
+/// A database the payments API runs on.
+pub trait Sql: Tables {
+    /// Inserts a transfer (`sql` is the kind's `INSERT`) in the handler's transaction.
+    fn insert_transfer<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        sql: &'static str,
+        transfer: &'a Transfer,
+        tenant: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Sets a transfer's status (`sql` is the kind's `UPDATE`).
+    fn settle<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        sql: &'static str,
+        id: &'a str,
+        status: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// The transfers `sql` selects for `tenant`, with more binds in `ids`.
+    fn transfers<'a>(
+        pool: &'a Pool<Self>,
+        sql: String,
+        tenant: &'a str,
+        ids: &'a [&'a str],
+    ) -> impl Future<Output = Result<Vec<Transfer>, sqlx::Error>> + Send + 'a;
+
+    /// The customer of `tenant`'s payment `payment`, if it exists.
+    fn payment_customer<'a>(
+        pool: &'a Pool<Self>,
+        tenant: &'a str,
+        payment: &'a str,
+    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send + 'a;
+
+    /// Records a refund the processor executed; a second time changes nothing.
+    fn insert_refund<'a>(
+        pool: &'a Pool<Self>,
+        refund: &'a Refund,
+        tenant: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// The refunds `sql` selects for `tenant`, with more binds in `ids`.
+    fn refunds<'a>(
+        pool: &'a Pool<Self>,
+        sql: String,
+        tenant: &'a str,
+        ids: &'a [&'a str],
+    ) -> impl Future<Output = Result<Vec<Refund>, sqlx::Error>> + Send + 'a;
+}
+
+macro_rules! sql {
+    ($db:ty) => {
+        impl Sql for $db {
+            async fn insert_transfer<'a>(
+                tx: &'a mut Transaction<'_, Self>,
+                sql: &'static str,
+                transfer: &'a Transfer,
+                tenant: &'a str,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(sql)
+                    .bind(&transfer.id)
+                    .bind(tenant)
+                    .bind(transfer.amount)
+                    .bind(&transfer.currency)
+                    .bind(&transfer.customer)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            async fn settle<'a>(
+                tx: &'a mut Transaction<'_, Self>,
+                sql: &'static str,
+                id: &'a str,
+                status: &'a str,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(sql)
+                    .bind(id)
+                    .bind(status)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            async fn transfers<'a>(
+                pool: &'a Pool<Self>,
+                sql: String,
+                tenant: &'a str,
+                ids: &'a [&'a str],
+            ) -> Result<Vec<Transfer>, sqlx::Error> {
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(tenant);
+                for id in ids {
+                    query = query.bind(*id);
+                }
+                query.fetch_all(pool).await
+            }
+
+            async fn payment_customer<'a>(
+                pool: &'a Pool<Self>,
+                tenant: &'a str,
+                payment: &'a str,
+            ) -> Result<Option<String>, sqlx::Error> {
+                sqlx::query_scalar("SELECT customer FROM payments WHERE tenant = $1 AND id = $2")
+                    .bind(tenant)
+                    .bind(payment)
+                    .fetch_optional(pool)
+                    .await
+            }
+
+            async fn insert_refund<'a>(
+                pool: &'a Pool<Self>,
+                refund: &'a Refund,
+                tenant: &'a str,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(
+                    "INSERT INTO refunds (id, tenant, payment, amount, status) \
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+                )
+                .bind(&refund.id)
+                .bind(tenant)
+                .bind(&refund.payment)
+                .bind(refund.amount)
+                .bind(&refund.status)
+                .execute(pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn refunds<'a>(
+                pool: &'a Pool<Self>,
+                sql: String,
+                tenant: &'a str,
+                ids: &'a [&'a str],
+            ) -> Result<Vec<Refund>, sqlx::Error> {
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(tenant);
+                for id in ids {
+                    query = query.bind(*id);
+                }
+                query.fetch_all(pool).await
+            }
+        }
+    };
+}
+
+sql!(sqlx::Postgres);
+sql!(sqlx::Sqlite);
