@@ -74,9 +74,11 @@ pub enum KeyError {
     #[error("the `Idempotency-Key` header is empty; a key has 1 to 255 visible ASCII characters")]
     Empty,
     /// The key is longer than [`MAX_KEY_LEN`].
-    #[error("the idempotency key has {len} characters; at most 255 are allowed")]
+    #[error(
+        "the idempotency key is {len} bytes long; a key has at most 255 visible ASCII characters"
+    )]
     TooLong {
-        /// The key's length.
+        /// The key's length in bytes (a valid key's characters are one byte each).
         len: usize,
     },
     /// The key holds a space, a control character or a non-ASCII byte.
