@@ -76,6 +76,8 @@ backend_tests! {
         assert!(second.replayed());
         assert_eq!(second.body, first.body);
         assert_eq!(executed_refunds(&processor).await.len(), 1);
+        // Completed under the route's 24 h retention, counted from the completion.
+        assert_eq!(app.retention_secs("r1").await, 24 * 3600);
         let listed = app
             .send(Req::get("/v1/refunds").tenant("t1").build())
             .await

@@ -143,8 +143,11 @@ backend_tests! {
             headers: vec![("content-type".into(), "application/json".into())],
             body: br#"{"id":"re_found_downstream"}"#.to_vec(),
         };
+        let expiry_before = app.retention_secs("abandoned").await;
         let report = app.recover(&CompleteWith(answer)).await;
         assert_eq!((report.found, report.completed), (1, 1));
+        // Completed by the recovery, the key keeps the expiry its claim was given.
+        assert_eq!(app.retention_secs("abandoned").await, expiry_before);
         let retry = app
             .send(Req::post("/v1/refunds").tenant("t1").key("abandoned").json(&body).build())
             .await;

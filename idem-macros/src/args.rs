@@ -7,6 +7,10 @@ use syn::{Expr, ExprLit, Lit, LitStr, meta::ParseNestedMeta, parse::Parser};
 
 use crate::duration;
 
+/// Old names, still recognised so that the error can name the new one; not offered in the
+/// list of arguments.
+const RENAMED: &[&str] = &["lock_timeout"];
+
 /// Reads one argument into [`Raw`], or says what is wrong with it.
 type ParseArgument = fn(&ParseNestedMeta<'_>, &mut Raw) -> syn::Result<()>;
 
@@ -142,6 +146,7 @@ fn parse_one(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
         None => {
             let expected: Vec<String> = ARGUMENTS
                 .iter()
+                .filter(|(known, _)| !RENAMED.contains(known))
                 .map(|(known, _)| format!("`{known}`"))
                 .collect();
             Err(syn::Error::new_spanned(

@@ -71,6 +71,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         .state
         .as_ref()
         .map(|state| state_checks(state, &db, &extractors, &sig.generics));
+
     let (generics, _, where_clause) = sig.generics.split_for_impl();
     let extractors = extractors.iter().map(|arg| quote!(#arg));
 
@@ -163,6 +164,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
     quote! {
         #(#attrs)*
         #vis async fn #ident #generics (#(#extractors,)* #input) -> #private::Response #where_clause {
+            #state_checks
             let __idem_span = __idem_request.span();
             #private::Instrument::instrument(
                 async move {
@@ -192,24 +194,28 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
             )
             .await
         }
-        #state_checks
     }
 }
 
 /// With `state = S`: checks, at the handler, what Axum would otherwise report only at
 /// `.route(...)` as an unsatisfied `Handler`: that `S` provides the store, and that every
 /// argument but the last reads only the request's parts. Each error lands on the type at fault.
+/// The checks sit in a closure that is never called, in the handler's body, where its type
+/// parameters are in scope and an associated function is no obstacle. When the database is one
+/// of the handler's type parameters, whether `S` provides its store is a question for each
+/// instantiation, which `.route(...)` answers.
 fn state_checks(
     state: &Type,
     db: &TokenStream,
     extractors: &[syn::PatType],
     generics: &syn::Generics,
 ) -> TokenStream {
-    let (generics, _, where_clause) = generics.split_for_impl();
     let private = runtime_private();
-    let store = quote_spanned! {syn::spanned::Spanned::span(state)=>
-        #private::state_provides_store::<#state, #db>();
-    };
+    let store = (!names_generic_params(db.clone(), generics)).then(|| {
+        quote_spanned! {syn::spanned::Spanned::span(state)=>
+            #private::state_provides_store::<#state, #db>();
+        }
+    });
     let parts = extractors.iter().map(|arg| {
         let ty = &arg.ty;
         quote_spanned! {arg.ty_span()=>
@@ -217,12 +223,9 @@ fn state_checks(
         }
     });
     quote! {
-        const _: () = {
-            #[allow(dead_code)]
-            fn __idem_checks #generics () #where_clause {
-                #store
-                #(#parts)*
-            }
+        let _ = || {
+            #store
+            #(#parts)*
         };
     }
 }
@@ -239,20 +242,37 @@ pub fn after_errors(original: TokenStream, errors: &syn::Error) -> TokenStream {
     let ident = item.sig.ident.clone();
     let vis = item.vis.clone();
     let private = runtime_private();
+    // The stand-in keeps the type parameters, so that `post(create::<Postgres>)` still routes;
+    // lifetimes (refused anyway) are left out.
+    let mut stand_in = item.sig.generics.clone();
+    stand_in.params = stand_in
+        .params
+        .into_iter()
+        .filter(|param| !matches!(param, syn::GenericParam::Lifetime(_)))
+        .collect();
+    let (generics, _, where_clause) = stand_in.split_for_impl();
     item.sig.ident = quote::format_ident!("__idem_refused_{}", ident);
     quote! {
         #errors
         #[allow(unused, dead_code, non_snake_case)]
         #item
         #[allow(unused, dead_code)]
-        #vis async fn #ident() -> #private::Response {
+        #vis async fn #ident #generics () -> #private::Response #where_clause {
             ::core::unreachable!("`#[idempotent]` refused this handler at compile time")
         }
     }
 }
 
-/// Whether the return type names one of the handler's type parameters.
+/// Whether the return type names one of the handler's type or const parameters.
 fn mentions_type_params(output: &ReturnType, generics: &syn::Generics) -> bool {
+    let ReturnType::Type(_, ty) = output else {
+        return false;
+    };
+    names_generic_params(quote!(#ty), generics)
+}
+
+/// Whether `tokens` name one of the type or const parameters of `generics`.
+fn names_generic_params(tokens: TokenStream, generics: &syn::Generics) -> bool {
     fn idents(tokens: TokenStream, found: &mut Vec<proc_macro2::Ident>) {
         for token in tokens {
             match token {
@@ -262,14 +282,13 @@ fn mentions_type_params(output: &ReturnType, generics: &syn::Generics) -> bool {
             }
         }
     }
-    let ReturnType::Type(_, ty) = output else {
-        return false;
-    };
     let mut found = Vec::new();
-    idents(quote!(#ty), &mut found);
+    idents(tokens, &mut found);
     generics
         .type_params()
-        .any(|param| found.contains(&param.ident))
+        .map(|param| &param.ident)
+        .chain(generics.const_params().map(|param| &param.ident))
+        .any(|ident| found.contains(ident))
 }
 
 /// `::idem_runtime::__private`, under whatever name the user's crate gives `idem-runtime`.

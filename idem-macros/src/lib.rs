@@ -47,6 +47,17 @@ mod handler;
 ///   or `sqlx::Sqlite` (a transactional handler's transaction names it). Default PostgreSQL if
 ///   `idem-runtime`'s `postgres` feature is on, else SQLite.
 ///
+/// - `state = <type>`: the router's state. Optional, recommended: the handler is then checked
+///   at its definition, with errors on the type at fault, that the state provides
+///   `Store<DB>` (`FromRef`) and that every argument but the last reads only the request's
+///   parts (instead of one `Handler` error at `.route(...)`).
+///
+/// On PostgreSQL a handler with a `timeout` also gets `statement_timeout` = twice the timeout
+/// for its transaction, so that a statement in flight when the body is stopped ends too.
+///
+/// A handler may have type parameters, such as its database (`async fn create<DB: Backend>(tx:
+/// &mut Transaction<'_, DB>, ...)`, routed as `post(create::<Postgres>)`); not lifetimes.
+///
 /// Two modes, chosen by the signature:
 ///
 /// - **Transactional**: the handler takes one `&mut sqlx::Transaction<'_, DB>`; the macro

@@ -87,12 +87,9 @@ pub mod __private {
     pub use axum::response::{IntoResponse, Response};
     pub use tracing::Instrument;
 
-    /// `#[idempotent(state = S)]`: the router state `S` must provide the store.
-    #[diagnostic::on_unimplemented(
-        message = "the router state `{Self}` does not provide the idempotency store `Store<{DB}>`",
-        label = "`Store<{DB}>: FromRef<{Self}>` is not implemented",
-        note = "implement `axum::extract::FromRef<{Self}> for idem_runtime::Store<{DB}>` (return a clone of the store the state keeps), or make the store itself the router's state"
-    )]
+    /// `#[idempotent(state = S)]`: the router state `S` provides the store. A trait bound on
+    /// `S` (rather than a `where` on `Store`), so that the compiler's error points at the state
+    /// type; it names `Store<DB>` and `FromRef<S>`.
     pub trait ProvidesStore<DB: crate::Backend> {}
     impl<S, DB: crate::Backend> ProvidesStore<DB> for S where crate::Store<DB>: axum::extract::FromRef<S>
     {}

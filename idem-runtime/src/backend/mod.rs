@@ -47,16 +47,27 @@ mod sqlite;
     label = "the transaction's database must be one idem supports",
     note = "idem supports `sqlx::Postgres` (feature `postgres`) and `sqlx::Sqlite` (feature `sqlite`) of the sqlx that `idem-runtime` depends on (0.9); a different sqlx version in your Cargo.toml gives this error too"
 )]
-pub trait Backend: Storage {}
+pub trait Backend: Storage + sealed::Sealed {}
 
 #[cfg(feature = "postgres")]
 impl Backend for sqlx::Postgres {}
 #[cfg(feature = "sqlite")]
 impl Backend for sqlx::Sqlite {}
 
-/// The SQL of one database: everything idem runs, behind one narrow trait. Nominally public
-/// (so that [`Backend`] can name it) but unreachable from outside the crate, which seals
-/// [`Backend`].
+/// What seals [`Backend`]: a trait no other crate can name, so none can implement it.
+mod sealed {
+    pub trait Sealed {}
+    #[cfg(feature = "postgres")]
+    impl Sealed for sqlx::Postgres {}
+    #[cfg(feature = "sqlite")]
+    impl Sealed for sqlx::Sqlite {}
+}
+
+/// The SQL of one database: everything idem runs, behind one narrow trait. Not public API: it
+/// is reachable through the hidden `__private` (the benchmarks time its statements) and through
+/// a `DB: Backend` bound, and may change in any release. Implementing it does not make a
+/// database a [`Backend`], which only idem implements.
+#[doc(hidden)]
 pub trait Storage: sqlx::Database + Sized {
     /// Whether the database admits one writing transaction at a time (SQLite). Writers of a
     /// process then queue in the process, not in the database while holding a connection.

@@ -1,7 +1,9 @@
 //! SQLite: one writer at a time. The handler's transaction begins `IMMEDIATE` (it takes the
 //! write lock at once, so it can never fail to upgrade later); within a process a duplicate is
 //! refused before it waits for that lock; completed keys are read without it (WAL readers do
-//! not wait for the writer). Times are Unix milliseconds, taken from this process's clock.
+//! not wait for the writer). Times are Unix milliseconds, from the system clock (read by this
+//! process, or by SQLite's `unixepoch('subsec')`, which needs SQLite 3.42; the bundled one is
+//! newer).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
