@@ -53,8 +53,8 @@ macro_rules! timeout_handlers {
         use std::sync::{Arc, atomic::Ordering};
 
         use axum::{Extension, Router, extract::State, http::StatusCode, routing::post};
-        use idem_examples::auth::Tenant;
         use idem_runtime::{IdempotencyContext, Store, idempotent};
+        use idem_tests::Tenant;
         use sqlx::Transaction;
 
         use crate::Probe;
@@ -253,8 +253,8 @@ backend_tests! {
 /// A PostgreSQL handler stopped in the middle of a statement.
 mod sleeping {
     use axum::{Router, http::StatusCode, routing::post};
-    use idem_examples::auth::Tenant;
     use idem_runtime::{Store, idempotent};
+    use idem_tests::Tenant;
     use sqlx::{Postgres, Transaction};
 
     /// `/sleeping`.

@@ -10,11 +10,10 @@ use axum::{
     response::IntoResponse,
     routing::post,
 };
-use idem_examples::auth::Tenant;
 use idem_runtime::{Backend, Store, idempotent};
 use sqlx::Transaction;
 
-use crate::{Account, Calls};
+use crate::{Account, Calls, Tenant};
 
 /// A database the test handlers can write to: one of idem's backends.
 pub trait TestDb: Backend {

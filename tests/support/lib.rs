@@ -25,10 +25,12 @@ mod handlers;
 mod http;
 mod proxy;
 mod statements;
+mod tenant;
 
 pub use http::{Reply, Req, payment};
 pub use proxy::CommitCutter;
 pub use statements::StatementLog;
+pub use tenant::Tenant;
 
 /// Runs each test body on PostgreSQL (a fresh database from `#[sqlx::test]`) and on SQLite (a
 /// fresh file), as `postgres::<name>` and `sqlite::<name>`.
