@@ -46,6 +46,21 @@ async fn replies_while_one_runs(
     }
 }
 
+/// How many replies carry an execution (a 201 that is not a replay); every other reply must be
+/// a 409 or a replay.
+async fn executions(pending: Vec<tokio::task::JoinHandle<Reply>>) -> usize {
+    let mut executed = 0;
+    for reply in pending {
+        let reply = reply.await.expect("request task");
+        match reply.status {
+            StatusCode::CREATED if !reply.replayed() => executed += 1,
+            StatusCode::CREATED | StatusCode::CONFLICT => {}
+            other => panic!("unexpected {other}: {:?}", reply.body),
+        }
+    }
+    executed
+}
+
 backend_tests! {
     async fn a_duplicate_at_another_instance_does_not_run_the_handler(db) {
         let a = App::new(db).await;
@@ -117,28 +132,11 @@ backend_tests! {
             apps[winner].gate.add_permits(1);
             // At the winner's instance, a request that was still on its way when the handler
             // finished gets the replay: one reply executed, the others 409 or the replay.
-            let mut executed = 0;
-            for (_, reply) in winners {
-                let reply = reply.await.unwrap();
-                match reply.status {
-                    StatusCode::CREATED if !reply.replayed() => executed += 1,
-                    StatusCode::CREATED | StatusCode::CONFLICT => {}
-                    other => panic!("unexpected {other}: {:?}", reply.body),
-                }
-            }
-            assert_eq!(executed, 1, "one reply carries the execution");
+            let winners = winners.into_iter().map(|(_, reply)| reply).collect();
+            assert_eq!(executions(winners).await, 1, "one reply carries the execution");
         } else {
             apps[winner].gate.add_permits(1);
-            let mut executed = 0;
-            for reply in pending {
-                let reply = reply.await.unwrap();
-                match reply.status {
-                    StatusCode::CREATED if !reply.replayed() => executed += 1,
-                    StatusCode::CREATED | StatusCode::CONFLICT => {}
-                    other => panic!("unexpected {other}: {:?}", reply.body),
-                }
-            }
-            assert_eq!(executed, 1, "one reply carries the execution");
+            assert_eq!(executions(pending).await, 1, "one reply carries the execution");
         }
         assert_eq!(slow_runs(&apps), 1, "the handler ran once over all instances");
         assert_eq!(first.count("test_effects").await, 1);

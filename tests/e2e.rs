@@ -1,22 +1,8 @@
 //! The example service over a real TCP socket, on both backends: served by `axum::serve` on a
 //! loopback port, driven by an HTTP client, exactly as a client would see it.
 
-use std::net::SocketAddr;
-
 use idem_tests::{App, backend_tests, until_called};
 use reqwest::{Client, StatusCode};
-
-async fn serve(app: &App) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let addr = listener.local_addr().expect("local addr");
-    let router = app.router.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, router).await.expect("serve");
-    });
-    addr
-}
 
 fn body(customer: &str) -> serde_json::Value {
     serde_json::json!({"amount": 4200, "currency": "usd", "customer": customer})
@@ -25,7 +11,7 @@ fn body(customer: &str) -> serde_json::Value {
 backend_tests! {
     async fn a_duplicate_over_tcp_gets_409_at_once_while_the_first_runs(db) {
         let app = App::new(db).await;
-        let addr = serve(&app).await;
+        let addr = app.serve().await;
         let client = Client::new();
         let post = |key: &str| {
             client
@@ -52,7 +38,7 @@ backend_tests! {
 
     async fn a_client_retrying_over_tcp_gets_one_payment(db) {
         let app = App::new(db).await;
-        let addr = serve(&app).await;
+        let addr = app.serve().await;
         let client = Client::new();
         let url = format!("http://{addr}/v1/payments");
         let post = |key: &str| {
@@ -85,7 +71,7 @@ backend_tests! {
 
     async fn problems_over_tcp_are_problem_json(db) {
         let app = App::new(db).await;
-        let addr = serve(&app).await;
+        let addr = app.serve().await;
         let client = Client::new();
         let url = format!("http://{addr}/v1/payments");
         let missing = client.post(&url).bearer_auth("t").json(&body("cus_1")).send().await.unwrap();

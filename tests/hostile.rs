@@ -1338,18 +1338,6 @@ fn race_in_batch(batch: &mut [Plan]) {
     }
 }
 
-async fn serve(app: &App) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let addr = listener.local_addr().expect("local addr");
-    let router = app.router.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, router).await.expect("serve");
-    });
-    addr
-}
-
 /// What the campaign saw.
 #[derive(Default)]
 struct Tally {
@@ -1537,7 +1525,7 @@ backend_tests! {
         };
         let processor = spawn_processor().await;
         let app = App::with_processor(db, processor.clone()).await;
-        let addr = serve(&app).await;
+        let addr = app.serve().await;
         let seed = seed();
         println!("{backend}: hostile campaign with seed {seed} ({SEED_VAR}={seed} replays it)");
         let started = Instant::now();

@@ -328,6 +328,19 @@ impl App {
         Reply::read(response).await
     }
 
+    /// Serves the app on a loopback port, as a client would reach it; returns its address.
+    pub async fn serve(&self) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let router = self.router.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, router).await.expect("serve");
+        });
+        addr
+    }
+
     /// Keys the app's transactional handlers hold right now.
     pub fn keys_in_flight(&self) -> usize {
         (self.in_flight)().0
