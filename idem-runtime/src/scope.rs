@@ -23,8 +23,9 @@ use std::borrow::Cow;
 /// }
 /// ```
 ///
-/// The value must be stable for a caller and must not be empty (an empty scope is answered with
-/// a 500 problem rather than mixed with global keys).
+/// The value must be stable for a caller: not empty, without U+0000, at most
+/// [`MAX_SCOPE_LEN`](crate::MAX_SCOPE_LEN) bytes (anything else is answered with a 400
+/// `InvalidScope` problem rather than mixed with global keys or refused by the database).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as an idempotency scope",
     label = "the `scope` parameter's type must implement `idem_runtime::IdempotencyScope`",
