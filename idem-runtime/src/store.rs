@@ -12,8 +12,8 @@ use std::{
 use sqlx::{Pool, pool::PoolConnection};
 
 use crate::{
-    backend::Backend,
-    record::{Completion, KeyRef},
+    backend::{Backend, Begun},
+    record::{Completion, KeyRecord, KeyRef, Start, Started},
 };
 
 /// Limits and answers of the idempotency layer.
@@ -233,6 +233,28 @@ impl<DB: Backend> Store<DB> {
             .await
             .unwrap_or(Err(sqlx::Error::PoolTimedOut))?;
         Ok(acquired)
+    }
+
+    /// The live row of `key`, read without any lock.
+    pub(crate) async fn lookup(&self, key: &KeyRef) -> Result<Option<KeyRecord>, crate::Error> {
+        let mut conn = self.connection().await?;
+        DB::lookup(&mut conn, key).await
+    }
+
+    /// Begins a handler's transaction and claims `key` in it (see `Storage::begin_claim`).
+    pub(crate) async fn begin_claim(
+        &self,
+        key: &KeyRef,
+        statement_timeout: Option<Duration>,
+    ) -> Result<Begun<DB>, crate::Error> {
+        let conn = self.connection().await?;
+        DB::begin_claim(conn, key, statement_timeout).await
+    }
+
+    /// Takes an external-mode claim (see `Storage::start`); the caller holds its turn to write.
+    pub(crate) async fn start(&self, start: &Start<'_>) -> Result<Started, crate::Error> {
+        let mut conn = self.connection().await?;
+        DB::start(&mut conn, start).await
     }
 
     /// Deletes the `started` row of `key` owned by `token` (an external claim), in this

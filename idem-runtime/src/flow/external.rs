@@ -58,10 +58,7 @@ impl<DB: Backend> ExternalClaim<DB> {
                 token: claim.token,
             };
             let _permit = claim.request.store.write_permit().await;
-            match claim.request.store.connection().await {
-                Ok(mut conn) => DB::start(&mut conn, &start).await,
-                Err(error) => Err(error),
-            }
+            claim.request.store.start(&start).await
         };
         if !matches!(outcome, Ok(Started::Acquired { .. })) {
             claim.armed = false;

@@ -49,11 +49,7 @@ impl<DB: Backend> Claim<DB> {
             // Another request of this process is claiming the key or replaying it: a finished
             // key is replayed (concurrent replays must not turn each other into 409s).
             Hold::Claiming => {
-                let looked_up = match request.store.connection().await {
-                    Ok(mut conn) => DB::lookup(&mut conn, &key).await,
-                    Err(error) => Err(error),
-                };
-                return match looked_up {
+                return match request.store.lookup(&key).await {
                     Ok(Some(record)) if record.status == KeyStatus::Completed => {
                         Err(request.answer_existing(record, None))
                     }
@@ -65,11 +61,7 @@ impl<DB: Backend> Claim<DB> {
         let mut permit = None;
         if DB::SINGLE_WRITER {
             // A finished key is answered without queueing for the single writer.
-            let looked_up = match request.store.connection().await {
-                Ok(mut conn) => DB::lookup(&mut conn, &key).await,
-                Err(error) => Err(error),
-            };
-            match looked_up {
+            match request.store.lookup(&key).await {
                 Ok(Some(record)) if record.status == KeyStatus::Completed => {
                     return Err(request.answer_existing(record, None));
                 }
@@ -80,17 +72,11 @@ impl<DB: Backend> Claim<DB> {
             // pooled connection: the pool stays free for replays and 409s.
             permit = request.store.write_permit().await;
         }
-        let begun = match request.store.connection().await {
-            Ok(conn) => {
-                // A statement in flight when the handler is stopped ends at twice the handler's
-                // timeout at the latest: the handler, not one of its statements, is stopped
-                // first, and the rollback does not wait on a statement for ever.
-                let statement_timeout = options.timeout.map(|limit| limit * 2);
-                DB::begin_claim(conn, &key, statement_timeout).await
-            }
-            Err(error) => Err(error),
-        };
-        match begun {
+        // A statement in flight when the handler is stopped ends at twice the handler's timeout
+        // at the latest: the handler, not one of its statements, is stopped first, and the
+        // rollback does not wait on a statement for ever.
+        let statement_timeout = options.timeout.map(|limit| limit * 2);
+        match request.store.begin_claim(&key, statement_timeout).await {
             Ok(Begun::Acquired(mut tx)) => {
                 held.running();
                 if options.replay_5xx {
