@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use axum::http::StatusCode;
 use idem_runtime::ProblemKind;
-use idem_tests::{App, Reply, Req, backend_tests, payment, until_called, until_in_flight};
+use idem_tests::{App, Reply, Req, backend_tests, entry, until_called, until_in_flight};
 
 fn slow(key: &str) -> Req {
     Req::post("/test/slow").tenant("t1").key(key)
@@ -148,15 +148,15 @@ backend_tests! {
         }
     }
 
-    async fn payments_racing_over_three_instances_make_one_payment(db) {
+    async fn entries_racing_over_three_instances_make_one_entry(db) {
         let first = App::new(db).await;
         let mut apps = vec![first.clone()];
         for _ in 0..2 {
             apps.push(first.sibling().await);
         }
-        let body = payment(100, "cus_1");
+        let body = entry(100, "n1");
         let pending: Vec<_> = (0..30)
-            .map(|i| send(&apps[i % 3], Req::post("/v1/payments").tenant("t1").key("race").json(&body)))
+            .map(|i| send(&apps[i % 3], Req::post("/test/entries").tenant("t1").key("race").json(&body)))
             .collect();
         let mut executions = Vec::new();
         for reply in pending {
@@ -167,11 +167,11 @@ backend_tests! {
                 other => panic!("unexpected {other}: {}", String::from_utf8_lossy(&reply.body)),
             }
         }
-        assert_eq!(executions.len(), 1, "one request made the payment");
-        assert_eq!(first.count("payments").await, 1);
+        assert_eq!(executions.len(), 1, "one request wrote the entry");
+        assert_eq!(first.count("test_entries").await, 1);
         for app in &apps {
             let replay = app
-                .send(Req::post("/v1/payments").tenant("t1").key("race").json(&body).build())
+                .send(Req::post("/test/entries").tenant("t1").key("race").json(&body).build())
                 .await;
             assert!(replay.replayed());
             assert_eq!(replay.body, executions[0].body);

@@ -1,29 +1,41 @@
-//! External mode through the refunds route, on both backends: the claim is
-//! committed before the processor call, a duplicate within the lease gets 409, a takeover after the lease runs the
-//! handler again, and the derived key makes the processor refund once.
+//! External mode through the test app's transfers, on both backends: the claim is committed
+//! before the downstream call, a duplicate within the lease gets 409, a takeover after the
+//! lease runs the handler again, and the derived key makes the downstream service execute once.
 
 use axum::http::StatusCode;
 use idem_runtime::ProblemKind;
 use idem_runtime::{IdempotencyContext, Settings};
 use idem_tests::{
-    App, Options, Req, TestProcessor, backend_tests, executed_refunds, spawn_processor,
-    until_called, wait_until,
+    App, Downstream, Options, Req, TestApp, backend_tests, entry, unreachable_url, until_called,
+    wait_until,
 };
 
-fn refund(tenant: &str, key: &str, payment: &str) -> Req {
-    Req::post("/v1/refunds")
+fn transfer(tenant: &str, key: &str, entry: i64) -> Req {
+    Req::post("/test/transfers")
         .tenant(tenant)
         .key(key)
-        .json(&format!(r#"{{"payment": "{payment}", "amount": 50}}"#))
+        .json(&format!(r#"{{"entry": {entry}, "amount": 50}}"#))
 }
 
-/// Sends refund `r1` of tenant `t1` in the background; returns once its claim is taken.
-async fn spawn_refund(app: &App, payment: &str) -> tokio::task::JoinHandle<idem_tests::Reply> {
+/// Writes an entry of `tenant`; returns its id.
+async fn entry_of(app: &App, tenant: &str) -> i64 {
+    let key = format!("entry-of-{tenant}");
+    let request = Req::post("/test/entries")
+        .tenant(tenant)
+        .key(&key)
+        .json(&entry(100, "n1"));
+    let reply = app.send(request.build()).await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    reply.json()["id"].as_i64().expect("an entry id")
+}
+
+/// Sends transfer `r1` of tenant `t1` in the background; returns once its claim is taken.
+async fn spawn_transfer(app: &App, entry: i64) -> tokio::task::JoinHandle<idem_tests::Reply> {
     let task = tokio::spawn({
-        let (app, payment) = (app.clone(), payment.to_owned());
-        async move { app.send(refund("t1", "r1", &payment).build()).await }
+        let app = app.clone();
+        async move { app.send(transfer("t1", "r1", entry).build()).await }
     });
-    wait_until("the refund's claim", || async {
+    wait_until("the transfer's claim", || async {
         app.key_status("r1").await.as_deref() == Some("started")
     })
     .await;
@@ -53,11 +65,11 @@ backend_tests! {
         assert_eq!(&replay.body[..], b"call 2 for t1");
     }
 
-    async fn a_refund_runs_once_and_is_replayed(db) {
-        let processor = spawn_processor().await;
-        let app = App::with_processor(db, processor.clone()).await;
-        let payment = app.paid("t1", "cus_1").await;
-        let first = app.send(refund("t1", "r1", &payment).build()).await;
+    async fn a_transfer_runs_once_and_is_replayed(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let entry = entry_of(&app, "t1").await;
+        let first = app.send(transfer("t1", "r1", entry).build()).await;
         assert_eq!(
             first.status,
             StatusCode::CREATED,
@@ -65,79 +77,68 @@ backend_tests! {
             String::from_utf8_lossy(&first.body)
         );
         let body = first.json();
-        assert_eq!(body["status"], "refunded");
-        assert_eq!(body["payment"], payment.as_str());
+        assert_eq!(body["entry"], entry);
         let id = body["id"].as_str().unwrap();
         assert_eq!(
             first.header("location"),
-            Some(format!("/v1/refunds/{id}").as_str())
+            Some(format!("/test/transfers/{id}").as_str())
         );
-        let second = app.send(refund("t1", "r1", &payment).build()).await;
+        let second = app.send(transfer("t1", "r1", entry).build()).await;
         assert!(second.replayed());
         assert_eq!(second.body, first.body);
-        assert_eq!(executed_refunds(&processor).await.len(), 1);
+        assert_eq!(downstream.executed(), 1);
+        assert_eq!(app.calls.transfers.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(app.count("test_transfers").await, 1);
         // Completed under the route's 24 h retention, counted from the completion.
         assert_eq!(app.retention_secs("r1").await, 24 * 3600);
-        let listed = app
-            .send(Req::get("/v1/refunds").tenant("t1").build())
-            .await
-            .json();
-        assert_eq!(listed.as_array().unwrap().len(), 1);
-        let fetched = app
-            .send(Req::get(&format!("/v1/refunds/{id}")).tenant("t1").build())
-            .await;
-        assert_eq!(fetched.json(), body);
     }
 
-    async fn a_refund_of_an_unknown_or_foreign_payment_is_a_stored_404(db) {
-        let processor = spawn_processor().await;
-        let app = App::with_processor(db, processor.clone()).await;
-        let foreign = app.paid("someone_else", "cus_1").await;
-        for (key, payment) in [("r1", "pay_missing"), ("r2", foreign.as_str())] {
-            let first = app.send(refund("t1", key, payment).build()).await;
-            first.problem(StatusCode::NOT_FOUND);
-            let second = app.send(refund("t1", key, payment).build()).await;
+    async fn a_transfer_of_an_unknown_or_foreign_entry_is_a_stored_404(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let foreign = entry_of(&app, "someone_else").await;
+        for (key, entry) in [("r1", foreign + 1000), ("r2", foreign)] {
+            let first = app.send(transfer("t1", key, entry).build()).await;
+            assert_eq!(first.status, StatusCode::NOT_FOUND);
+            let second = app.send(transfer("t1", key, entry).build()).await;
             assert!(second.replayed());
             assert_eq!(second.status, StatusCode::NOT_FOUND);
         }
-        assert!(executed_refunds(&processor).await.is_empty());
+        assert_eq!(downstream.executed(), 0);
     }
 
-    async fn an_unreachable_processor_is_a_503_that_stores_nothing(db) {
-        // Nothing listens on this port: bind one, learn it, close it.
-        let closed = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            format!("http://{}", listener.local_addr().unwrap())
-        };
-        let down = App::with_processor(db, closed).await;
-        let payment = down.paid("t1", "cus_1").await;
-        let reply = down.send(refund("t1", "r1", &payment).build()).await;
-        reply.problem(StatusCode::SERVICE_UNAVAILABLE);
+    async fn an_unreachable_downstream_is_a_503_that_stores_nothing(db) {
+        let down = App::with_downstream(db, &unreachable_url()).await;
+        let entry = entry_of(&down, "t1").await;
+        let reply = down.send(transfer("t1", "r1", entry).build()).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(down.keys_named("r1").await, 0, "the claim was released");
-        assert_eq!(down.count("refunds").await, 0);
+        assert_eq!(down.count("test_transfers").await, 0);
 
-        let processor = spawn_processor().await;
-        let up = down.sibling_with_processor(processor.clone()).await;
-        let retry = up.send(refund("t1", "r1", &payment).build()).await;
+        let downstream = Downstream::start().await;
+        let service = std::sync::Arc::new(TestApp::downstream(&downstream.url));
+        let up = down.sibling_serving(Options::default(), service).await;
+        let retry = up.send(transfer("t1", "r1", entry).build()).await;
         assert_eq!(retry.status, StatusCode::CREATED);
         assert!(!retry.replayed());
-        assert_eq!(executed_refunds(&processor).await.len(), 1);
+        assert_eq!(downstream.executed(), 1);
     }
 
     async fn a_duplicate_within_the_lease_gets_409_with_the_lease_left(db) {
-        let processor = TestProcessor::gated().await;
+        let downstream = Downstream::gated().await;
         // A default Retry-After far from the lease: a value within the lease must come from it.
         let mut settings = Settings::default();
         settings.retry_after = std::time::Duration::from_secs(30);
-        let options = Options { settings, processor: Some(processor.url.clone()), ..Options::default() };
-        let app = App::build(db, options).await;
-        let payment = app.paid("t1", "cus_1").await;
-        let first = spawn_refund(&app, &payment).await;
-        // The processor has the refund and holds its answer: the claim is in progress. Its
-        // lease is moved a minute ahead, so that a slow machine cannot let it run out first.
-        processor.until_refunded(1).await;
+        let options = Options { settings, ..Options::default() };
+        let app = App::serving(db, options, TestApp::downstream(&downstream.url)).await;
+        let entry = entry_of(&app, "t1").await;
+        let first = spawn_transfer(&app, entry).await;
+        // The downstream service has the transfer and holds its answer: the claim is in
+        // progress. Its lease is moved a minute ahead, so that a slow machine cannot let it run
+        // out first.
+        downstream.until_executed(1).await;
         app.renew_lease("r1").await;
-        let duplicate = app.send(refund("t1", "r1", &payment).build()).await;
+        let duplicate = app.send(transfer("t1", "r1", entry).build()).await;
         assert_eq!(
             duplicate.problem(StatusCode::CONFLICT),
             ProblemKind::InProgress.type_uri()
@@ -148,66 +149,62 @@ backend_tests! {
             "the lease's remainder (a minute), not the default 30: {retry_after}"
         );
         assert!(!first.is_finished());
-        processor.gate.add_permits(1);
+        downstream.gate.add_permits(1);
         let first = first.await.unwrap();
         assert_eq!(first.status, StatusCode::CREATED);
         assert!(
-            app.send(refund("t1", "r1", &payment).build())
+            app.send(transfer("t1", "r1", entry).build())
                 .await
                 .replayed()
         );
-        assert_eq!(processor.refunds().await.len(), 1);
+        assert_eq!(downstream.executed(), 1);
     }
 
-    async fn a_takeover_after_the_lease_refunds_once(db) {
-        let processor = TestProcessor::gated().await;
-        let app = App::with_processor(db, processor.url.clone()).await;
-        let payment = app.paid("t1", "cus_1").await;
-        let first = spawn_refund(&app, &payment).await;
-        processor.until_refunded(1).await;
+    async fn a_takeover_after_the_lease_executes_once_downstream(db) {
+        let downstream = Downstream::gated().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let entry = entry_of(&app, "t1").await;
+        let first = spawn_transfer(&app, entry).await;
+        downstream.until_executed(1).await;
         // The first request is stuck past its lease (as if its process had stalled).
         app.lapse_lease("r1").await;
-        let takeover = app.send(refund("t1", "r1", &payment).build()).await;
+        let takeover = app.send(transfer("t1", "r1", entry).build()).await;
         assert_eq!(takeover.status, StatusCode::CREATED);
         assert!(!takeover.replayed(), "the handler ran again");
-        processor.gate.add_permits(1);
+        downstream.gate.add_permits(1);
         let first = first.await.unwrap();
         assert_eq!(first.status, StatusCode::CREATED);
         assert_eq!(
             first.json()["id"],
             takeover.json()["id"],
-            "the processor refunded once"
+            "the downstream service executed once"
         );
-        assert_eq!(processor.refunds().await.len(), 1);
-        let keys = processor.keys();
+        assert_eq!(downstream.executed(), 1);
+        let keys = downstream.keys();
         assert_eq!(keys.len(), 2);
         assert_eq!(keys[0], keys[1], "the takeover sent the same downstream key");
         // The takeover owns the key; the first request's late completion was refused.
-        let replay = app.send(refund("t1", "r1", &payment).build()).await;
+        let replay = app.send(transfer("t1", "r1", entry).build()).await;
         assert!(replay.replayed());
         assert_eq!(replay.body, takeover.body);
     }
 
     async fn a_cancelled_external_request_releases_its_key(db) {
-        let processor = TestProcessor::gated().await;
-        let app = App::with_processor(db, processor.url.clone()).await;
-        let payment = app.paid("t1", "cus_1").await;
-        let first = spawn_refund(&app, &payment).await;
-        processor.until_refunded(1).await;
-        // The client hangs up after the processor executed the refund.
+        let downstream = Downstream::gated().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let entry = entry_of(&app, "t1").await;
+        let first = spawn_transfer(&app, entry).await;
+        downstream.until_executed(1).await;
+        // The client hangs up after the downstream service executed the transfer.
         first.abort();
         assert!(first.await.unwrap_err().is_cancelled());
         wait_until("the cancelled request's claim to be released", || async {
             app.keys_named("r1").await == 0
         })
         .await;
-        let retry = app.send(refund("t1", "r1", &payment).build()).await;
+        let retry = app.send(transfer("t1", "r1", entry).build()).await;
         assert_eq!(retry.status, StatusCode::CREATED);
-        assert_eq!(
-            processor.refunds().await.len(),
-            1,
-            "the derived key deduplicated"
-        );
+        assert_eq!(downstream.executed(), 1, "the derived key deduplicated");
     }
 
     // The takeover rule is written twice, in PostgreSQL's `idem_start` and in SQLite's `start`:
@@ -244,30 +241,29 @@ backend_tests! {
     }
 
     async fn derived_keys_differ_per_scope_and_hide_the_client_key(db) {
-        let processor = TestProcessor::gated().await;
-        processor.gate.add_permits(1);
-        let app = App::with_processor(db, processor.url.clone()).await;
-        let a = app.paid("tenant_a", "cus_1").await;
-        let b = app.paid("tenant_b", "cus_1").await;
-        let ra = app.send(refund("tenant_a", "same-key", &a).build()).await;
-        let rb = app.send(refund("tenant_b", "same-key", &b).build()).await;
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let a = entry_of(&app, "tenant_a").await;
+        let b = entry_of(&app, "tenant_b").await;
+        let ta = app.send(transfer("tenant_a", "same-key", a).build()).await;
+        let tb = app.send(transfer("tenant_b", "same-key", b).build()).await;
         assert_eq!(
-            (ra.status, rb.status),
+            (ta.status, tb.status),
             (StatusCode::CREATED, StatusCode::CREATED)
         );
         assert_ne!(
-            ra.json()["id"],
-            rb.json()["id"],
-            "two refunds: the downstream keys differ"
+            ta.json()["id"],
+            tb.json()["id"],
+            "two transfers: the downstream keys differ"
         );
-        let keys = processor.keys();
+        let keys = downstream.keys();
         assert_eq!(keys.len(), 2);
         assert_ne!(keys[0], keys[1], "one client key, two scopes, two downstream keys");
         for key in &keys {
             assert!(!key.contains("same-key"), "the downstream key reveals the client's: {key}");
         }
         // Each is the documented derivation of (scope, key, label).
-        assert_eq!(keys[0], IdempotencyContext::new("tenant_a", "same-key").derive("refund"));
-        assert_eq!(keys[1], IdempotencyContext::new("tenant_b", "same-key").derive("refund"));
+        assert_eq!(keys[0], IdempotencyContext::new("tenant_a", "same-key").derive("transfer"));
+        assert_eq!(keys[1], IdempotencyContext::new("tenant_b", "same-key").derive("transfer"));
     }
 }

@@ -7,13 +7,16 @@ use std::sync::atomic::Ordering;
 
 use axum::http::StatusCode;
 use idem_runtime::{ProblemKind, Store};
-use idem_tests::{App, CommitCutter, Options, Req, TestDb, backend_tests, payment, until_called};
+use idem_tests::{
+    AnyStore, App, CommitCutter, Options, Parts, Req, TestApp, TestDb, backend_tests, entry,
+    until_called,
+};
 
-fn pay(key: &str) -> Req {
-    Req::post("/v1/payments")
+fn post(key: &str) -> Req {
+    Req::post("/test/entries")
         .tenant("t1")
         .key(key)
-        .json(&payment(100, "cus_1"))
+        .json(&entry(100, "n1"))
 }
 
 backend_tests! {
@@ -32,7 +35,7 @@ backend_tests! {
         assert_eq!(app.calls.deferred.load(Ordering::SeqCst), 2);
     }
 
-    // A scope with NUL cannot come from a header; `hostile.rs` sends one through a path.
+    // A scope with NUL cannot come from a header; the example's `hostile.rs` sends one through a path.
     async fn an_empty_or_overlong_scope_is_400_invalid_scope_and_stores_nothing(db) {
         let app = App::new(db).await;
         let request = |account: &str| {
@@ -98,15 +101,15 @@ backend_tests! {
             )
             .await;
         }
-        let reply = app.send(pay("poison").build()).await;
+        let reply = app.send(post("poison").build()).await;
         assert_eq!(
             reply.problem(StatusCode::SERVICE_UNAVAILABLE),
             ProblemKind::StoreUnavailable.type_uri()
         );
-        assert_eq!(app.count("payments").await, 0, "the payment was rolled back with the key");
+        assert_eq!(app.count("test_entries").await, 0, "the entry was rolled back with the key");
         assert_eq!(app.count("idem_keys").await, 0);
-        assert_eq!(app.send(pay("fine").build()).await.status, StatusCode::CREATED);
-        assert_eq!(app.count("payments").await, 1);
+        assert_eq!(app.send(post("fine").build()).await.status, StatusCode::CREATED);
+        assert_eq!(app.count("test_entries").await, 1);
     }
 
     async fn a_3xx_outcome_is_stored_and_replayed_with_its_location(db) {
@@ -168,15 +171,15 @@ backend_tests! {
         settings.problem_type_base = "https://api.example.com/problems#".to_owned();
         let app = App::build(db, Options { settings, ..Options::default() }).await;
         let missing = app
-            .send(Req::post("/v1/payments").tenant("t1").json(&payment(100, "cus_1")).build())
+            .send(Req::post("/test/entries").tenant("t1").json(&entry(100, "n1")).build())
             .await;
         assert_eq!(
             missing.problem(StatusCode::BAD_REQUEST),
             "https://api.example.com/problems#missingkey"
         );
-        app.send(pay("k1").build()).await;
+        app.send(post("k1").build()).await;
         let reused = app
-            .send(Req::post("/v1/payments").tenant("t1").key("k1").json(&payment(7, "cus_1")).build())
+            .send(Req::post("/test/entries").tenant("t1").key("k1").json(&entry(7, "n1")).build())
             .await;
         assert_eq!(
             reused.problem(StatusCode::UNPROCESSABLE_ENTITY),
@@ -201,23 +204,23 @@ async fn a_connection_cut_during_commit_is_503_outcome_unknown_and_the_retry_rep
     let app = App::new(TestDb::Postgres(Box::new(through_proxy))).await;
 
     proxy.arm();
-    let reply = app.send(pay("k1").build()).await;
+    let reply = app.send(post("k1").build()).await;
     assert_eq!(
         proxy.cuts(),
         1,
-        "the payment's COMMIT was cut after the server answered"
+        "the entry's COMMIT was cut after the server answered"
     );
     assert_eq!(
         reply.problem(StatusCode::SERVICE_UNAVAILABLE),
         ProblemKind::OutcomeUnknown.type_uri()
     );
-    // The server committed: the payment and its key are there, and the retry replays them.
-    assert_eq!(app.count("payments").await, 1);
+    // The server committed: the entry and its key are there, and the retry replays them.
+    assert_eq!(app.count("test_entries").await, 1);
     assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
-    let retry = app.send(pay("k1").build()).await;
+    let retry = app.send(post("k1").build()).await;
     assert!(retry.replayed(), "{}: {:?}", retry.status, retry.body);
     assert_eq!(retry.status, StatusCode::CREATED);
-    assert_eq!(app.count("payments").await, 1);
+    assert_eq!(app.count("test_entries").await, 1);
 }
 
 /// Nothing listens where the pool points, and sqlx keeps retrying the connection until the
@@ -236,7 +239,7 @@ async fn an_unreachable_postgres_is_503_store_unavailable_without_waiting_for_th
                 .port(port)
                 .username("postgres"),
         );
-    store_unavailable(idem_examples::payments::router(Store::new(pool))).await;
+    store_unavailable(AnyStore::Postgres(Store::new(pool))).await;
 }
 
 /// A SQLite file that cannot be opened (its directory does not exist).
@@ -248,14 +251,24 @@ async fn an_unopenable_sqlite_file_is_503_store_unavailable() {
         .connect_lazy_with(
             sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("missing/dir/x.db")),
         );
-    store_unavailable(idem_examples::payments::router(Store::new(pool))).await;
+    store_unavailable(AnyStore::Sqlite(Store::new(pool))).await;
 }
 
-/// Sends a payment to `router` and checks the answer is 503 `StoreUnavailable`, and that it
-/// came before the test's deadline (the pools here would wait an hour).
-async fn store_unavailable(router: axum::Router) {
+/// Sends an entry to the test app over `store` and checks the answer is 503
+/// `StoreUnavailable`, and that it came before the test's deadline (the pools here would wait
+/// an hour).
+async fn store_unavailable(store: AnyStore) {
+    let parts = Parts {
+        store: store.clone(),
+        calls: std::sync::Arc::default(),
+        gate: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let router = match store {
+        AnyStore::Postgres(store) => TestApp::default().routes(store, parts),
+        AnyStore::Sqlite(store) => TestApp::default().routes(store, parts),
+    };
     let reply = tokio::time::timeout(idem_tests::DEADLINE, async {
-        let response = tower::ServiceExt::oneshot(router, pay("k1").build())
+        let response = tower::ServiceExt::oneshot(router, post("k1").build())
             .await
             .unwrap();
         idem_tests::Reply::read(response).await

@@ -11,26 +11,28 @@ use idem_runtime::{
         AbandonedClaim, PurgeOptions, Recovery, RecoveryHook, ReleaseAbandoned, StoredResponse,
     },
 };
-use idem_tests::{App, Req, backend_tests, executed_refunds, payment, spawn_processor, wait_until};
+use idem_tests::{App, Downstream, Req, backend_tests, entry, wait_until};
 
-/// The fingerprint of the refund request `body` (as `POST /v1/refunds` sees it).
-fn refund_fingerprint(body: &str) -> Vec<u8> {
+const TRANSFERS: &str = "/test/transfers";
+
+/// The fingerprint of the transfer request `body` (as `POST /test/transfers` sees it).
+fn transfer_fingerprint(body: &str) -> Vec<u8> {
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, "application/json".parse().unwrap());
-    Fingerprint::of(&Method::POST, "/v1/refunds", &headers, body.as_bytes())
+    Fingerprint::of(&Method::POST, TRANSFERS, &headers, body.as_bytes())
         .as_bytes()
         .to_vec()
 }
 
-fn refund_body(payment: &str) -> String {
-    format!(r#"{{"payment": "{payment}", "amount": 50}}"#)
+fn transfer_body(entry: i64) -> String {
+    format!(r#"{{"entry": {entry}, "amount": 50}}"#)
 }
 
-fn pay(key: &str) -> Req {
-    Req::post("/v1/payments")
+fn post(key: &str) -> Req {
+    Req::post("/test/entries")
         .tenant("t1")
         .key(key)
-        .json(&payment(100, "cus_1"))
+        .json(&entry(100, "n1"))
 }
 
 /// Completes every abandoned claim with a fixed answer, as a hook that found the charge
@@ -39,11 +41,11 @@ struct CompleteWith(StoredResponse);
 
 impl RecoveryHook for CompleteWith {
     async fn recover(&self, claim: AbandonedClaim) -> Recovery {
-        assert_eq!(claim.path, "/v1/refunds");
+        assert_eq!(claim.path, TRANSFERS);
         // The hook can ask downstream with the key the handler used: the same derivation.
         assert_eq!(
-            claim.context().derive("refund"),
-            IdempotencyContext::new("t1", "abandoned").derive("refund")
+            claim.context().derive("transfer"),
+            IdempotencyContext::new("t1", "abandoned").derive("transfer")
         );
         Recovery::Complete(self.0.clone())
     }
@@ -69,7 +71,7 @@ backend_tests! {
         for i in 0..20 {
             let app = app.clone();
             requests.push(tokio::spawn(async move {
-                app.send(pay(&format!("k{i}")).build()).await
+                app.send(post(&format!("k{i}")).build()).await
             }));
         }
         let report = purge.await.unwrap();
@@ -83,12 +85,12 @@ backend_tests! {
 
     async fn a_purged_key_runs_again(db) {
         let app = App::new(db).await;
-        let first = app.send(pay("k1").build()).await;
+        let first = app.send(post("k1").build()).await;
         app.expire_all_keys().await;
         let report = app.purge(PurgeOptions::default()).await;
         assert_eq!((report.rows, report.batches), (1, 1));
         assert_eq!(app.keys_named("k1").await, 0);
-        let second = app.send(pay("k1").build()).await;
+        let second = app.send(post("k1").build()).await;
         assert_eq!(second.status, StatusCode::CREATED);
         assert!(!second.replayed());
         assert_ne!(second.json()["id"], first.json()["id"]);
@@ -108,13 +110,14 @@ backend_tests! {
     }
 
     async fn recovery_releases_abandoned_claims_only(db) {
-        let processor = spawn_processor().await;
-        let app = App::with_processor(db, processor.clone()).await;
-        let payment = app.paid("t1", "cus_1").await;
-        let body = refund_body(&payment);
-        app.abandoned_claim("t1", "abandoned", &refund_fingerprint(&body)).await;
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let entry = app.send(post("e1").build()).await.json()["id"].as_i64().unwrap();
+        let body = transfer_body(entry);
+        let fingerprint = transfer_fingerprint(&body);
+        app.abandoned_claim("t1", "abandoned", TRANSFERS, &fingerprint).await;
         // A claim still within its lease is someone's work in progress.
-        app.abandoned_claim("t1", "running", &refund_fingerprint(&body)).await;
+        app.abandoned_claim("t1", "running", TRANSFERS, &fingerprint).await;
         app.renew_lease("running").await;
 
         // A retry would take the abandoned key over by itself; the recovery is for the keys
@@ -124,24 +127,24 @@ backend_tests! {
         assert!(report.oldest >= Duration::from_secs(59), "age {:?}", report.oldest);
         assert_eq!(app.keys_named("abandoned").await, 0);
         assert_eq!(app.key_status("running").await.as_deref(), Some("started"));
-        assert_eq!(app.keys_with_status("completed").await, 1, "the payment's key is untouched");
+        assert_eq!(app.keys_with_status("completed").await, 1, "the entry's key is untouched");
 
         let retry = app
-            .send(Req::post("/v1/refunds").tenant("t1").key("abandoned").json(&body).build())
+            .send(Req::post(TRANSFERS).tenant("t1").key("abandoned").json(&body).build())
             .await;
         assert_eq!(retry.status, StatusCode::CREATED);
         assert!(!retry.replayed());
-        assert_eq!(executed_refunds(&processor).await.len(), 1);
+        assert_eq!(downstream.executed(), 1);
     }
 
     async fn a_recovery_hook_can_complete_a_claim_and_retries_replay_it(db) {
         let app = App::new(db).await;
-        let body = refund_body("pay_1");
-        app.abandoned_claim("t1", "abandoned", &refund_fingerprint(&body)).await;
+        let body = transfer_body(1);
+        app.abandoned_claim("t1", "abandoned", TRANSFERS, &transfer_fingerprint(&body)).await;
         let answer = StoredResponse {
             status: 201,
             headers: vec![("content-type".into(), "application/json".into())],
-            body: br#"{"id":"re_found_downstream"}"#.to_vec(),
+            body: br#"{"id":"tr_found_downstream"}"#.to_vec(),
         };
         let expiry_before = app.retention_secs("abandoned").await;
         let report = app.recover(&CompleteWith(answer)).await;
@@ -149,16 +152,17 @@ backend_tests! {
         // Completed by the recovery, the key keeps the expiry its claim was given.
         assert_eq!(app.retention_secs("abandoned").await, expiry_before);
         let retry = app
-            .send(Req::post("/v1/refunds").tenant("t1").key("abandoned").json(&body).build())
+            .send(Req::post(TRANSFERS).tenant("t1").key("abandoned").json(&body).build())
             .await;
         assert!(retry.replayed());
         assert_eq!(retry.status, StatusCode::CREATED);
-        assert_eq!(retry.json()["id"], "re_found_downstream");
+        assert_eq!(retry.json()["id"], "tr_found_downstream");
     }
 
     async fn the_recovery_task_runs_until_cancelled(db) {
         let app = App::new(db).await;
-        app.abandoned_claim("t1", "abandoned", &refund_fingerprint(&refund_body("pay_1"))).await;
+        let fingerprint = transfer_fingerprint(&transfer_body(1));
+        app.abandoned_claim("t1", "abandoned", TRANSFERS, &fingerprint).await;
         let stop = CancellationToken::new();
         let task = app.spawn_recovery(ReleaseAbandoned, Duration::from_millis(20), stop.clone());
         wait_until("the recovery task to release the abandoned claim", || async {

@@ -13,9 +13,16 @@ use std::{
     },
 };
 
-use axum::{Router, body::Body, http::Request, http::StatusCode};
-use idem_runtime::{ProblemKind, Store};
-use idem_tests::{App, Db, Reply, Req, backend_tests};
+use axum::{
+    Extension, Router,
+    body::Body,
+    extract::State,
+    http::{Request, StatusCode},
+    routing::post,
+};
+use idem_runtime::{IdempotencyContext, ProblemKind, Store, idempotent};
+use idem_tests::{App, Db, Param, Reply, Req, Tenant, TestBackend, backend_tests, run, run_on};
+use sqlx::Transaction;
 use tower::ServiceExt;
 
 /// What the test handlers share with the test.
@@ -45,75 +52,58 @@ impl Probe {
     fn finished(&self) -> usize {
         self.finished.load(Ordering::SeqCst)
     }
+
+    /// Counts a body that started, waits on the gate, counts it finished; answers 201 with the
+    /// call's number.
+    async fn hold(&self) -> (StatusCode, String) {
+        let call = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+        self.gate.acquire().await.expect("gate open").forget();
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        (StatusCode::CREATED, format!("call {call}"))
+    }
 }
 
-/// The handlers and their routes over one database type.
-macro_rules! timeout_handlers {
-    ($db:ty) => {
-        use std::sync::{Arc, atomic::Ordering};
-
-        use axum::{Extension, Router, extract::State, http::StatusCode, routing::post};
-        use idem_runtime::{IdempotencyContext, Store, idempotent};
-        use idem_tests::Tenant;
-        use sqlx::Transaction;
-
-        use crate::Probe;
-
-        /// `/stuck` (transactional) and `/stuck-external`.
-        pub fn routes(probe: &Arc<Probe>) -> Router<Store<$db>> {
-            Router::new()
-                .route("/stuck", post(stuck))
-                .route("/stuck-external", post(stuck_external))
-                .layer(Extension(Arc::clone(probe)))
-        }
-
-        /// Writes a row in its transaction, then waits on the gate.
-        #[idempotent(scope = "tenant", retention = "1h", timeout = "3s")]
-        async fn stuck(
-            tenant: Tenant,
-            Extension(probe): Extension<Arc<Probe>>,
-            tx: &mut Transaction<'_, $db>,
-        ) -> (StatusCode, String) {
-            sqlx::query("INSERT INTO test_effects (route, tenant) VALUES ('stuck', $1)")
-                .bind(&tenant.0)
-                .execute(&mut **tx)
-                .await
-                .expect("insert effect");
-            let call = probe.started.fetch_add(1, Ordering::SeqCst) + 1;
-            probe.gate.acquire().await.expect("gate open").forget();
-            probe.finished.fetch_add(1, Ordering::SeqCst);
-            (StatusCode::CREATED, format!("call {call}"))
-        }
-
-        /// External mode: performs its side effect (a committed row, keyed by the derived
-        /// key as a downstream call would be), then waits on the gate.
-        #[idempotent(scope = "tenant", lease = "5s", timeout = "3s", backend = $db)]
-        async fn stuck_external(
-            tenant: Tenant,
-            ctx: IdempotencyContext,
-            Extension(probe): Extension<Arc<Probe>>,
-            State(store): State<Store<$db>>,
-        ) -> (StatusCode, String) {
-            sqlx::query("INSERT INTO test_effects (route, tenant) VALUES ($1, $2)")
-                .bind(ctx.derive("effect"))
-                .bind(&tenant.0)
-                .execute(store.pool())
-                .await
-                .expect("insert effect");
-            let call = probe.started.fetch_add(1, Ordering::SeqCst) + 1;
-            probe.gate.acquire().await.expect("gate open").forget();
-            probe.finished.fetch_add(1, Ordering::SeqCst);
-            (StatusCode::CREATED, format!("call {call}"))
-        }
-    };
+/// `/stuck` (transactional) and `/stuck-external`.
+fn stuck_routes<DB: TestBackend>(probe: &Arc<Probe>) -> Router<Store<DB>> {
+    Router::new()
+        .route("/stuck", post(stuck::<DB>))
+        .route("/stuck-external", post(stuck_external::<DB>))
+        .layer(Extension(Arc::clone(probe)))
 }
 
-mod pg {
-    timeout_handlers!(sqlx::Postgres);
+/// Writes a row in its transaction, then waits on the gate.
+#[idempotent(scope = "tenant", retention = "1h", timeout = "3s")]
+async fn stuck<DB: TestBackend>(
+    tenant: Tenant,
+    Extension(probe): Extension<Arc<Probe>>,
+    tx: &mut Transaction<'_, DB>,
+) -> (StatusCode, String) {
+    let sql = "INSERT INTO test_effects (route, tenant) VALUES ('stuck', $1)";
+    run(tx, sql, &[Param::Text(&tenant.0)])
+        .await
+        .expect("insert effect");
+    probe.hold().await
 }
 
-mod lite {
-    timeout_handlers!(sqlx::Sqlite);
+/// External mode: performs its side effect (a committed row, keyed by the derived key as a
+/// downstream call would be), then waits on the gate.
+#[idempotent(scope = "tenant", lease = "5s", timeout = "3s", backend = DB)]
+async fn stuck_external<DB: TestBackend>(
+    tenant: Tenant,
+    ctx: IdempotencyContext,
+    Extension(probe): Extension<Arc<Probe>>,
+    State(store): State<Store<DB>>,
+) -> (StatusCode, String) {
+    let sql = "INSERT INTO test_effects (route, tenant) VALUES ($1, $2)";
+    let effect = ctx.derive("effect");
+    run_on(
+        store.pool(),
+        sql,
+        &[Param::Text(&effect), Param::Text(&tenant.0)],
+    )
+    .await
+    .expect("insert effect");
+    probe.hold().await
 }
 
 /// The test routes over `app`'s pool, and how many keys their store's handlers hold.
@@ -121,12 +111,12 @@ fn routes(app: &App, probe: &Arc<Probe>) -> (Router, Box<dyn Fn() -> usize>) {
     match &app.db {
         Db::Postgres(pool) => {
             let store = Store::new(pool.clone());
-            let router = pg::routes(probe).with_state(store.clone());
+            let router = stuck_routes(probe).with_state(store.clone());
             (router, Box::new(move || store.keys_in_flight()))
         }
         Db::Sqlite(pool) => {
             let store = Store::new(pool.clone());
-            let router = lite::routes(probe).with_state(store.clone());
+            let router = stuck_routes(probe).with_state(store.clone());
             (router, Box::new(move || store.keys_in_flight()))
         }
     }
@@ -302,14 +292,10 @@ async fn a_handler_stuck_in_a_statement_is_stopped_and_frees_its_connection(
     );
     assert_eq!(app.db_locks().await, 0, "the key's lock is released");
     assert_eq!(app.count("idem_keys").await, 0);
-    let payment = Req::post("/v1/payments")
+    let entry = Req::post("/test/entries")
         .tenant("t1")
         .key("p1")
-        .json(&idem_tests::payment(100, "cus_1"));
-    let paid = deadline(
-        "a payment on the freed connection",
-        app.send(payment.build()),
-    )
-    .await;
-    assert_eq!(paid.status, StatusCode::CREATED);
+        .json(&idem_tests::entry(100, "n1"));
+    let written = deadline("an entry on the freed connection", app.send(entry.build())).await;
+    assert_eq!(written.status, StatusCode::CREATED);
 }

@@ -2,7 +2,10 @@
 //! `post(flaky::<DB>)`): they count their calls, write a row, and fail on purpose (a 5xx, a
 //! panic) or wait for the test.
 
-use std::sync::{Arc, atomic::Ordering};
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
 
 use axum::{
     Extension, Router,
@@ -10,50 +13,72 @@ use axum::{
     response::IntoResponse,
     routing::post,
 };
-use idem_runtime::{Backend, Store, idempotent};
+use idem_runtime::{Store, idempotent};
 use sqlx::Transaction;
 
-use crate::{Account, Calls, Tenant};
+use crate::{
+    Tenant,
+    test_app::{Param, TestBackend, run},
+};
 
-/// A database the test handlers can write to: one of idem's backends.
-pub trait TestDb: Backend {
-    /// Runs `sql`, binding `params` as text, in the handler's transaction.
-    fn run<'a>(
-        tx: &'a mut Transaction<'_, Self>,
-        sql: &'static str,
-        params: &'a [&'a str],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+/// How many times each test-only handler body ran.
+#[derive(Debug, Default)]
+pub struct Calls {
+    /// `POST /test/flaky`.
+    pub flaky: AtomicUsize,
+    /// `POST /test/panic`.
+    pub panic: AtomicUsize,
+    /// `POST /test/global`.
+    pub global: AtomicUsize,
+    /// `POST /test/slow`.
+    pub slow: AtomicUsize,
+    /// `POST /test/external-slow`.
+    pub external: AtomicUsize,
+    /// `POST /test/redirect`.
+    pub redirect: AtomicUsize,
+    /// `POST /test/aborted`.
+    pub aborted: AtomicUsize,
+    /// `POST /test/deferred`.
+    pub deferred: AtomicUsize,
+    /// `POST /test/entries` and `/test/stored-5xx`.
+    pub entries: AtomicUsize,
+    /// `POST /test/transfers`.
+    pub transfers: AtomicUsize,
 }
 
-/// The same body for each database: sqlx's executors are per database type.
-macro_rules! test_db {
-    ($db:ty) => {
-        impl TestDb for $db {
-            async fn run<'a>(
-                tx: &'a mut Transaction<'_, Self>,
-                sql: &'static str,
-                params: &'a [&'a str],
-            ) -> Result<(), sqlx::Error> {
-                let mut query = sqlx::query(sql);
-                for param in params {
-                    query = query.bind(*param);
-                }
-                query.execute(&mut **tx).await.map(|_| ())
-            }
-        }
-    };
+/// The scope of `POST /test/account`: the `X-Account` header, as sent (possibly empty).
+#[derive(Debug, Clone)]
+pub struct Account(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Account {
+    type Rejection = axum::http::StatusCode;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let value = parts
+            .headers
+            .get("x-account")
+            .ok_or(axum::http::StatusCode::UNAUTHORIZED)?;
+        let value = value
+            .to_str()
+            .map_err(|_| axum::http::StatusCode::BAD_REQUEST)?;
+        Ok(Self(value.to_owned()))
+    }
 }
 
-test_db!(sqlx::Postgres);
-test_db!(sqlx::Sqlite);
+impl idem_runtime::IdempotencyScope for Account {
+    fn idempotency_scope(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(&self.0)
+    }
+}
 
 /// `/test/flaky`, `/test/panic`, `/test/global`, `/test/slow`, `/test/external-slow`,
 /// `/test/redirect`, `/test/aborted`, `/test/deferred`, `/test/account`, and
 /// `/test/nest-a/x`, `/test/nest-b/x` (one handler nested under two prefixes).
-pub fn routes<DB: TestDb>(
-    calls: Arc<Calls>,
-    gate: Arc<tokio::sync::Semaphore>,
-) -> Router<Store<DB>> {
+/// Their counters and gate come as `Extension`s.
+pub fn routes<DB: TestBackend>() -> Router<Store<DB>> {
     let nested = || Router::new().route("/x", post(slow::<DB>));
     Router::new()
         .route("/test/flaky", post(flaky::<DB>))
@@ -67,21 +92,22 @@ pub fn routes<DB: TestDb>(
         .route("/test/account", post(account::<DB>))
         .nest("/test/nest-a", nested())
         .nest("/test/nest-b", nested())
-        .layer(Extension(calls))
-        .layer(Extension(gate))
-        .layer(tower_http::catch_panic::CatchPanicLayer::new())
 }
 
-async fn record_effect<DB: TestDb>(tx: &mut Transaction<'_, DB>, route: &str, tenant: &Tenant) {
+async fn record_effect<DB: TestBackend>(
+    tx: &mut Transaction<'_, DB>,
+    route: &str,
+    tenant: &Tenant,
+) {
     let sql = "INSERT INTO test_effects (route, tenant) VALUES ($1, $2)";
-    DB::run(tx, sql, &[route, &tenant.0])
+    run(tx, sql, &[Param::Text(route), Param::Text(&tenant.0)])
         .await
         .expect("insert effect");
 }
 
 /// Writes, then answers 503 on its first call and 201 afterwards.
 #[idempotent(scope = "tenant", retention = "1h")]
-async fn flaky<DB: TestDb>(
+async fn flaky<DB: TestBackend>(
     tenant: Tenant,
     Extension(calls): Extension<Arc<Calls>>,
     tx: &mut Transaction<'_, DB>,
@@ -97,7 +123,7 @@ async fn flaky<DB: TestDb>(
 
 /// Writes, then panics on its first call; answers 201 afterwards.
 #[idempotent(scope = "tenant", retention = "1h")]
-async fn panicky<DB: TestDb>(
+async fn panicky<DB: TestBackend>(
     tenant: Tenant,
     Extension(calls): Extension<Arc<Calls>>,
     tx: &mut Transaction<'_, DB>,
@@ -110,19 +136,19 @@ async fn panicky<DB: TestDb>(
 
 /// Keys shared by every caller.
 #[idempotent(global, retention = "1h")]
-async fn global<DB: TestDb>(
+async fn global<DB: TestBackend>(
     Extension(calls): Extension<Arc<Calls>>,
     tx: &mut Transaction<'_, DB>,
     body: String,
 ) -> (StatusCode, String) {
-    DB::run(tx, "SELECT 1", &[]).await.expect("select");
+    run(tx, "SELECT 1", &[]).await.expect("select");
     let call = calls.global.fetch_add(1, Ordering::SeqCst) + 1;
     (StatusCode::CREATED, format!("call {call}: {body}"))
 }
 
 /// Writes, then waits for the test to open the gate.
 #[idempotent(scope = "tenant", retention = "1h")]
-async fn slow<DB: TestDb>(
+async fn slow<DB: TestBackend>(
     tenant: Tenant,
     Extension(calls): Extension<Arc<Calls>>,
     Extension(gate): Extension<Arc<tokio::sync::Semaphore>>,
@@ -136,7 +162,7 @@ async fn slow<DB: TestDb>(
 
 /// Writes, then answers 303 See Other with a `Location`.
 #[idempotent(scope = "tenant", retention = "1h")]
-async fn redirect<DB: TestDb>(
+async fn redirect<DB: TestBackend>(
     tenant: Tenant,
     Extension(calls): Extension<Arc<Calls>>,
     tx: &mut Transaction<'_, DB>,
@@ -153,7 +179,7 @@ async fn redirect<DB: TestDb>(
 /// Writes, then runs a statement that fails (a duplicate primary key), ignores the
 /// error and answers 201 anyway.
 #[idempotent(scope = "tenant", retention = "1h")]
-async fn aborted<DB: TestDb>(
+async fn aborted<DB: TestBackend>(
     tenant: Tenant,
     Extension(calls): Extension<Arc<Calls>>,
     tx: &mut Transaction<'_, DB>,
@@ -161,7 +187,7 @@ async fn aborted<DB: TestDb>(
     record_effect(tx, "aborted", &tenant).await;
     let call = calls.aborted.fetch_add(1, Ordering::SeqCst) + 1;
     for _ in 0..2 {
-        let _ignored = DB::run(tx, "INSERT INTO test_unique (id) VALUES (1)", &[]).await;
+        let _ignored = run(tx, "INSERT INTO test_unique (id) VALUES (1)", &[]).await;
     }
     (StatusCode::CREATED, format!("call {call}"))
 }
@@ -169,14 +195,14 @@ async fn aborted<DB: TestDb>(
 /// Writes a row whose deferred foreign key has no parent: the database refuses the
 /// transaction at COMMIT, not before.
 #[idempotent(scope = "tenant", retention = "1h")]
-async fn deferred<DB: TestDb>(
+async fn deferred<DB: TestBackend>(
     tenant: Tenant,
     Extension(calls): Extension<Arc<Calls>>,
     tx: &mut Transaction<'_, DB>,
 ) -> (StatusCode, String) {
     record_effect(tx, "deferred", &tenant).await;
     calls.deferred.fetch_add(1, Ordering::SeqCst);
-    DB::run(tx, "INSERT INTO test_child (parent) VALUES (999)", &[])
+    run(tx, "INSERT INTO test_child (parent) VALUES (999)", &[])
         .await
         .expect("a deferred constraint is checked at COMMIT only");
     (StatusCode::CREATED, "written".to_owned())
@@ -184,17 +210,17 @@ async fn deferred<DB: TestDb>(
 
 /// Scoped by the `X-Account` header, which may be empty.
 #[idempotent(scope = "account", retention = "1h")]
-async fn account<DB: TestDb>(
+async fn account<DB: TestBackend>(
     account: Account,
     tx: &mut Transaction<'_, DB>,
 ) -> (StatusCode, String) {
-    DB::run(tx, "SELECT 1", &[]).await.expect("select");
+    run(tx, "SELECT 1", &[]).await.expect("select");
     (StatusCode::CREATED, format!("account {:?}", account.0))
 }
 
 /// External mode: counts its calls; the first waits for the test to open the gate.
 #[idempotent(scope = "tenant", retention = "1h", lease = "5s", backend = DB)]
-async fn external_slow<DB: TestDb>(
+async fn external_slow<DB: TestBackend>(
     tenant: Tenant,
     Extension(calls): Extension<Arc<Calls>>,
     Extension(gate): Extension<Arc<tokio::sync::Semaphore>>,

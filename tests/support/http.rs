@@ -139,7 +139,7 @@ impl Req {
     }
 }
 
-/// A valid payment body.
-pub fn payment(amount: i64, customer: &str) -> String {
-    format!(r#"{{"amount": {amount}, "currency": "usd", "customer": "{customer}"}}"#)
+/// The body of a new entry of the test app.
+pub fn entry(amount: i64, note: &str) -> String {
+    format!(r#"{{"amount": {amount}, "note": "{note}"}}"#)
 }

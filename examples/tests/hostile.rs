@@ -16,6 +16,8 @@
 //! The seed is printed; set `IDEM_HOSTILE_SEED` to replay a campaign (requests are sent four at
 //! a time, so which duplicate of a key gets the 409 may differ between runs).
 
+mod service;
+
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     net::SocketAddr,
@@ -23,7 +25,8 @@ use std::{
 };
 
 use idem_runtime::ProblemKind;
-use idem_tests::{App, TestDb, backend_tests, executed_refunds, spawn_processor};
+use idem_tests::{App, TestDb, backend_tests};
+use service::{executed_refunds, spawn_processor};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
@@ -1524,7 +1527,7 @@ backend_tests! {
             TestDb::Sqlite(_) => "sqlite",
         };
         let processor = spawn_processor().await;
-        let app = App::with_processor(db, processor.clone()).await;
+        let app = service::with_processor(db, processor.clone()).await;
         let addr = app.serve().await;
         let seed = seed();
         println!("{backend}: hostile campaign with seed {seed} ({SEED_VAR}={seed} replays it)");
@@ -1704,12 +1707,12 @@ async fn postgres_unstorable_scopes_are_400_invalid_scope(
     _: sqlx::postgres::PgPoolOptions,
     connect: sqlx::postgres::PgConnectOptions,
 ) {
-    let app = App::new(TestDb::Postgres(Box::new(connect))).await;
+    let app = service::app(TestDb::Postgres(Box::new(connect))).await;
     unstorable_scopes_are_400_invalid_scope(app).await;
 }
 
 #[tokio::test]
 async fn sqlite_unstorable_scopes_are_400_invalid_scope() {
-    let app = App::new(TestDb::sqlite()).await;
+    let app = service::app(TestDb::sqlite()).await;
     unstorable_scopes_are_400_invalid_scope(app).await;
 }

@@ -1,0 +1,315 @@
+//! What a test reads and moves in the database directly: row counts, key rows, locks, leases
+//! and expiries, seeded keys, and one pass of the background tasks.
+
+use idem_runtime::{
+    Store,
+    tasks::{PurgeOptions, PurgeReport, RecoveryHook, RecoveryReport},
+};
+
+use crate::{App, Db};
+
+impl App {
+    /// Runs a statement that has no parameters.
+    pub async fn execute(&self, sql: &'static str) {
+        match &self.db {
+            Db::Postgres(pool) => sqlx::raw_sql(sql).execute(pool).await.map(|_| ()),
+            Db::Sqlite(pool) => sqlx::raw_sql(sql).execute(pool).await.map(|_| ()),
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    async fn scalar(&self, sql: String, bind: Option<&str>) -> i64 {
+        let sql = sqlx::AssertSqlSafe(sql);
+        match &self.db {
+            Db::Postgres(pool) => {
+                let query = sqlx::query_scalar::<_, i64>(sql);
+                match bind {
+                    Some(value) => query.bind(value).fetch_one(pool).await,
+                    None => query.fetch_one(pool).await,
+                }
+            }
+            Db::Sqlite(pool) => {
+                let query = sqlx::query_scalar::<_, i64>(sql);
+                match bind {
+                    Some(value) => query.bind(value).fetch_one(pool).await,
+                    None => query.fetch_one(pool).await,
+                }
+            }
+        }
+        .expect("a number")
+    }
+
+    /// Locks the database holds for keys right now: PostgreSQL's advisory locks in this test's
+    /// database (other databases on the server are not counted); on SQLite, 1 while some
+    /// connection holds the write lock (found by trying to take it without waiting), else 0.
+    pub async fn db_locks(&self) -> i64 {
+        match self.db {
+            Db::Postgres(_) => {
+                self.scalar(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                        .into(),
+                    None,
+                )
+                .await
+            }
+            Db::Sqlite(_) => {
+                use sqlx::Connection;
+                let dir = self.dir.as_ref().expect("a SQLite app has its directory");
+                let options = sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(dir.path().join("test.db"))
+                    .busy_timeout(std::time::Duration::ZERO);
+                let mut conn = sqlx::SqliteConnection::connect_with(&options)
+                    .await
+                    .expect("open the SQLite file");
+                let taken = sqlx::raw_sql("BEGIN IMMEDIATE; ROLLBACK")
+                    .execute(&mut conn)
+                    .await;
+                match taken {
+                    Ok(_) => 0,
+                    Err(sqlx::Error::Database(e)) if e.message().contains("locked") => 1,
+                    Err(error) => panic!("probing SQLite's write lock: {error}"),
+                }
+            }
+        }
+    }
+
+    /// Rows in `table` (a fixed name from the tests).
+    pub async fn count(&self, table: &str) -> i64 {
+        self.scalar(format!("SELECT count(*) FROM {table}"), None)
+            .await
+    }
+
+    /// Rows of the key table for `key`, in any scope.
+    pub async fn keys_named(&self, key: &str) -> i64 {
+        self.scalar(
+            "SELECT count(*) FROM idem_keys WHERE key = $1".into(),
+            Some(key),
+        )
+        .await
+    }
+
+    /// Rows of the key table with `status`.
+    pub async fn keys_with_status(&self, status: &str) -> i64 {
+        self.scalar(
+            "SELECT count(*) FROM idem_keys WHERE status = $1".into(),
+            Some(status),
+        )
+        .await
+    }
+
+    /// The status of `key`'s row, if there is one.
+    pub async fn key_status(&self, key: &str) -> Option<String> {
+        let sql = "SELECT status FROM idem_keys WHERE key = $1";
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await,
+            Db::Sqlite(pool) => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await,
+        }
+        .expect("read key")
+    }
+
+    /// Seconds between `key`'s creation and its expiry.
+    pub async fn retention_secs(&self, key: &str) -> i64 {
+        let sql = match self.db {
+            Db::Postgres(_) => {
+                "SELECT extract(epoch FROM expires_at - created_at)::int8 FROM idem_keys WHERE key = $1"
+            }
+            Db::Sqlite(_) => {
+                "SELECT (expires_at - created_at) / 1000 FROM idem_keys WHERE key = $1"
+            }
+        };
+        self.scalar(sql.into(), Some(key)).await
+    }
+
+    /// The stored response status of `key`.
+    pub async fn response_status(&self, key: &str) -> i64 {
+        self.scalar(
+            "SELECT CAST(response_status AS BIGINT) FROM idem_keys WHERE key = $1".into(),
+            Some(key),
+        )
+        .await
+    }
+
+    /// Moves every key past its expiry, as time would.
+    pub async fn expire_all_keys(&self) {
+        match self.db {
+            Db::Postgres(_) => {
+                self.execute("UPDATE idem_keys SET expires_at = now() - interval '1 second'")
+                    .await;
+            }
+            Db::Sqlite(_) => {
+                self.execute(
+                    "UPDATE idem_keys SET expires_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000",
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Ends the lease of `key`'s claim, as if its process had stalled.
+    pub async fn lapse_lease(&self, key: &str) {
+        let sql = match self.db {
+            Db::Postgres(_) => {
+                "UPDATE idem_keys SET lease_until = now() - interval '1 second' WHERE key = $1"
+            }
+            Db::Sqlite(_) => {
+                "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000 WHERE key = $1"
+            }
+        };
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
+            Db::Sqlite(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
+        }
+        .expect("lapse lease");
+    }
+
+    /// Inserts `n` completed keys in `scope`, expiring `expires_in_secs` from now (negative:
+    /// already expired).
+    pub async fn seed_keys(&self, scope: &str, n: i64, expires_in_secs: i64) {
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query(
+                "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, \
+                   response_status, response_headers, response_body, expires_at) \
+                 SELECT $1, 'seed-' || $1 || '-' || g, 'POST', '/v1/payments', \
+                   sha256(g::text::bytea), 'completed', 201, '[]'::jsonb, ''::bytea, \
+                   now() + make_interval(secs => $3) \
+                 FROM generate_series(1, $2) g",
+            )
+            .bind(scope)
+            .bind(n)
+            .bind(expires_in_secs as f64)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+            Db::Sqlite(pool) => sqlx::query(
+                "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < $2) \
+                 INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, \
+                   response_status, response_headers, response_body, created_at, expires_at) \
+                 SELECT $1, 'seed-' || $1 || '-' || n, 'POST', '/v1/payments', randomblob(32), \
+                   'completed', 201, '[]', x'', CAST(unixepoch('subsec') * 1000 AS INTEGER), \
+                   CAST(unixepoch('subsec') * 1000 AS INTEGER) + $3 * 1000 \
+                 FROM g",
+            )
+            .bind(scope)
+            .bind(n)
+            .bind(expires_in_secs)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+        }
+        .expect("seed keys");
+    }
+
+    /// Writes a `started` claim of `POST path` taken a minute ago whose lease ran out 55 s ago,
+    /// as a crash between the external call and the completion leaves it.
+    pub async fn abandoned_claim(&self, scope: &str, key: &str, path: &str, fingerprint: &[u8]) {
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query(
+                "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, expires_at, \
+                   locked_at, lease_until, claim_token) \
+                 VALUES ($1, $2, 'POST', $4, $3, 'started', now() + interval '1 day', \
+                   now() - interval '1 minute', now() - interval '55 seconds', 42)",
+            )
+            .bind(scope)
+            .bind(key)
+            .bind(fingerprint)
+            .bind(path)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+            Db::Sqlite(pool) => sqlx::query(
+                "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at, \
+                   expires_at, locked_at, lease_until, claim_token) \
+                 VALUES ($1, $2, 'POST', $5, $3, 'started', $4 - 60000, \
+                   $4 + 86400000, $4 - 60000, $4 - 55000, 42)",
+            )
+            .bind(scope)
+            .bind(key)
+            .bind(fingerprint)
+            .bind(now_ms())
+            .bind(path)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+        }
+        .expect("insert claim");
+    }
+
+    /// Keeps `key`'s claim within its lease for another minute.
+    pub async fn renew_lease(&self, key: &str) {
+        let sql = match self.db {
+            Db::Postgres(_) => {
+                "UPDATE idem_keys SET lease_until = now() + interval '1 minute' WHERE key = $1"
+            }
+            Db::Sqlite(_) => {
+                "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + 60000 WHERE key = $1"
+            }
+        };
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
+            Db::Sqlite(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
+        }
+        .expect("renew lease");
+    }
+
+    /// One purge pass.
+    pub async fn purge(&self, options: PurgeOptions) -> PurgeReport {
+        match &self.db {
+            Db::Postgres(pool) => Store::new(pool.clone()).purge_expired(options).await,
+            Db::Sqlite(pool) => Store::new(pool.clone()).purge_expired(options).await,
+        }
+        .expect("purge")
+    }
+
+    /// One recovery pass.
+    pub async fn recover<H: RecoveryHook>(&self, hook: &H) -> RecoveryReport {
+        match &self.db {
+            Db::Postgres(pool) => Store::new(pool.clone()).recover_abandoned(hook, 100).await,
+            Db::Sqlite(pool) => Store::new(pool.clone()).recover_abandoned(hook, 100).await,
+        }
+        .expect("recover")
+    }
+
+    /// The background purge task.
+    pub fn spawn_purge(
+        &self,
+        every: std::time::Duration,
+        stop: idem_runtime::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        use idem_runtime::tasks::spawn_purge;
+        match &self.db {
+            Db::Postgres(pool) => spawn_purge(
+                Store::new(pool.clone()),
+                every,
+                PurgeOptions::default(),
+                stop,
+            ),
+            Db::Sqlite(pool) => spawn_purge(
+                Store::new(pool.clone()),
+                every,
+                PurgeOptions::default(),
+                stop,
+            ),
+        }
+    }
+
+    /// The background recovery task with `hook`.
+    pub fn spawn_recovery<H: RecoveryHook>(
+        &self,
+        hook: H,
+        every: std::time::Duration,
+        stop: idem_runtime::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        use idem_runtime::tasks::spawn_recovery;
+        match &self.db {
+            Db::Postgres(pool) => spawn_recovery(Store::new(pool.clone()), hook, every, stop),
+            Db::Sqlite(pool) => spawn_recovery(Store::new(pool.clone()), hook, every, stop),
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -1,0 +1,179 @@
+//! The suite's own small service: idem's tables, a few tables of its own, and the handlers of
+//! [`crate::handlers`] and [`crate::entries`], each written once for both databases.
+
+use axum::{Extension, Router};
+use idem_runtime::{Backend, Store};
+use sqlx::{Pool, Postgres, Sqlite, Transaction};
+
+use crate::{AnyStore, Building, Parts, Service, downstream::unreachable_url, entries, handlers};
+
+/// The service the library's behaviour tests drive.
+#[derive(Debug, Clone)]
+pub struct TestApp {
+    /// Where `POST /test/transfers` sends its transfers.
+    downstream: String,
+}
+
+impl Default for TestApp {
+    /// Transfers go nowhere: every one is a 503.
+    fn default() -> Self {
+        Self::downstream(&unreachable_url())
+    }
+}
+
+impl TestApp {
+    /// The test app, sending its transfers to the downstream service at `url`.
+    pub fn downstream(url: &str) -> Self {
+        Self {
+            downstream: url.to_owned(),
+        }
+    }
+
+    async fn router<DB: TestBackend>(&self, store: Store<DB>, parts: Parts) -> Router {
+        idem_runtime::migrate(store.pool())
+            .await
+            .expect("idem's tables");
+        DB::create_tables(store.pool())
+            .await
+            .expect("the test app's tables");
+        self.routes(store, parts)
+    }
+
+    /// The router over `store`, creating no table: for a database that cannot be reached.
+    pub fn routes<DB: TestBackend>(&self, store: Store<DB>, parts: Parts) -> Router {
+        handlers::routes::<DB>()
+            .merge(entries::routes::<DB>())
+            .layer(Extension(parts.calls))
+            .layer(Extension(parts.gate))
+            .layer(Extension(entries::DownstreamClient::new(&self.downstream)))
+            .layer(tower_http::catch_panic::CatchPanicLayer::new())
+            .with_state(store)
+    }
+}
+
+impl Service for TestApp {
+    fn build(&self, parts: Parts) -> Building<'_> {
+        Box::pin(async move {
+            match parts.store.clone() {
+                AnyStore::Postgres(store) => self.router(store, parts).await,
+                AnyStore::Sqlite(store) => self.router(store, parts).await,
+            }
+        })
+    }
+}
+
+/// A text or integer parameter of a test statement.
+#[derive(Debug, Clone, Copy)]
+pub enum Param<'a> {
+    /// Bound as text.
+    Text(&'a str),
+    /// Bound as a 64-bit integer.
+    Int(i64),
+}
+
+/// A database the test app runs on: one of idem's backends, with the little SQL the test
+/// handlers send.
+pub trait TestBackend: Backend {
+    /// Creates the test app's tables.
+    fn create_tables(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Runs `sql` with `params` on `conn`; returns the rows it touched.
+    fn execute<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'static str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Runs `sql` with `params` on `conn`; returns the first column of its first row.
+    fn fetch_int<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'static str,
+        params: &'a [Param<'a>],
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
+}
+
+/// Runs `sql` in the handler's transaction.
+pub async fn run<DB: TestBackend>(
+    tx: &mut Transaction<'_, DB>,
+    sql: &'static str,
+    params: &[Param<'_>],
+) -> Result<u64, sqlx::Error> {
+    DB::execute(&mut **tx, sql, params).await
+}
+
+/// Runs `sql` on a connection of `pool`, outside any handler's transaction.
+pub async fn run_on<DB: TestBackend>(
+    pool: &Pool<DB>,
+    sql: &'static str,
+    params: &[Param<'_>],
+) -> Result<u64, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    DB::execute(&mut conn, sql, params).await
+}
+
+/// The tables both databases spell alike. `test_child`'s foreign key is checked at COMMIT only
+/// (SQLite enforces it because sqlx turns `foreign_keys` on).
+macro_rules! shared_tables {
+    () => {
+        "CREATE TABLE IF NOT EXISTS test_effects (route text NOT NULL, tenant text NOT NULL);
+         CREATE TABLE IF NOT EXISTS test_unique (id integer PRIMARY KEY);
+         CREATE TABLE IF NOT EXISTS test_parent (id integer PRIMARY KEY);
+         CREATE TABLE IF NOT EXISTS test_child (
+             parent integer REFERENCES test_parent (id) DEFERRABLE INITIALLY DEFERRED
+         );
+         CREATE TABLE IF NOT EXISTS test_transfers (
+             id text PRIMARY KEY, tenant text NOT NULL, entry bigint NOT NULL, amount bigint NOT NULL
+         );"
+    };
+}
+
+/// The same body for each database: sqlx's executors and encoders are per database type.
+macro_rules! test_backend {
+    ($db:ty, $generated_id:literal) => {
+        impl TestBackend for $db {
+            async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+                let tables = concat!(
+                    shared_tables!(),
+                    "CREATE TABLE IF NOT EXISTS test_entries (id ",
+                    $generated_id,
+                    " PRIMARY KEY, tenant text NOT NULL, amount bigint NOT NULL, note text NOT NULL);"
+                );
+                sqlx::raw_sql(tables).execute(pool).await.map(|_| ())
+            }
+
+            async fn execute<'a>(
+                conn: &'a mut Self::Connection,
+                sql: &'static str,
+                params: &'a [Param<'a>],
+            ) -> Result<u64, sqlx::Error> {
+                let mut query = sqlx::query(sql);
+                for param in params {
+                    query = match *param {
+                        Param::Text(text) => query.bind(text),
+                        Param::Int(int) => query.bind(int),
+                    };
+                }
+                Ok(query.execute(conn).await?.rows_affected())
+            }
+
+            async fn fetch_int<'a>(
+                conn: &'a mut Self::Connection,
+                sql: &'static str,
+                params: &'a [Param<'a>],
+            ) -> Result<Option<i64>, sqlx::Error> {
+                let mut query = sqlx::query_scalar(sql);
+                for param in params {
+                    query = match *param {
+                        Param::Text(text) => query.bind(text),
+                        Param::Int(int) => query.bind(int),
+                    };
+                }
+                query.fetch_optional(conn).await
+            }
+        }
+    };
+}
+
+// Only the type of a generated id is spelt per database.
+test_backend!(Postgres, "bigserial");
+test_backend!(Sqlite, "integer");
