@@ -112,6 +112,25 @@ backend_tests! {
         assert_eq!(app.count("test_entries").await, 1);
     }
 
+    async fn a_handler_that_ends_its_transaction_itself_gets_its_outcome_refused(db) {
+        let app = App::new(db).await;
+        for (key, how) in [("k1", "commit"), ("k2", "rollback"), ("k3", "commit-begin")] {
+            let request = || Req::post("/test/ends-its-transaction").tenant("t1").key(key).json(how);
+            let reply = app.send(request().build()).await;
+            assert_eq!(
+                reply.problem(StatusCode::INTERNAL_SERVER_ERROR),
+                ProblemKind::CommitRefused.type_uri(),
+                "{how}"
+            );
+            assert_eq!(app.keys_named(key).await, 0, "{how}: no outcome was stored");
+            // Nothing holds the key: a retry runs the handler again (and is refused again).
+            let retry = app.send(request().build()).await;
+            assert_eq!(retry.status, StatusCode::INTERNAL_SERVER_ERROR, "{how}");
+            assert!(!retry.replayed());
+        }
+        assert_eq!(app.count("idem_keys").await, 0);
+    }
+
     async fn a_3xx_outcome_is_stored_and_replayed_with_its_location(db) {
         let app = App::new(db).await;
         let request = || Req::post("/test/redirect").tenant("t1").key("k1").build();

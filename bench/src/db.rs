@@ -9,13 +9,15 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub struct Scratch {
     admin_url: String,
     name: String,
+    /// Its URL.
+    pub url: String,
     /// A pool on it.
     pub pool: PgPool,
 }
 
 impl Scratch {
     /// Creates `idem_bench_<pid>` on the server of `$DATABASE_URL` (default: the local server)
-    /// with idem's and the example's tables.
+    /// with idem's, the example's and the peer's tables.
     pub async fn create(max_connections: u32) -> Result<Self, Error> {
         Self::named(max_connections, "main").await
     }
@@ -40,9 +42,11 @@ impl Scratch {
             .connect(&url)
             .await?;
         idem_examples::schema::create(&pool).await?;
+        sqlx::raw_sql(crate::peer::TABLE).execute(&pool).await?;
         Ok(Self {
             admin_url,
             name,
+            url,
             pool,
         })
     }

@@ -3,11 +3,9 @@
 
 use std::time::Duration;
 
-use idem_runtime::Store;
-
 use crate::{
-    db,
-    load::{self, Client, Stats, Workload},
+    cpu, db,
+    load::{self, Client, Route, Stats, Workload},
     statements,
 };
 
@@ -69,8 +67,9 @@ pub async fn run(args: Args) -> Result<(), db::Error> {
         }
         match database {
             Database::Postgres => {
-                let scratch = db::Scratch::create(args.concurrency as u32 + 8).await?;
-                let result = match load::serve(Store::new(scratch.pool.clone())).await {
+                let scratch = db::Scratch::create(2).await?;
+                let connections = args.concurrency as u32 + 8;
+                let result = match load::serve(scratch.url.clone(), connections).await {
                     Ok(addr) => measure(&args, *database, Client::new(addr)).await,
                     Err(error) => Err(error),
                 };
@@ -81,9 +80,11 @@ pub async fn run(args: Args) -> Result<(), db::Error> {
                 let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
                 std::fs::create_dir_all(&dir)?;
                 let result = async {
-                    let pool = idem_examples::schema::connect_sqlite(&dir.join("bench.db")).await?;
+                    let path = dir.join("bench.db");
+                    let pool = idem_examples::schema::connect_sqlite(&path).await?;
                     idem_examples::schema::create(&pool).await?;
-                    let addr = load::serve_sqlite(Store::new(pool)).await?;
+                    pool.close().await;
+                    let addr = load::serve_sqlite(path).await?;
                     measure(&args, *database, Client::new(addr)).await
                 }
                 .await;
@@ -95,7 +96,39 @@ pub async fn run(args: Args) -> Result<(), db::Error> {
     Ok(())
 }
 
-async fn measure(args: &Args, database: Database, client: Client) -> Result<(), db::Error> {
+/// What one scenario measured in one round.
+struct Run {
+    stats: Stats,
+    cpu: cpu::Sample,
+    in_process: bool,
+}
+
+impl Run {
+    /// Service and database CPU per answered request, in microseconds.
+    fn cpu_per_request(&self) -> (f64, f64) {
+        self.cpu
+            .per_request(self.stats.ok + self.stats.conflicts, self.in_process)
+    }
+}
+
+/// Runs `workload` as [`load::run`] does, with the CPU time it cost.
+async fn timed(
+    client: &Client,
+    database: Database,
+    workload: &Workload,
+    concurrency: usize,
+    seconds: u64,
+) -> Run {
+    let before = cpu::Sample::now();
+    let stats = load::run(client, workload, concurrency, Duration::from_secs(seconds)).await;
+    Run {
+        stats,
+        cpu: cpu::Sample::now().since(before),
+        in_process: database == Database::Sqlite,
+    }
+}
+
+async fn seed_replay_keys(client: &Client) -> Result<Vec<String>, db::Error> {
     eprintln!("completing 1000 keys for the replay scenario...");
     let keys: Vec<String> = (0..1000).map(|_| load::fresh_key()).collect();
     for chunk in keys.chunks(50) {
@@ -103,7 +136,7 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
             .iter()
             .map(|key| {
                 let (client, key) = (client.clone(), key.clone());
-                tokio::spawn(async move { client.pay(Some(&key)).await })
+                tokio::spawn(async move { client.pay(Route::Idempotent, Some(&key)).await })
             })
             .collect();
         for send in sends {
@@ -113,13 +146,22 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
             }
         }
     }
-    let workloads = [
-        Workload::Bare,
+    Ok(keys)
+}
+
+async fn measure(args: &Args, database: Database, client: Client) -> Result<(), db::Error> {
+    let keys = seed_replay_keys(&client).await?;
+    let mut workloads = vec![Workload::Bare];
+    if database == Database::Postgres {
+        workloads.push(Workload::Peer);
+    }
+    workloads.extend([
         Workload::First,
         Workload::Replay(keys.into()),
         Workload::Contended(args.group),
         Workload::Mixed(10),
-    ];
+    ]);
+    let index = |name: &str| workloads.iter().position(|w| w.name() == name);
 
     eprintln!("counting statements per request...");
     let mut per_request = Vec::new();
@@ -144,18 +186,26 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
         load::run(&client, workload, args.concurrency, Duration::from_secs(1)).await;
     }
 
-    let mut runs: Vec<Vec<Stats>> = workloads.iter().map(|_| Vec::new()).collect();
+    let mut runs: Vec<Vec<Run>> = workloads.iter().map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
         eprintln!("round {round}/{}", args.rounds);
         for (index, workload) in workloads.iter().enumerate() {
-            let stats = load::run(
-                &client,
-                workload,
-                args.concurrency,
-                Duration::from_secs(args.seconds),
-            )
-            .await;
-            runs[index].push(stats);
+            runs[index]
+                .push(timed(&client, database, workload, args.concurrency, args.seconds).await);
+        }
+    }
+
+    // One client: the latency a single user sees, without queueing.
+    let alone: Vec<usize> = ["bare", "peer", "first"]
+        .iter()
+        .filter_map(|name| index(name))
+        .collect();
+    let mut single: Vec<Vec<Run>> = alone.iter().map(|_| Vec::new()).collect();
+    for round in 1..=args.rounds {
+        eprintln!("one client, round {round}/{}", args.rounds);
+        for (slot, &workload) in alone.iter().enumerate() {
+            single[slot]
+                .push(timed(&client, database, &workloads[workload], 1, args.seconds).await);
         }
     }
 
@@ -167,54 +217,97 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
         std::thread::available_parallelism().map_or(0, usize::from)
     );
     println!();
-    println!("| scenario | req/s | p50 ms | p99 ms | errors | replays | 409s | SQL/request |");
-    println!("|---|---|---|---|---|---|---|---|");
-    for ((workload, stats), statements) in workloads.iter().zip(&runs).zip(&per_request) {
+    println!(
+        "| scenario | req/s | p50 ms | p99 ms | service µs/req | {} µs/req | errors | replays | 409s | SQL/request |",
+        database
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for ((workload, runs), statements) in workloads.iter().zip(&runs).zip(&per_request) {
+        let (service, db) = cpu_medians(runs);
         println!(
-            "| {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {:.1} |",
+            "| {} | {:.0} | {:.2} | {:.2} | {service:.0} | {db:.0} | {} | {} | {} | {:.1} |",
             workload.name(),
-            median(stats.iter().map(Stats::rate)),
-            median(stats.iter().map(|s| s.ms(0.5))),
-            median(stats.iter().map(|s| s.ms(0.99))),
-            stats.iter().map(|s| s.errors).sum::<u64>(),
-            stats.iter().map(|s| s.replays).sum::<u64>(),
-            stats.iter().map(|s| s.conflicts).sum::<u64>(),
+            median(runs.iter().map(|r| r.stats.rate())),
+            median(runs.iter().map(|r| r.stats.ms(0.5))),
+            median(runs.iter().map(|r| r.stats.ms(0.99))),
+            runs.iter().map(|r| r.stats.errors).sum::<u64>(),
+            runs.iter().map(|r| r.stats.replays).sum::<u64>(),
+            runs.iter().map(|r| r.stats.conflicts).sum::<u64>(),
             statements
         );
     }
-    let ratio = |numerator: usize| {
+    let ratio = |numerator: usize, denominator: usize| {
         median(
             runs[numerator]
                 .iter()
-                .zip(&runs[0])
-                .map(|(n, bare)| n.rate() / bare.rate()),
+                .zip(&runs[denominator])
+                .map(|(n, d)| n.stats.rate() / d.stats.rate()),
         )
     };
+    let (bare, first) = (0, index("first").expect("first"));
+    let replay = index("replay").expect("replay");
+    println!();
+    println!("req/s ratios, median of per-round ratios:");
+    println!("first/bare  {:.2}", ratio(first, bare));
+    if let Some(peer) = index("peer") {
+        println!("peer/bare   {:.2}", ratio(peer, bare));
+        println!("first/peer  {:.2}", ratio(first, peer));
+    }
+    println!("replay/bare {:.2}", ratio(replay, bare));
+    let (bare_service, bare_db) = cpu_medians(&runs[bare]);
+    let added = |runs: &[Run]| {
+        let (service, db) = cpu_medians(runs);
+        (service - bare_service, db - bare_db)
+    };
+    let (service, db) = added(&runs[first]);
+    println!("CPU added per first execution: service {service:.0} µs, {database} {db:.0} µs");
+    if let Some(peer) = index("peer") {
+        let (service, db) = added(&runs[peer]);
+        println!("CPU added per peer execution:  service {service:.0} µs, {database} {db:.0} µs");
+    }
+    println!(
+        "SQL statements added to a first execution: {:.1}; a replay runs {:.1}",
+        per_request[first] - per_request[bare],
+        per_request[replay]
+    );
     println!();
     println!(
-        "first/bare  {:.2}  (req/s, median of per-round ratios; target >= 0.85)",
-        ratio(1)
+        "one client at a time ({} rounds x {} s):",
+        args.rounds, args.seconds
     );
-    println!("replay/bare {:.2}  (target >= 1.0)", ratio(2));
-    let note = match database {
-        Database::Postgres => "target <= 2",
-        Database::Sqlite => "one is a read without the write lock, so that replays never wait",
-    };
-    println!(
-        "SQL statements added to a first execution: {:.1} ({note}); a replay runs {:.1}",
-        per_request[1] - per_request[0],
-        per_request[2]
-    );
-    for (workload, stats) in workloads.iter().zip(&runs) {
-        if let Some(first) = stats.iter().find_map(|s| s.first_error.as_deref()) {
+    println!("| scenario | req/s | p50 ms | p99 ms | service µs/req | {database} µs/req |");
+    println!("|---|---|---|---|---|---|");
+    for (slot, &workload) in alone.iter().enumerate() {
+        let runs = &single[slot];
+        let (service, db) = cpu_medians(runs);
+        println!(
+            "| {} | {:.0} | {:.3} | {:.3} | {service:.0} | {db:.0} |",
+            workloads[workload].name(),
+            median(runs.iter().map(|r| r.stats.rate())),
+            median(runs.iter().map(|r| r.stats.ms(0.5))),
+            median(runs.iter().map(|r| r.stats.ms(0.99))),
+        );
+    }
+    for (workload, runs) in workloads.iter().zip(&runs) {
+        if let Some(first) = runs.iter().find_map(|r| r.stats.first_error.as_deref()) {
             println!("first unexpected answer in {}: {first}", workload.name());
         }
     }
     println!(
         "(SQL/request counts the statements sqlx logs; BEGIN is not logged, and every request \
-         that touches the database sends one more)"
+         that touches the database sends one more. CPU, from /proc: the service's own threads, \
+         and every process named postgres or, for SQLite, the connections' threads; the load \
+         generator is not counted)"
     );
     Ok(())
+}
+
+/// The median CPU per request of some runs: (service, database).
+fn cpu_medians(runs: &[Run]) -> (f64, f64) {
+    (
+        median(runs.iter().map(|r| r.cpu_per_request().0)),
+        median(runs.iter().map(|r| r.cpu_per_request().1)),
+    )
 }
 
 /// The median of some numbers.

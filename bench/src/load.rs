@@ -3,6 +3,7 @@
 
 use std::{
     net::SocketAddr,
+    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -15,38 +16,91 @@ use hdrhistogram::Histogram;
 use idem_examples::payments::{self, AppState};
 use idem_runtime::Store;
 use reqwest::StatusCode;
-use sqlx::{Postgres, Sqlite};
+use sqlx::{Postgres, Sqlite, postgres::PgPoolOptions};
 
-/// Serves the example's router over PostgreSQL on a loopback port, plus `POST /bare/payments`:
-/// the same payment handler and business writes in a transaction, without idempotency.
-pub async fn serve(store: Store<Postgres>) -> Result<SocketAddr, crate::db::Error> {
-    let app = payments::routes::<sqlx::Postgres>()
-        .route(
-            "/bare/payments",
-            post(payments::create_payment_bare::<sqlx::Postgres>),
-        )
-        .with_state(AppState::new(store));
-    listen(app).await
+use crate::cpu;
+
+/// Serves the example's router over PostgreSQL at `url` on a loopback port, plus
+/// `POST /bare/payments` (the same payment handler and business writes in a transaction, without
+/// idempotency) and `POST /peer/payments` (the same work in the peer design, [`crate::peer`]).
+/// The service runs on a runtime of its own, with its own pool, so that its CPU time can be told
+/// apart from the load generator's ([`crate::cpu`]).
+pub async fn serve(url: String, connections: u32) -> Result<SocketAddr, crate::db::Error> {
+    serve_apart(move || async move {
+        let pool = PgPoolOptions::new()
+            .max_connections(connections)
+            .min_connections(connections)
+            .connect(&url)
+            .await?;
+        let app = payments::routes::<Postgres>()
+            .route(
+                "/bare/payments",
+                post(payments::create_payment_bare::<Postgres>),
+            )
+            .route("/peer/payments", post(crate::peer::create_payment))
+            .with_state(AppState::new(Store::new(pool)));
+        Ok(app)
+    })
+    .await
 }
 
-/// As [`serve`], over SQLite.
-pub async fn serve_sqlite(store: Store<Sqlite>) -> Result<SocketAddr, crate::db::Error> {
-    let app = payments::routes::<sqlx::Sqlite>()
-        .route(
-            "/bare/payments",
-            post(payments::create_payment_bare::<sqlx::Sqlite>),
-        )
-        .with_state(AppState::new(store));
-    listen(app).await
+/// As [`serve`], over the SQLite file at `path` (no peer route: the peer design is
+/// PostgreSQL's).
+pub async fn serve_sqlite(path: PathBuf) -> Result<SocketAddr, crate::db::Error> {
+    serve_apart(move || async move {
+        let pool = idem_examples::schema::connect_sqlite(&path).await?;
+        let app = payments::routes::<Sqlite>()
+            .route(
+                "/bare/payments",
+                post(payments::create_payment_bare::<Sqlite>),
+            )
+            .with_state(AppState::new(Store::new(pool)));
+        Ok(app)
+    })
+    .await
 }
 
-async fn listen(app: axum::Router) -> Result<SocketAddr, crate::db::Error> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok(addr)
+/// Builds the router with `make` and serves it, both on a runtime of its own whose threads are
+/// named [`cpu::SERVER_THREADS`]; returns the address once it listens.
+async fn serve_apart<F, Fut>(make: F) -> Result<SocketAddr, crate::db::Error>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<axum::Router, crate::db::Error>>,
+{
+    let (ready, listening) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(cpu::SERVER_THREADS.to_owned())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .thread_name(cpu::SERVER_THREADS)
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    let _ = ready.send(Err(error.into()));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let bound = async {
+                    let app = make().await?;
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                    Ok::<_, crate::db::Error>((app, listener))
+                }
+                .await;
+                match bound {
+                    Ok((app, listener)) => {
+                        let _ = ready.send(listener.local_addr().map_err(Into::into));
+                        let _ = axum::serve(listener, app).await;
+                    }
+                    Err(error) => {
+                        let _ = ready.send(Err(error));
+                    }
+                }
+            });
+        })?;
+    listening.await?
 }
 
 /// What the clients send.
@@ -56,6 +110,8 @@ pub enum Workload {
     Bare,
     /// `POST /v1/payments`, a fresh key every time.
     First,
+    /// `POST /peer/payments`, a fresh key every time.
+    Peer,
     /// `POST /v1/payments` with keys that are already completed.
     Replay(Arc<Vec<String>>),
     /// Groups of `n` clients send the same sequence of keys at the same time.
@@ -70,6 +126,7 @@ impl Workload {
         match self {
             Self::Bare => "bare",
             Self::First => "first",
+            Self::Peer => "peer",
             Self::Replay(_) => "replay",
             Self::Contended(_) => "contended",
             Self::Mixed(_) => "mixed",
@@ -142,6 +199,17 @@ pub fn fresh_key() -> String {
     )
 }
 
+/// Where a payment goes.
+#[derive(Clone, Copy, Debug)]
+pub enum Route {
+    /// `POST /v1/payments`, idem's.
+    Idempotent,
+    /// `POST /bare/payments`, without idempotency.
+    Bare,
+    /// `POST /peer/payments`, the peer design.
+    Peer,
+}
+
 /// One client's view of the server.
 #[derive(Clone)]
 pub struct Client {
@@ -158,12 +226,16 @@ impl Client {
         }
     }
 
-    /// Sends one payment; `key: None` goes to the bare route.
-    pub async fn pay(&self, key: Option<&str>) -> Result<(StatusCode, bool), reqwest::Error> {
-        let path = if key.is_some() {
-            "/v1/payments"
-        } else {
-            "/bare/payments"
+    /// Sends one payment to `route`, with `key` if given.
+    pub async fn pay(
+        &self,
+        route: Route,
+        key: Option<&str>,
+    ) -> Result<(StatusCode, bool), reqwest::Error> {
+        let path = match route {
+            Route::Idempotent => "/v1/payments",
+            Route::Bare => "/bare/payments",
+            Route::Peer => "/peer/payments",
         };
         let mut request = self
             .http
@@ -238,7 +310,7 @@ async fn work(
         i += 1;
         let key = match &workload {
             Workload::Bare => None,
-            Workload::First => Some(fresh_key()),
+            Workload::First | Workload::Peer => Some(fresh_key()),
             Workload::Replay(keys) => Some(keys[(worker * 7919 + i as usize) % keys.len()].clone()),
             Workload::Contended(group) => Some(format!("{base}-g{}-{i}", worker / group)),
             Workload::Mixed(every) => match (&previous, i.is_multiple_of(*every)) {
@@ -247,11 +319,16 @@ async fn work(
             },
         };
         let sent = Instant::now();
-        let reply = client.pay(key.as_deref()).await;
+        let route = match workload {
+            Workload::Bare => Route::Bare,
+            Workload::Peer => Route::Peer,
+            _ => Route::Idempotent,
+        };
+        let reply = client.pay(route, key.as_deref()).await;
         let micros = (sent.elapsed().as_micros() as u64).max(1);
         let expected = match (&workload, &reply) {
             (_, Err(_)) => false,
-            (Workload::Bare | Workload::First, Ok((status, replayed))) => {
+            (Workload::Bare | Workload::First | Workload::Peer, Ok((status, replayed))) => {
                 *status == StatusCode::CREATED && !replayed
             }
             (Workload::Replay(_), Ok((status, replayed))) => {

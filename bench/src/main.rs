@@ -2,9 +2,11 @@
 //! PostgreSQL (`$DATABASE_URL`, else the local server), printing ratios against a baseline
 //! measured in the same run. Without a benchmark name it runs `http`.
 
+mod cpu;
 mod db;
 mod http;
 mod load;
+mod peer;
 mod purge;
 mod scale;
 mod statements;

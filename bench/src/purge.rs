@@ -65,7 +65,8 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         .await?;
 
     let store = Store::new(pool.clone());
-    let client = load::Client::new(load::serve(store.clone()).await?);
+    let connections = args.concurrency as u32 + 4;
+    let client = load::Client::new(load::serve(scratch.url.clone(), connections).await?);
 
     eprintln!("baseline: {} s of live load...", args.baseline_secs);
     let baseline = load::run(

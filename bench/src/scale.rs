@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use idem_runtime::__private::{Completion, Fingerprint, KeyRef, Storage, StoredResponse};
+use idem_runtime::__private::{Begun, Completion, Fingerprint, KeyRef, Storage, StoredResponse};
 use sqlx::{PgPool, Postgres};
 
 use crate::{db, http::median, load::fresh_key};
@@ -126,7 +126,8 @@ async fn measure(args: &Args, empty: &PgPool, large: &PgPool) -> Result<(), db::
 }
 
 /// Claims `n` fresh keys one after another, each in its own transaction, completing and then
-/// rolling back (so the table does not grow); returns the claim and completion latencies.
+/// rolling back (so the table does not grow); returns the claim (with its `BEGIN`, sent in the
+/// same round trip) and completion latencies.
 async fn time_claims(
     pool: &PgPool,
     n: usize,
@@ -141,19 +142,20 @@ async fn time_claims(
     let fingerprint = Fingerprint::from_slice(&[7; 32]).expect("32 bytes");
     for i in 0..n {
         let key = KeyRef::new(format!("tenant_{}", i % 10_000), fresh_key());
-        let mut tx = <Postgres as Storage>::begin(pool.acquire().await?, None).await?;
+        let conn = pool.acquire().await?;
         let started = Instant::now();
-        let lookup = <Postgres as Storage>::claim(&mut tx, &key).await?;
+        let begun = <Postgres as Storage>::begin_claim(conn, &key, None).await?;
         record(&mut claim, started.elapsed());
-        if !lookup.acquired {
+        let Begun::Acquired(mut tx, mark) = begun else {
             return Err("a fresh key was not acquired".into());
-        }
+        };
         let completion = Completion {
             key: &key,
             method: "POST",
             path: "/v1/payments",
             fingerprint: &fingerprint,
             response: &response,
+            mark: mark.as_deref(),
         };
         let started = Instant::now();
         if !<Postgres as Storage>::complete(&mut tx, &completion, Duration::from_secs(86_400))

@@ -242,6 +242,24 @@ pub async fn create_payment_bare<DB: Sql>(
     Ok(created)
 }
 
+/// The work of `POST /v1/payments` in the caller's transaction, answered as a response: for
+/// benchmarks that wrap the same work in another idempotency design.
+///
+/// # Errors
+///
+/// When a statement fails; a refused request is an `Ok` response (400, 402, 503).
+pub async fn record_payment<DB: Sql>(
+    tenant: &Tenant,
+    tx: &mut Transaction<'_, DB>,
+    body: NewTransfer,
+) -> Result<Response, sqlx::Error> {
+    match create(&PAYMENTS, tenant, tx, body).await {
+        Ok(created) => Ok(created.into_response()),
+        Err(ApiError::Database(error)) => Err(error),
+        Err(refused) => Ok(refused.into_response()),
+    }
+}
+
 /// Records the attempt, asks the processor, and settles the record with its decision.
 async fn create<DB: Sql>(
     kind: &Kind,

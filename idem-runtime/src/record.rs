@@ -140,15 +140,6 @@ pub fn checked_fingerprint(bytes: &[u8]) -> Result<Fingerprint, crate::Error> {
         .ok_or_else(|| crate::Error::corrupt("idem_keys.fingerprint is not 32 bytes"))
 }
 
-/// What a claim found.
-#[derive(Debug, Clone)]
-pub struct Lookup {
-    /// Whether this transaction now holds the key.
-    pub acquired: bool,
-    /// The live record of the key, if there is one.
-    pub record: Option<KeyRecord>,
-}
-
 /// A completed response to store.
 #[derive(Debug, Clone)]
 pub struct Completion<'a> {
@@ -162,6 +153,10 @@ pub struct Completion<'a> {
     pub fingerprint: &'a Fingerprint,
     /// The response.
     pub response: &'a StoredResponse,
+    /// What the claim gave to identify its transaction, where the database gives something
+    /// ([`Begun::Acquired`](crate::backend::Begun::Acquired)): the completion writes only in
+    /// that same transaction.
+    pub mark: Option<&'a str>,
 }
 
 #[cfg(test)]

@@ -221,6 +221,7 @@ impl<DB: Backend> Store<DB> {
                         path: &path,
                         fingerprint: &fingerprint,
                         response: &response,
+                        mark: None,
                     };
                     // The row keeps the expiry its claim was given.
                     if self.finish(&completion, token, None).await? {

@@ -75,7 +75,8 @@ impl idem_runtime::IdempotencyScope for Account {
 }
 
 /// `/test/flaky`, `/test/panic`, `/test/global`, `/test/slow`, `/test/external-slow`,
-/// `/test/redirect`, `/test/aborted`, `/test/deferred`, `/test/account`, and
+/// `/test/redirect`, `/test/aborted`, `/test/deferred`, `/test/account`,
+/// `/test/ends-its-transaction`, and
 /// `/test/nest-a/x`, `/test/nest-b/x` (one handler nested under two prefixes).
 /// Their counters and gate come as `Extension`s.
 pub fn routes<DB: TestBackend>() -> Router<Store<DB>> {
@@ -90,6 +91,10 @@ pub fn routes<DB: TestBackend>() -> Router<Store<DB>> {
         .route("/test/aborted", post(aborted::<DB>))
         .route("/test/deferred", post(deferred::<DB>))
         .route("/test/account", post(account::<DB>))
+        .route(
+            "/test/ends-its-transaction",
+            post(ends_its_transaction::<DB>),
+        )
         .nest("/test/nest-a", nested())
         .nest("/test/nest-b", nested())
 }
@@ -230,4 +235,28 @@ async fn external_slow<DB: TestBackend>(
         gate.acquire().await.expect("gate open").forget();
     }
     (StatusCode::CREATED, format!("call {call} for {}", tenant.0))
+}
+
+/// Writes, then ends its transaction itself with the statements in the body (`COMMIT`,
+/// `ROLLBACK`, or `COMMIT` and a new `BEGIN` with a write in it), as a handler must not.
+#[idempotent(scope = "tenant", retention = "1h")]
+async fn ends_its_transaction<DB: TestBackend>(
+    tenant: Tenant,
+    tx: &mut Transaction<'_, DB>,
+    how: String,
+) -> (StatusCode, String) {
+    record_effect(tx, "before", &tenant).await;
+    match how.as_str() {
+        "commit" => run(tx, "COMMIT", &[]).await,
+        "rollback" => run(tx, "ROLLBACK", &[]).await,
+        "commit-begin" => {
+            run(tx, "COMMIT", &[]).await.expect("commit");
+            run(tx, "BEGIN", &[]).await.expect("begin");
+            let sql = "INSERT INTO test_effects (route, tenant) VALUES ('after', $1)";
+            run(tx, sql, &[Param::Text(&tenant.0)]).await
+        }
+        other => panic!("unknown way to end a transaction: {other}"),
+    }
+    .expect("the statement runs");
+    (StatusCode::CREATED, format!("ended with {how}"))
 }

@@ -6,12 +6,14 @@ use sqlx::{Pool, Transaction, pool::PoolConnection};
 
 use std::time::Duration;
 
-use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, Lookup, Start, Started};
+use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, Start, Started};
 
 /// What [`Storage::begin_claim`] found.
 pub enum Begun<DB: sqlx::Database> {
-    /// The transaction holds the key; the handler may run in it.
-    Acquired(Transaction<'static, DB>),
+    /// The transaction holds the key; the handler may run in it. The mark, where the database
+    /// gives one, identifies the claiming transaction to its completion
+    /// ([`Completion::mark`](crate::record::Completion::mark)).
+    Acquired(Transaction<'static, DB>, Option<String>),
     /// Another transaction holds the key.
     Busy,
     /// The key has a live row.
@@ -21,7 +23,7 @@ pub enum Begun<DB: sqlx::Database> {
 impl<DB: sqlx::Database> std::fmt::Debug for Begun<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Acquired(_) => f.write_str("Acquired"),
+            Self::Acquired(..) => f.write_str("Acquired"),
             Self::Busy => f.write_str("Busy"),
             Self::Live(record) => f.debug_tuple("Live").field(record).finish(),
         }
@@ -74,33 +76,17 @@ pub trait Storage: sqlx::Database + Sized {
     const SINGLE_WRITER: bool = false;
 
     /// Begins the transaction a handler runs in on `conn` (READ COMMITTED where the database
-    /// has levels).
+    /// has levels) and claims `key` in it, without waiting for other transactions: either this
+    /// transaction now holds the key, or another does, or the key has a live row (returned).
     ///
     /// With a `statement_timeout`, a database that can bound its statements does so for this
     /// transaction: a handler stopped in the middle of a statement then cannot hold its
     /// connection and its key for longer than the statement may run.
-    fn begin(
-        conn: PoolConnection<Self>,
-        statement_timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Transaction<'static, Self>, crate::Error>> + Send;
-
-    /// Begins the handler's transaction on `conn`, as [`Storage::begin`], and claims `key` in
-    /// it. The default begins, then calls [`Storage::claim`].
     fn begin_claim(
         conn: PoolConnection<Self>,
         key: &KeyRef,
         statement_timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Begun<Self>, crate::Error>> + Send + '_ {
-        async move {
-            let mut tx = Self::begin(conn, statement_timeout).await?;
-            let lookup = Self::claim(&mut tx, key).await?;
-            Ok(match lookup.record {
-                Some(record) => Begun::Live(record),
-                None if lookup.acquired => Begun::Acquired(tx),
-                None => Begun::Busy,
-            })
-        }
-    }
+    ) -> impl Future<Output = Result<Begun<Self>, crate::Error>> + Send + '_;
 
     /// Reads the live row of `key`, without taking any lock.
     fn lookup<'c>(
@@ -108,16 +94,9 @@ pub trait Storage: sqlx::Database + Sized {
         key: &'c KeyRef,
     ) -> impl Future<Output = Result<Option<KeyRecord>, crate::Error>> + Send + 'c;
 
-    /// Claims `key` inside `conn`'s transaction, in one round trip and without waiting for other
-    /// transactions: either this transaction now holds the key, or the live record (if any) is
-    /// returned.
-    fn claim<'c>(
-        conn: &'c mut Self::Connection,
-        key: &'c KeyRef,
-    ) -> impl Future<Output = Result<Lookup, crate::Error>> + Send + 'c;
-
-    /// Stores a completed response for a key this transaction holds, replacing an expired row.
-    /// Returns `false` if a live row is in the way (nothing was written).
+    /// Stores a completed response for a key this transaction holds. Returns `false` when the
+    /// claim is no longer this transaction's (the handler ended the transaction itself) or a
+    /// live row is in the way: nothing was written.
     fn complete<'c>(
         conn: &'c mut Self::Connection,
         completion: &'c Completion<'c>,

@@ -1,5 +1,13 @@
 //! PostgreSQL: the key is held by a transaction-scoped advisory lock while the handler runs, and
 //! written once, completed, in the handler's commit.
+//!
+//! The claim costs one statement beyond `BEGIN`. The lock is tried in the same round trip as
+//! `BEGIN` (its id is a number, formatted into the simple query), and taking it assigns the
+//! transaction its id. The claim statement then reads the key's row in a snapshot taken after
+//! the lock was taken, so that a completion committed by the lock's previous holder is seen; and
+//! `pg_current_xact_id_if_assigned()` tells it whether the lock was taken (an id) or not
+//! (`NULL`). The completion writes only in the transaction of that id: a handler that ended the
+//! transaction itself (`COMMIT`, `ROLLBACK`) cannot have its outcome stored.
 
 use sqlx::{
     PgConnection, PgPool, Postgres, Row, SqlSafeStr, Transaction, pool::PoolConnection,
@@ -9,32 +17,33 @@ use sqlx::{
 use std::time::Duration;
 
 use super::{
-    Storage,
-    shared::{abandoned, decode_record, replace_expired_row, shared_storage},
+    Begun, Storage,
+    shared::{abandoned, decode_record, shared_storage},
 };
 use crate::record::{
-    Abandoned, Completion, KeyRecord, KeyRef, Lookup, RawRecord, Start, Started,
-    checked_fingerprint,
+    Abandoned, Completion, KeyRecord, KeyRef, RawRecord, Start, Started, checked_fingerprint,
 };
 
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
-const CLAIM: &str = "SELECT acquired, status, method, path, fingerprint, \
-     response_status, response_headers, response_body FROM idem_claim($1, $2, $3)";
+// The key's row, live or expired, read after `begin_claim`'s lock attempt; `mark` is the
+// transaction's id if that attempt took the lock, else NULL.
+const CLAIM: &str = "SELECT pg_current_xact_id_if_assigned()::text AS mark, \
+     k.status, k.method, k.path, k.fingerprint, k.response_status, k.response_headers, \
+     k.response_body, k.expires_at > now() AS live \
+     FROM (SELECT 1) AS claim LEFT JOIN idem_keys k ON k.scope = $1 AND k.key = $2";
 
-// INSERT ... SELECT ... WHERE: the row is written only while the claim's marker (set by
-// idem_claim, local to the transaction) is still there, i.e. the handler did not end the
-// transaction itself.
-const COMPLETE: &str = concat!(
-    "INSERT INTO idem_keys AS k \
+// An expired row of a key this transaction holds, out of the completion's way.
+const DELETE_EXPIRED: &str =
+    "DELETE FROM idem_keys WHERE scope = $1 AND key = $2 AND expires_at <= now()";
+
+// A plain INSERT (the claim removed any expired row), written only in the claiming transaction.
+const COMPLETE: &str = "INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, response_status, response_headers, \
-      response_body, created_at, expires_at, locked_at) \
+      response_body, created_at, expires_at) \
      SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), \
-            now() + make_interval(secs => $9), NULL \
-     WHERE current_setting('idem.claim', true) = $10 ",
-    replace_expired_row!(),
-    "WHERE k.expires_at <= now()"
-);
+            now() + make_interval(secs => $9) \
+     WHERE pg_current_xact_id_if_assigned()::text = $10";
 
 const LOOKUP: &str = "SELECT status, method, path, fingerprint, response_status, \
      response_headers, response_body FROM idem_keys \
@@ -69,21 +78,47 @@ const RECLAIM: &str = "WITH lapsed AS ( \
 impl Storage for Postgres {
     shared_storage!(PgConnection, migrations = "migrations/postgres");
 
-    async fn begin(
+    async fn begin_claim(
         conn: PoolConnection<Postgres>,
+        key: &KeyRef,
         statement_timeout: Option<Duration>,
-    ) -> Result<Transaction<'static, Postgres>, crate::Error> {
-        // The claim's correctness rests on READ COMMITTED snapshots (see the migration). The
-        // statement timeout goes in the same round trip, and ends with the transaction.
-        let begin = match statement_timeout {
-            None => BEGIN.into_sql_str(),
-            Some(limit) => sqlx::AssertSqlSafe(format!(
-                "{BEGIN}; SET LOCAL statement_timeout = {}",
+    ) -> Result<Begun<Postgres>, crate::Error> {
+        // The claim's correctness rests on READ COMMITTED snapshots: the claim statement sees
+        // what committed before it began. The statement timeout goes in the same round trip,
+        // and ends with the transaction.
+        let timeout = statement_timeout.map_or(String::new(), |limit| {
+            format!(
+                "SET LOCAL statement_timeout = {};",
                 limit.as_millis().max(1)
-            ))
-            .into_sql_str(),
-        };
-        Ok(Transaction::begin(conn, Some(begin)).await?)
+            )
+        });
+        let begin = sqlx::AssertSqlSafe(format!(
+            "{BEGIN}; {timeout} SELECT CASE WHEN pg_try_advisory_xact_lock({}) \
+             THEN pg_current_xact_id() END",
+            key.lock_id
+        ));
+        let mut tx = Transaction::begin(conn, Some(begin.into_sql_str())).await?;
+        let row = sqlx::query(CLAIM)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .fetch_one(&mut *tx)
+            .await?;
+        let mark: Option<String> = row.try_get("mark")?;
+        let live: Option<bool> = row.try_get("live")?;
+        let record = decode_record(&row)?;
+        Ok(match (record, live, mark) {
+            (Some(record), Some(true), _) => Begun::Live(record),
+            (_, _, None) => Begun::Busy,
+            (Some(_), _, Some(mark)) => {
+                sqlx::query(DELETE_EXPIRED)
+                    .bind(&key.scope)
+                    .bind(&key.key)
+                    .execute(&mut *tx)
+                    .await?;
+                Begun::Acquired(tx, Some(mark))
+            }
+            (None, _, Some(mark)) => Begun::Acquired(tx, Some(mark)),
+        })
     }
 
     async fn lookup(
@@ -99,19 +134,6 @@ impl Storage for Postgres {
             Some(row) => decode_record(&row),
             None => Ok(None),
         }
-    }
-
-    async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Lookup, crate::Error> {
-        let row = sqlx::query(CLAIM)
-            .bind(&key.scope)
-            .bind(&key.key)
-            .bind(key.lock_id)
-            .fetch_one(conn)
-            .await?;
-        Ok(Lookup {
-            acquired: row.try_get("acquired")?,
-            record: decode_record(&row)?,
-        })
     }
 
     async fn start(conn: &mut PgConnection, start: &Start<'_>) -> Result<Started, crate::Error> {
@@ -196,7 +218,16 @@ fn expiry(retention: Option<Duration>) -> Option<f64> {
     retention.map(|r| r.as_secs_f64())
 }
 
-/// The claim's transaction-local mark, which the completion must still find.
-fn completion_guard(c: &Completion<'_>) -> String {
-    c.key.lock_id.to_string()
+/// The claiming transaction's id, in which alone the completion writes.
+fn completion_guard<'a>(c: &Completion<'a>) -> &'a str {
+    c.mark.unwrap_or_default()
+}
+
+/// PostgreSQL's completion checks its transaction in its own `WHERE` ([`completion_guard`]).
+#[allow(
+    clippy::unused_async,
+    reason = "the shape every backend gives `still_claimed`"
+)]
+async fn still_claimed(_: &mut PgConnection) -> Result<bool, crate::Error> {
+    Ok(true)
 }

@@ -3,8 +3,10 @@
 //!
 //! A backend module that invokes them provides, under these names: the SQL constants `COMPLETE`
 //! and `FINISH`; `status(u16)`, the integer its `response_status` column holds;
-//! `expiry(Option<Duration>)`, how it binds a time to live (`None` keeps the row's expiry); and `completion_guard(&Completion)`,
-//! the completion's last parameter (what makes the write conditional, or the time it happens).
+//! `expiry(Option<Duration>)`, how it binds a time to live (`None` keeps the row's expiry);
+//! `completion_guard(&Completion)`, the completion's last parameter (what makes the write
+//! conditional, or the time it happens); and `still_claimed(conn)`, whether the claim's
+//! transaction is still open, asked before the completion where the `WHERE` cannot tell.
 
 /// Deletes a `started` row owned by `$3`: the same statement on every database.
 pub(super) const RELEASE: &str = "DELETE FROM idem_keys \
@@ -31,6 +33,9 @@ macro_rules! shared_storage {
             c: &Completion<'_>,
             retention: Duration,
         ) -> Result<bool, crate::Error> {
+            if !still_claimed(&mut *conn).await? {
+                return Ok(false);
+            }
             let done = sqlx::query(COMPLETE)
                 .bind(&c.key.scope)
                 .bind(&c.key.key)

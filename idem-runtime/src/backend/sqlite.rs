@@ -13,11 +13,11 @@ use sqlx::{
 };
 
 use super::{
-    Storage,
+    Begun, Storage,
     shared::{abandoned, decode_record, replace_expired_row, shared_storage},
 };
 use crate::record::{
-    Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Lookup, RawRecord, Start, Started,
+    Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, RawRecord, Start, Started,
     checked_fingerprint,
 };
 
@@ -61,6 +61,12 @@ const RECLAIM: &str = "UPDATE idem_keys SET lease_until = min($2, expires_at), c
 
 const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 
+// The handler's transaction, with a savepoint that only this transaction has: a handler that
+// ends the transaction itself (COMMIT, ROLLBACK) takes the savepoint with it, and the
+// completion, which releases it first, then knows.
+const BEGIN_CLAIM: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_claim";
+const RELEASE_CLAIM: &str = "RELEASE SAVEPOINT idem_claim";
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -95,15 +101,21 @@ impl Storage for Sqlite {
 
     const SINGLE_WRITER: bool = true;
 
-    async fn begin(
+    async fn begin_claim(
         conn: PoolConnection<Sqlite>,
+        key: &KeyRef,
         // SQLite has no statement timeout; its statements are short (no lock waits beyond
         // the busy timeout, no network).
         _statement_timeout: Option<Duration>,
-    ) -> Result<Transaction<'static, Sqlite>, crate::Error> {
+    ) -> Result<Begun<Sqlite>, crate::Error> {
         // IMMEDIATE takes the write lock now: a deferred transaction that read first could fail
-        // with "database is locked" when it later writes.
-        Ok(Transaction::begin(conn, Some(BEGIN_IMMEDIATE.into_sql_str())).await?)
+        // with "database is locked" when it later writes. Holding it, nobody else can complete
+        // the key: the transaction holds the key unless it has a live row.
+        let mut tx = Transaction::begin(conn, Some(BEGIN_CLAIM.into_sql_str())).await?;
+        Ok(match live_row(&mut tx, key, now_ms()).await? {
+            Some((record, _)) => Begun::Live(record),
+            None => Begun::Acquired(tx, None),
+        })
     }
 
     async fn lookup(
@@ -113,17 +125,6 @@ impl Storage for Sqlite {
         Ok(live_row(conn, key, now_ms())
             .await?
             .map(|(record, _)| record))
-    }
-
-    async fn claim(conn: &mut SqliteConnection, key: &KeyRef) -> Result<Lookup, crate::Error> {
-        // The transaction holds SQLite's write lock: nobody else can complete the key now.
-        let record = live_row(conn, key, now_ms())
-            .await?
-            .map(|(record, _)| record);
-        Ok(Lookup {
-            acquired: true,
-            record,
-        })
     }
 
     async fn start(
@@ -238,4 +239,26 @@ fn expiry(retention: Option<Duration>) -> Option<i64> {
 /// The time of the completion: its `created_at`, and what an expired row is measured against.
 fn completion_guard(_: &Completion<'_>) -> i64 {
     now_ms()
+}
+
+/// Whether the claim's transaction is still the one open on `conn`: its savepoint is there.
+///
+/// When it is not, a transaction is opened again (unless the handler opened one), so that the
+/// `ROLLBACK` that sqlx sends when the claim is dropped has one to end: sqlx counts transactions
+/// on its side, and a failed `ROLLBACK` would leave the pooled connection counted as inside one,
+/// refusing every later `BEGIN` on it.
+async fn still_claimed(conn: &mut SqliteConnection) -> Result<bool, crate::Error> {
+    match sqlx::raw_sql(RELEASE_CLAIM).execute(&mut *conn).await {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(e)) if e.message().contains("no such savepoint") => {
+            match sqlx::raw_sql("BEGIN").execute(conn).await {
+                Ok(_) => Ok(false),
+                Err(sqlx::Error::Database(e)) if e.message().contains("within a transaction") => {
+                    Ok(false)
+                }
+                Err(error) => Err(error.into()),
+            }
+        }
+        Err(error) => Err(error.into()),
+    }
 }

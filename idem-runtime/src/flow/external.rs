@@ -106,7 +106,7 @@ impl<DB: Backend> ExternalClaim<DB> {
         };
         let stored = captured.to_stored();
         let finished = {
-            let completion = self.request.completion(&self.key, &stored);
+            let completion = self.request.completion(&self.key, &stored, None);
             let retention = Some(self.options.retention);
             self.request
                 .store

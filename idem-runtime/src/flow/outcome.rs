@@ -187,6 +187,7 @@ impl<DB: Backend> IdemRequest<DB> {
         &'a self,
         key: &'a KeyRef,
         stored: &'a StoredResponse,
+        mark: Option<&'a str>,
     ) -> Completion<'a> {
         Completion {
             key,
@@ -194,6 +195,7 @@ impl<DB: Backend> IdemRequest<DB> {
             path: &self.path,
             fingerprint: &self.fingerprint,
             response: stored,
+            mark,
         }
     }
 

@@ -17,6 +17,8 @@ use crate::{
 #[derive(Debug)]
 pub struct Claim<DB: Backend> {
     tx: Transaction<'static, DB>,
+    /// What identifies the claiming transaction to the completion, where the database gives it.
+    mark: Option<String>,
     request: IdemRequest<DB>,
     key: KeyRef,
     options: Options,
@@ -77,7 +79,7 @@ impl<DB: Backend> Claim<DB> {
         // rollback does not wait on a statement for ever.
         let statement_timeout = options.timeout.map(|limit| limit * 2);
         match request.store.begin_claim(&key, statement_timeout).await {
-            Ok(Begun::Acquired(mut tx)) => {
+            Ok(Begun::Acquired(mut tx, mark)) => {
                 held.running();
                 if options.replay_5xx {
                     DB::savepoint(&mut tx)
@@ -86,6 +88,7 @@ impl<DB: Backend> Claim<DB> {
                 }
                 Ok(Self {
                     tx,
+                    mark,
                     request,
                     key,
                     options,
@@ -113,6 +116,7 @@ impl<DB: Backend> Claim<DB> {
     pub async fn complete(self, response: Response) -> Response {
         let Self {
             mut tx,
+            mark,
             request,
             key,
             options,
@@ -136,7 +140,7 @@ impl<DB: Backend> Claim<DB> {
             Err(problem) => return problem,
         };
         let stored = captured.to_stored();
-        let completion = request.completion(&key, &stored);
+        let completion = request.completion(&key, &stored, mark.as_deref());
         match DB::complete(&mut tx, &completion, options.retention).await {
             Ok(true) => {}
             Ok(false) => {

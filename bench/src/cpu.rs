@@ -1,0 +1,97 @@
+//! CPU time spent by the service under test and by its database, from the kernel's per-thread
+//! and per-process counters (`/proc/<pid>/task/<tid>/schedstat`, `/proc/<pid>/schedstat`: time
+//! on a CPU, in nanoseconds). The service runs on threads of its own ([`SERVER_THREADS`]), apart
+//! from the load generator, so that each side's time is its own; SQLite runs in the service's
+//! process, on sqlx's worker threads (one per connection), counted apart as its database.
+
+use std::{fs, time::Duration};
+
+/// The name of the service's runtime threads.
+pub const SERVER_THREADS: &str = "idem-server";
+
+/// How sqlx names the thread of each SQLite connection (`sqlx-sqlite-worker-<n>`, of which the
+/// kernel keeps 15 bytes).
+const SQLITE_THREADS: &str = "sqlx-sqlite-";
+
+/// CPU time used so far.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sample {
+    /// By the service's threads.
+    pub service: Duration,
+    /// By every process named `postgres` on this machine (backends and background workers).
+    pub postgres: Duration,
+    /// By this process's SQLite connection threads.
+    pub sqlite: Duration,
+}
+
+impl Sample {
+    /// The counters now. On a system without `/proc` both are zero.
+    pub fn now() -> Self {
+        Self {
+            service: threads_named(SERVER_THREADS),
+            postgres: processes_named("postgres"),
+            sqlite: threads_named(SQLITE_THREADS),
+        }
+    }
+
+    /// The time used since `earlier`.
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            service: self.service.saturating_sub(earlier.service),
+            postgres: self.postgres.saturating_sub(earlier.postgres),
+            sqlite: self.sqlite.saturating_sub(earlier.sqlite),
+        }
+    }
+
+    /// Per request, in microseconds: (service, database), the database being PostgreSQL's
+    /// processes or, with `in_process`, SQLite's threads.
+    pub fn per_request(self, requests: u64, in_process: bool) -> (f64, f64) {
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / requests.max(1) as f64;
+        let database = if in_process {
+            self.sqlite
+        } else {
+            self.postgres
+        };
+        (per(self.service), per(database))
+    }
+}
+
+/// The first field of a `schedstat` file: nanoseconds on a CPU.
+fn on_cpu(path: &std::path::Path) -> Option<Duration> {
+    let text = fs::read_to_string(path).ok()?;
+    let nanos: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
+}
+
+fn comm(dir: &std::path::Path) -> Option<String> {
+    Some(fs::read_to_string(dir.join("comm")).ok()?.trim().to_owned())
+}
+
+fn threads_named(prefix: &str) -> Duration {
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    tasks
+        .flatten()
+        .map(|task| task.path())
+        .filter(|dir| comm(dir).is_some_and(|name| name.starts_with(prefix)))
+        .filter_map(|dir| on_cpu(&dir.join("schedstat")))
+        .sum()
+}
+
+fn processes_named(name: &str) -> Duration {
+    let Ok(processes) = fs::read_dir("/proc") else {
+        return Duration::ZERO;
+    };
+    processes
+        .flatten()
+        .map(|process| process.path())
+        .filter(|dir| {
+            dir.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter(|dir| comm(dir).as_deref() == Some(name))
+        .filter_map(|dir| on_cpu(&dir.join("schedstat")))
+        .sum()
+}
