@@ -18,7 +18,8 @@ const SQLITE_THREADS: &str = "sqlx-sqlite-";
 pub struct Sample {
     /// By the service's threads.
     pub service: Duration,
-    /// By every process named `postgres` on this machine (backends and background workers).
+    /// By every process named `postgres` on this machine (backends and background workers),
+    /// including those that have ended (the server's children it has reaped).
     pub postgres: Duration,
     /// By this process's SQLite connection threads.
     pub sqlite: Duration,
@@ -79,11 +80,14 @@ fn threads_named(prefix: &str) -> Duration {
         .sum()
 }
 
+/// The CPU time of the live processes named `name`, plus what their ancestors among them have
+/// reaped from children that ended (an autovacuum worker, a closed connection's backend): a
+/// process that ends between two samples would otherwise take its time out of the sum.
 fn processes_named(name: &str) -> Duration {
     let Ok(processes) = fs::read_dir("/proc") else {
         return Duration::ZERO;
     };
-    processes
+    let named: Vec<(std::path::PathBuf, Option<String>)> = processes
         .flatten()
         .map(|process| process.path())
         .filter(|dir| {
@@ -92,6 +96,36 @@ fn processes_named(name: &str) -> Duration {
                 .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
         })
         .filter(|dir| comm(dir).as_deref() == Some(name))
-        .filter_map(|dir| on_cpu(&dir.join("schedstat")))
+        .map(|dir| {
+            let stat = fs::read_to_string(dir.join("stat")).ok();
+            (dir, stat)
+        })
+        .collect();
+    let pids: Vec<&str> = named
+        .iter()
+        .filter_map(|(dir, _)| dir.file_name()?.to_str())
+        .collect();
+    named
+        .iter()
+        .map(|(dir, stat)| {
+            let live = on_cpu(&dir.join("schedstat")).unwrap_or_default();
+            // A root of the group (its parent has another name) has reaped the group's ended
+            // processes: their time is in its `cutime` and `cstime`.
+            let reaped = stat.as_deref().and_then(|stat| {
+                let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+                let parent = fields.get(1)?;
+                if pids.contains(parent) {
+                    return None;
+                }
+                let ticks: u64 =
+                    fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?;
+                Some(Duration::from_millis(ticks * 1000 / USER_HZ))
+            });
+            live + reaped.unwrap_or_default()
+        })
         .sum()
 }
+
+/// The unit of the times in `/proc/<pid>/stat`: Linux reports them in 1/100 s whatever the
+/// kernel's own tick.
+const USER_HZ: u64 = 100;

@@ -27,6 +27,9 @@ pub struct Args {
     /// The databases to measure, in turn.
     #[arg(long, value_enum, num_args = 1.., default_values_t = [Database::Postgres, Database::Sqlite])]
     pub backend: Vec<Database>,
+    /// Only these scenarios (`bare` is always run: the ratios need it), e.g. to profile one.
+    #[arg(long, num_args = 1..)]
+    pub only: Vec<String>,
 }
 
 /// A database the benchmark can run against.
@@ -55,6 +58,7 @@ impl Default for Args {
             seconds: 3,
             group: 4,
             backend: vec![Database::Postgres, Database::Sqlite],
+            only: Vec::new(),
         }
     }
 }
@@ -161,6 +165,9 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
         Workload::Contended(args.group),
         Workload::Mixed(10),
     ]);
+    if !args.only.is_empty() {
+        workloads.retain(|w| w.name() == "bare" || args.only.iter().any(|o| o == w.name()));
+    }
     let index = |name: &str| workloads.iter().position(|w| w.name() == name);
 
     eprintln!("counting statements per request...");
@@ -244,32 +251,41 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
                 .map(|(n, d)| n.stats.rate() / d.stats.rate()),
         )
     };
-    let (bare, first) = (0, index("first").expect("first"));
-    let replay = index("replay").expect("replay");
+    let bare = 0;
     println!();
     println!("req/s ratios, median of per-round ratios:");
-    println!("first/bare  {:.2}", ratio(first, bare));
+    if let Some(first) = index("first") {
+        println!("first/bare  {:.2}", ratio(first, bare));
+    }
     if let Some(peer) = index("peer") {
         println!("peer/bare   {:.2}", ratio(peer, bare));
-        println!("first/peer  {:.2}", ratio(first, peer));
+        if let Some(first) = index("first") {
+            println!("first/peer  {:.2}", ratio(first, peer));
+        }
     }
-    println!("replay/bare {:.2}", ratio(replay, bare));
+    if let Some(replay) = index("replay") {
+        println!("replay/bare {:.2}", ratio(replay, bare));
+    }
     let (bare_service, bare_db) = cpu_medians(&runs[bare]);
     let added = |runs: &[Run]| {
         let (service, db) = cpu_medians(runs);
         (service - bare_service, db - bare_db)
     };
-    let (service, db) = added(&runs[first]);
-    println!("CPU added per first execution: service {service:.0} µs, {database} {db:.0} µs");
+    if let Some(first) = index("first") {
+        let (service, db) = added(&runs[first]);
+        println!("CPU added per first execution: service {service:.0} µs, {database} {db:.0} µs");
+        println!(
+            "SQL statements added to a first execution: {:.1}",
+            per_request[first] - per_request[bare]
+        );
+    }
     if let Some(peer) = index("peer") {
         let (service, db) = added(&runs[peer]);
         println!("CPU added per peer execution:  service {service:.0} µs, {database} {db:.0} µs");
     }
-    println!(
-        "SQL statements added to a first execution: {:.1}; a replay runs {:.1}",
-        per_request[first] - per_request[bare],
-        per_request[replay]
-    );
+    if let Some(replay) = index("replay") {
+        println!("SQL statements of a replay: {:.1}", per_request[replay]);
+    }
     println!();
     println!(
         "one client at a time ({} rounds x {} s):",
