@@ -11,7 +11,7 @@ use idem_runtime::{
         AbandonedClaim, PurgeOptions, Recovery, RecoveryHook, ReleaseAbandoned, StoredResponse,
     },
 };
-use idem_tests::{App, Downstream, Req, backend_tests, entry, wait_until};
+use idem_tests::{App, Db, Downstream, Req, TestDb, backend_tests, entry, wait_until};
 
 const TRANSFERS: &str = "/test/transfers";
 
@@ -172,4 +172,36 @@ backend_tests! {
         stop.cancel();
         task.await.expect("the task ends cleanly");
     }
+}
+
+/// PostgreSQL only (on SQLite the purge waits for the single write lock like any writer): an
+/// expired row that a live transaction holds, as a claim replacing it does, is passed over
+/// rather than waited for, and purged by a later pass once released.
+#[sqlx::test(migrations = false)]
+async fn a_purge_passes_over_an_expired_row_a_live_transaction_holds(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let app = App::new(TestDb::Postgres(Box::new(connect))).await;
+    app.seed_keys("old", 2500, -3600).await;
+    let Db::Postgres(pool) = &app.db else {
+        unreachable!("a PostgreSQL app")
+    };
+    let mut live = pool.begin().await.expect("begin");
+    let held = sqlx::query("DELETE FROM idem_keys WHERE key = 'seed-old-1'")
+        .execute(&mut *live)
+        .await
+        .expect("hold one expired row");
+    assert_eq!(held.rows_affected(), 1);
+    let options = PurgeOptions {
+        batch_size: 1000,
+        pause: Duration::ZERO,
+    };
+    let report = tokio::time::timeout(idem_tests::DEADLINE, app.purge(options))
+        .await
+        .expect("the purge waited for the live transaction");
+    assert_eq!(report.rows, 2499, "every expired row but the held one");
+    live.rollback().await.expect("rollback");
+    assert_eq!(app.purge(options).await.rows, 1, "the released row");
+    assert_eq!(app.count("idem_keys").await, 0);
 }
