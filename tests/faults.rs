@@ -113,7 +113,10 @@ backend_tests! {
     }
 
     async fn a_handler_that_ends_its_transaction_itself_gets_its_outcome_refused(db) {
-        let app = App::new(db).await;
+        // One pooled connection: every request below runs on the connection the previous ones
+        // left behind, so one left counted as inside a transaction would fail them all.
+        let options = Options { connections: Some(1), ..Options::default() };
+        let app = App::build(db, options).await;
         for (key, how) in [("k1", "commit"), ("k2", "rollback"), ("k3", "commit-begin")] {
             let request = || Req::post("/test/ends-its-transaction").tenant("t1").key(key).json(how);
             let reply = app.send(request().build()).await;
@@ -128,7 +131,16 @@ backend_tests! {
             assert_eq!(retry.status, StatusCode::INTERNAL_SERVER_ERROR, "{how}");
             assert!(!retry.replayed());
         }
+        for how in ["commit+503", "rollback+503"] {
+            let request = Req::post("/test/ends-its-transaction").tenant("t1").key("k5").json(how);
+            let reply = app.send(request.build()).await;
+            assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{how}");
+        }
         assert_eq!(app.count("idem_keys").await, 0);
+        // The connection is whole: a request after them all completes and is stored.
+        let after = app.send(Req::post("/test/entries").tenant("t1").key("k6").json(&idem_tests::entry(1, "n")).build()).await;
+        assert_eq!(after.status, StatusCode::CREATED, "{:?}", after.body);
+        assert_eq!(app.keys_named("k6").await, 1);
     }
 
     async fn a_3xx_outcome_is_stored_and_replayed_with_its_location(db) {
@@ -240,6 +252,49 @@ async fn a_connection_cut_during_commit_is_503_outcome_unknown_and_the_retry_rep
     assert!(retry.replayed(), "{}: {:?}", retry.status, retry.body);
     assert_eq!(retry.status, StatusCode::CREATED);
     assert_eq!(app.count("test_entries").await, 1);
+}
+
+/// PostgreSQL only: a request dropped while its `BEGIN`, which carries the key's lock, is on the
+/// wire (its client went away) leaves neither the lock nor a transaction behind on the pooled
+/// connection: the claim runs to its end and its transaction is rolled back.
+#[sqlx::test(migrations = false)]
+async fn a_request_dropped_during_its_claim_leaves_the_key_free(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let upstream = format!("{}:{}", connect.get_host(), connect.get_port());
+    let proxy = CommitCutter::start(upstream).await;
+    let through_proxy = connect
+        .host("127.0.0.1")
+        .port(proxy.port())
+        .ssl_mode(sqlx::postgres::PgSslMode::Disable);
+    // One pooled connection: whatever the dropped claim leaves on it, the next request meets.
+    let options = Options {
+        connections: Some(1),
+        ..Options::default()
+    };
+    let app = App::build(TestDb::Postgres(Box::new(through_proxy)), options).await;
+
+    proxy.hold_next_claim();
+    let request = tokio::spawn({
+        let app = app.clone();
+        async move { app.send(post("k1").build()).await }
+    });
+    idem_tests::wait_until("the claim's answer to be held", || async {
+        proxy.held() == 1
+    })
+    .await;
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    proxy.release();
+
+    let locks = tokio::time::timeout(idem_tests::DEADLINE, app.db_locks())
+        .await
+        .expect("the pooled connection answers");
+    assert_eq!(locks, 0, "no lock is left behind");
+    let retry = app.send(post("k1").build()).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed());
 }
 
 /// Nothing listens where the pool points, and sqlx keeps retrying the connection until the

@@ -242,13 +242,28 @@ impl<DB: Backend> Store<DB> {
     }
 
     /// Begins a handler's transaction and claims `key` in it (see `Storage::begin_claim`).
+    ///
+    /// The claim runs to its end in a task of its own, even when the request is dropped
+    /// meanwhile (its client went away): sqlx counts a transaction only once `BEGIN` has been
+    /// answered, so a request dropped in between would hand its connection back to the pool
+    /// inside a transaction that nobody ends, holding the key's lock. Run to its end, the claim's
+    /// transaction is dropped as any other, and rolled back.
     pub(crate) async fn begin_claim(
         &self,
         key: &KeyRef,
         statement_timeout: Option<Duration>,
     ) -> Result<Begun<DB>, crate::Error> {
         let conn = self.connection().await?;
-        DB::begin_claim(conn, key, statement_timeout).await
+        let key = key.clone();
+        let claim =
+            tokio::spawn(async move { DB::begin_claim(conn, &key, statement_timeout).await });
+        match claim.await {
+            Ok(begun) => begun,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(error) => Err(crate::Error::Database(sqlx::Error::Io(
+                std::io::Error::other(error),
+            ))),
+        }
     }
 
     /// Takes an external-mode claim (see `Storage::start`); the caller holds its turn to write.

@@ -238,7 +238,8 @@ async fn external_slow<DB: TestBackend>(
 }
 
 /// Writes, then ends its transaction itself with the statements in the body (`COMMIT`,
-/// `ROLLBACK`, or `COMMIT` and a new `BEGIN` with a write in it), as a handler must not.
+/// `ROLLBACK`, or `COMMIT` and a new `BEGIN` with a write in it), as a handler must not; with
+/// `+503` after the statement, it then answers 503 (the path that rolls back, not completes).
 #[idempotent(scope = "tenant", retention = "1h")]
 async fn ends_its_transaction<DB: TestBackend>(
     tenant: Tenant,
@@ -246,6 +247,10 @@ async fn ends_its_transaction<DB: TestBackend>(
     how: String,
 ) -> (StatusCode, String) {
     record_effect(tx, "before", &tenant).await;
+    let (how, status) = match how.strip_suffix("+503") {
+        Some(how) => (how.to_owned(), StatusCode::SERVICE_UNAVAILABLE),
+        None => (how, StatusCode::CREATED),
+    };
     match how.as_str() {
         "commit" => run(tx, "COMMIT", &[]).await,
         "rollback" => run(tx, "ROLLBACK", &[]).await,
@@ -258,5 +263,5 @@ async fn ends_its_transaction<DB: TestBackend>(
         other => panic!("unknown way to end a transaction: {other}"),
     }
     .expect("the statement runs");
-    (StatusCode::CREATED, format!("ended with {how}"))
+    (status, format!("ended with {how}"))
 }

@@ -1,6 +1,9 @@
 //! A TCP proxy in front of PostgreSQL that can cut a connection during its COMMIT: it forwards
 //! the COMMIT to the server, lets the server commit, and closes the client's connection before
 //! the answer reaches it. The client cannot know whether its transaction committed.
+//!
+//! It can also hold the server's answer to a claim's `BEGIN` (the query that tries the key's
+//! lock) until the test lets it go, so that a test can drop the request in between.
 
 use std::sync::{
     Arc,
@@ -18,6 +21,9 @@ pub struct CommitCutter {
     port: u16,
     armed: Arc<AtomicBool>,
     cuts: Arc<AtomicUsize>,
+    hold_armed: Arc<AtomicBool>,
+    held: Arc<AtomicUsize>,
+    release: Arc<tokio::sync::Semaphore>,
 }
 
 impl CommitCutter {
@@ -31,6 +37,9 @@ impl CommitCutter {
             port,
             armed: Arc::default(),
             cuts: Arc::default(),
+            hold_armed: Arc::default(),
+            held: Arc::default(),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
         };
         let shared = proxy.clone();
         tokio::spawn(async move {
@@ -65,14 +74,33 @@ impl CommitCutter {
         self.cuts.load(Ordering::SeqCst)
     }
 
+    /// The answer to the next query that tries a key's lock (a claim's `BEGIN`) is held until
+    /// [`CommitCutter::release`].
+    pub fn hold_next_claim(&self) {
+        self.hold_armed.store(true, Ordering::SeqCst);
+    }
+
+    /// How many answers were held so far (each is held from its first byte).
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Lets a held answer go on to the client.
+    pub fn release(&self) {
+        self.release.add_permits(1);
+    }
+
     async fn relay(self, client: TcpStream, server: TcpStream) {
         let (mut client_read, mut client_write) = client.into_split();
         let (mut server_read, mut server_write) = server.into_split();
         let cutting = Arc::new(AtomicBool::new(false));
+        let holding = Arc::new(AtomicBool::new(false));
         // Server to client: bytes as they come, until a cut COMMIT's answer arrives, which is
-        // dropped with the connection.
+        // dropped with the connection; a held answer waits for its release.
         let answers = {
             let (cutting, cuts) = (Arc::clone(&cutting), Arc::clone(&self.cuts));
+            let (holding, held) = (Arc::clone(&holding), Arc::clone(&self.held));
+            let release = Arc::clone(&self.release);
             tokio::spawn(async move {
                 let mut buffer = vec![0u8; 64 * 1024];
                 loop {
@@ -80,6 +108,13 @@ impl CommitCutter {
                         Ok(0) | Err(_) => return,
                         Ok(n) => n,
                     };
+                    if holding.swap(false, Ordering::SeqCst) {
+                        held.fetch_add(1, Ordering::SeqCst);
+                        match release.acquire().await {
+                            Ok(permit) => permit.forget(),
+                            Err(_) => return,
+                        }
+                    }
                     if cutting.load(Ordering::SeqCst) {
                         cuts.fetch_add(1, Ordering::SeqCst);
                         let _ = client_write.shutdown().await;
@@ -115,9 +150,17 @@ impl CommitCutter {
                 && body
                     .strip_suffix(b"\0")
                     .is_some_and(|query| query.trim_ascii().eq_ignore_ascii_case(b"COMMIT"));
+            let is_claim = header[0] == b'Q'
+                && body
+                    .windows(b"pg_try_advisory_xact_lock".len())
+                    .any(|w| w == b"pg_try_advisory_xact_lock");
             first = false;
             if is_commit && self.armed.swap(false, Ordering::SeqCst) {
                 cutting.store(true, Ordering::SeqCst);
+            }
+            // Set before the query goes on: its answer cannot arrive first.
+            if is_claim && self.hold_armed.swap(false, Ordering::SeqCst) {
+                holding.store(true, Ordering::SeqCst);
             }
             if server_write.write_all(header).await.is_err()
                 || server_write.write_all(&body).await.is_err()

@@ -95,13 +95,23 @@ pub trait Storage: sqlx::Database + Sized {
     ) -> impl Future<Output = Result<Option<KeyRecord>, crate::Error>> + Send + 'c;
 
     /// Stores a completed response for a key this transaction holds. Returns `false` when the
-    /// claim is no longer this transaction's (the handler ended the transaction itself) or a
-    /// live row is in the way: nothing was written.
+    /// claim is no longer this transaction's (the handler ended the transaction itself):
+    /// nothing was written. A live row in the way is an error on PostgreSQL (a unique
+    /// violation) and `false` on SQLite.
     fn complete<'c>(
         conn: &'c mut Self::Connection,
         completion: &'c Completion<'c>,
         retention: Duration,
     ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+
+    /// Makes sure a transaction is open on `conn` before idem rolls back the handler's: a
+    /// handler that ended the transaction itself (`COMMIT`, `ROLLBACK`) would otherwise make
+    /// that rollback fail where the database refuses a `ROLLBACK` outside a transaction
+    /// (SQLite), and sqlx, which counts transactions on its side, would then count the pooled
+    /// connection as inside one for good.
+    fn ensure_open(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
 
     /// Marks the point that [`Storage::rollback_to_savepoint`] returns to.
     fn savepoint(

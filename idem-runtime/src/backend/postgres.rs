@@ -1,7 +1,8 @@
 //! PostgreSQL: the key is held by a transaction-scoped advisory lock while the handler runs, and
 //! written once, completed, in the handler's commit.
 //!
-//! The claim costs one statement beyond `BEGIN`. The lock is tried in the same round trip as
+//! The claim costs one statement beyond `BEGIN` (two when an expired row of the key is in the
+//! way, and is deleted). The lock is tried in the same round trip as
 //! `BEGIN` (its id is a number, formatted into the simple query), and taking it assigns the
 //! transaction its id. The claim statement then reads the key's row in a snapshot taken after
 //! the lock was taken, so that a completion committed by the lock's previous holder is seen; and
@@ -87,10 +88,9 @@ impl Storage for Postgres {
         // what committed before it began. The statement timeout goes in the same round trip,
         // and ends with the transaction.
         let timeout = statement_timeout.map_or(String::new(), |limit| {
-            format!(
-                "SET LOCAL statement_timeout = {};",
-                limit.as_millis().max(1)
-            )
+            // PostgreSQL takes up to i32::MAX milliseconds.
+            let millis = limit.as_millis().clamp(1, i32::MAX as u128);
+            format!("SET LOCAL statement_timeout = {millis};")
         });
         let begin = sqlx::AssertSqlSafe(format!(
             "{BEGIN}; {timeout} SELECT CASE WHEN pg_try_advisory_xact_lock({}) \
@@ -196,6 +196,11 @@ impl Storage for Postgres {
                 abandoned!(row, Duration::from_secs_f64(age.max(0.0)))
             })
             .collect()
+    }
+
+    async fn ensure_open(_: &mut PgConnection) -> Result<(), crate::Error> {
+        // A ROLLBACK outside a transaction is a warning there, and sqlx counts it done.
+        Ok(())
     }
 
     fn is_transaction_aborted(error: &crate::Error) -> bool {

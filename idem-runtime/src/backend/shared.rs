@@ -5,15 +5,18 @@
 //! and `FINISH`; `status(u16)`, the integer its `response_status` column holds;
 //! `expiry(Option<Duration>)`, how it binds a time to live (`None` keeps the row's expiry);
 //! `completion_guard(&Completion)`, the completion's last parameter (what makes the write
-//! conditional, or the time it happens); and `still_claimed(conn)`, whether the claim's
-//! transaction is still open, asked before the completion where the `WHERE` cannot tell.
+//! conditional, or the time it happens); and `still_claimed(conn)`, run before the completion:
+//! whether the claim's transaction is still open, where the completion's `WHERE` cannot tell
+//! (on SQLite it releases the claim's savepoint, and reopens a transaction when it is gone).
 
 /// Deletes a `started` row owned by `$3`: the same statement on every database.
 pub(super) const RELEASE: &str = "DELETE FROM idem_keys \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
 /// What a completion writes over an expired row of its key: every column, as a fresh row. The
-/// `WHERE` that follows it (only an expired row) is the backend's, in its dialect.
+/// `WHERE` that follows it (only an expired row) is the backend's, in its dialect. (SQLite's
+/// completion; PostgreSQL's claim deletes an expired row instead, and its completion is a plain
+/// `INSERT`.)
 macro_rules! replace_expired_row {
     () => {
         "ON CONFLICT (scope, key) DO UPDATE SET \

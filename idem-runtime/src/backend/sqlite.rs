@@ -101,6 +101,10 @@ impl Storage for Sqlite {
 
     const SINGLE_WRITER: bool = true;
 
+    async fn ensure_open(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
+        open_unless_open(conn).await
+    }
+
     async fn begin_claim(
         conn: PoolConnection<Sqlite>,
         key: &KeyRef,
@@ -251,14 +255,19 @@ async fn still_claimed(conn: &mut SqliteConnection) -> Result<bool, crate::Error
     match sqlx::raw_sql(RELEASE_CLAIM).execute(&mut *conn).await {
         Ok(_) => Ok(true),
         Err(sqlx::Error::Database(e)) if e.message().contains("no such savepoint") => {
-            match sqlx::raw_sql("BEGIN").execute(conn).await {
-                Ok(_) => Ok(false),
-                Err(sqlx::Error::Database(e)) if e.message().contains("within a transaction") => {
-                    Ok(false)
-                }
-                Err(error) => Err(error.into()),
-            }
+            open_unless_open(conn).await?;
+            Ok(false)
         }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Opens a transaction on `conn` unless one is open (SQLite refuses a `BEGIN` inside one, and
+/// the refusal changes nothing).
+async fn open_unless_open(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
+    match sqlx::raw_sql("BEGIN").execute(conn).await {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(e)) if e.message().contains("within a transaction") => Ok(()),
         Err(error) => Err(error.into()),
     }
 }

@@ -124,6 +124,9 @@ impl<DB: Backend> Claim<DB> {
             _permit,
         } = self;
         if response.status().is_server_error() {
+            if let Err(error) = DB::ensure_open(&mut tx).await {
+                tracing::warn!(parent: &request.span, %error, "reopening a transaction the handler ended failed");
+            }
             if !options.replay_5xx {
                 if let Err(error) = tx.rollback().await {
                     tracing::warn!(parent: &request.span, %error, "rollback after a 5xx failed");
@@ -179,6 +182,10 @@ impl<DB: Backend> Claim<DB> {
         } = self;
         // Rolled back here rather than on drop, so that the connection is back in the pool
         // and the key free before the client hears about it.
+        let mut tx = tx;
+        if let Err(error) = DB::ensure_open(&mut tx).await {
+            tracing::warn!(parent: &request.span, %error, "reopening a transaction the handler ended failed");
+        }
         if let Err(error) = tx.rollback().await {
             tracing::warn!(parent: &request.span, %error, "rollback after a timeout failed");
         }
