@@ -219,6 +219,19 @@ backend_tests! {
     }
 }
 
+/// A proxy in front of the test's PostgreSQL server, and the options that connect through it.
+async fn behind_a_proxy(
+    connect: sqlx::postgres::PgConnectOptions,
+) -> (CommitCutter, sqlx::postgres::PgConnectOptions) {
+    let upstream = format!("{}:{}", connect.get_host(), connect.get_port());
+    let proxy = CommitCutter::start(upstream).await;
+    let through_proxy = connect
+        .host("127.0.0.1")
+        .port(proxy.port())
+        .ssl_mode(sqlx::postgres::PgSslMode::Disable);
+    (proxy, through_proxy)
+}
+
 /// PostgreSQL only (SQLite has no connection to cut): the COMMIT reaches the server and
 /// commits, but its answer never reaches the service.
 #[sqlx::test(migrations = false)]
@@ -226,12 +239,7 @@ async fn a_connection_cut_during_commit_is_503_outcome_unknown_and_the_retry_rep
     _: sqlx::postgres::PgPoolOptions,
     connect: sqlx::postgres::PgConnectOptions,
 ) {
-    let upstream = format!("{}:{}", connect.get_host(), connect.get_port());
-    let proxy = CommitCutter::start(upstream).await;
-    let through_proxy = connect
-        .host("127.0.0.1")
-        .port(proxy.port())
-        .ssl_mode(sqlx::postgres::PgSslMode::Disable);
+    let (proxy, through_proxy) = behind_a_proxy(connect).await;
     let app = App::new(TestDb::Postgres(Box::new(through_proxy))).await;
 
     proxy.arm();
@@ -262,12 +270,7 @@ async fn a_request_dropped_during_its_claim_leaves_the_key_free(
     _: sqlx::postgres::PgPoolOptions,
     connect: sqlx::postgres::PgConnectOptions,
 ) {
-    let upstream = format!("{}:{}", connect.get_host(), connect.get_port());
-    let proxy = CommitCutter::start(upstream).await;
-    let through_proxy = connect
-        .host("127.0.0.1")
-        .port(proxy.port())
-        .ssl_mode(sqlx::postgres::PgSslMode::Disable);
+    let (proxy, through_proxy) = behind_a_proxy(connect).await;
     // One pooled connection: whatever the dropped claim leaves on it, the next request meets.
     let options = Options {
         connections: Some(1),
