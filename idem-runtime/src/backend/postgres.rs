@@ -229,10 +229,6 @@ fn completion_guard<'a>(c: &Completion<'a>) -> &'a str {
 }
 
 /// PostgreSQL's completion checks its transaction in its own `WHERE` ([`completion_guard`]).
-#[allow(
-    clippy::unused_async,
-    reason = "the shape every backend gives `still_claimed`"
-)]
 async fn still_claimed(_: &mut PgConnection) -> Result<bool, crate::Error> {
     Ok(true)
 }
