@@ -46,6 +46,7 @@ mod header;
 mod problem;
 mod record;
 mod replay;
+mod run_to_end;
 mod scope;
 mod store;
 

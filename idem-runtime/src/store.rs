@@ -14,6 +14,7 @@ use sqlx::{Pool, pool::PoolConnection};
 use crate::{
     backend::{Backend, Begun},
     record::{Completion, KeyRecord, KeyRef, Start, Started},
+    run_to_end::RunToEnd,
 };
 
 /// Limits and answers of the idempotency layer.
@@ -243,10 +244,10 @@ impl<DB: Backend> Store<DB> {
 
     /// Begins a handler's transaction and claims `key` in it (see `Storage::begin_claim`).
     ///
-    /// The claim runs to its end in a task of its own, even when the request is dropped
-    /// meanwhile (its client went away): sqlx counts a transaction only once `BEGIN` has been
-    /// answered, so a request dropped in between would hand its connection back to the pool
-    /// inside a transaction that nobody ends, holding the key's lock. Run to its end, the claim's
+    /// The claim runs to its end, in a task of its own, when the request is dropped meanwhile
+    /// (its client went away): sqlx counts a transaction only once `BEGIN` has been answered, so
+    /// a request dropped in between would hand its connection back to the pool inside a
+    /// transaction that nobody ends, holding the key's lock. Run to its end, the claim's
     /// transaction is dropped as any other, and rolled back.
     pub(crate) async fn begin_claim(
         &self,
@@ -255,15 +256,7 @@ impl<DB: Backend> Store<DB> {
     ) -> Result<Begun<DB>, crate::Error> {
         let conn = self.connection().await?;
         let key = key.clone();
-        let claim =
-            tokio::spawn(async move { DB::begin_claim(conn, &key, statement_timeout).await });
-        match claim.await {
-            Ok(begun) => begun,
-            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-            Err(error) => Err(crate::Error::Database(sqlx::Error::Io(
-                std::io::Error::other(error),
-            ))),
-        }
+        RunToEnd::new(async move { DB::begin_claim(conn, &key, statement_timeout).await }).await
     }
 
     /// Takes an external-mode claim (see `Storage::start`); the caller holds its turn to write.

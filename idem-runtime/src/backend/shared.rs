@@ -13,21 +13,6 @@
 pub(super) const RELEASE: &str = "DELETE FROM idem_keys \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
-/// What a completion writes over an expired row of its key: every column, as a fresh row. The
-/// `WHERE` that follows it (only an expired row) is the backend's, in its dialect. (SQLite's
-/// completion; PostgreSQL's claim deletes an expired row instead, and its completion is a plain
-/// `INSERT`.)
-macro_rules! replace_expired_row {
-    () => {
-        "ON CONFLICT (scope, key) DO UPDATE SET \
-           method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint, \
-           status = 'completed', response_status = excluded.response_status, \
-           response_headers = excluded.response_headers, response_body = excluded.response_body, \
-           created_at = excluded.created_at, expires_at = excluded.expires_at, locked_at = NULL, \
-           lease_until = NULL, claim_token = NULL "
-    };
-}
-
 /// The `Storage` methods that differ between backends only in their SQL's dialect.
 macro_rules! shared_storage {
     ($conn:ty, migrations = $migrations:literal) => {
@@ -149,4 +134,4 @@ macro_rules! abandoned {
     }};
 }
 
-pub(super) use {abandoned, decode_record, replace_expired_row, shared_storage};
+pub(super) use {abandoned, decode_record, shared_storage};

@@ -14,7 +14,7 @@ use sqlx::{
 
 use super::{
     Begun, Storage,
-    shared::{abandoned, decode_record, replace_expired_row, shared_storage},
+    shared::{abandoned, decode_record, shared_storage},
 };
 use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, RawRecord, Start, Started,
@@ -24,14 +24,18 @@ use crate::record::{
 const LIVE: &str = "SELECT status, method, path, fingerprint, response_status, response_headers, \
      response_body, lease_until FROM idem_keys WHERE scope = $1 AND key = $2 AND expires_at > $3";
 
-const COMPLETE: &str = concat!(
-    "INSERT INTO idem_keys \
+// A fresh row, or every column written over an expired row of the key (and only such a row).
+const COMPLETE: &str = "INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, response_status, response_headers, \
       response_body, created_at, expires_at) \
-     VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, $10, $10 + $9) ",
-    replace_expired_row!(),
-    "WHERE idem_keys.expires_at <= $10"
-);
+     VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, $10, $10 + $9) \
+     ON CONFLICT (scope, key) DO UPDATE SET \
+       method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint, \
+       status = 'completed', response_status = excluded.response_status, \
+       response_headers = excluded.response_headers, response_body = excluded.response_body, \
+       created_at = excluded.created_at, expires_at = excluded.expires_at, locked_at = NULL, \
+       lease_until = NULL, claim_token = NULL \
+     WHERE idem_keys.expires_at <= $10";
 
 const START: &str = "INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, created_at, expires_at, locked_at, \
