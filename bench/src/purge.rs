@@ -12,7 +12,7 @@ use std::{
 use idem_runtime::{Store, tasks::PurgeOptions};
 
 use crate::{
-    db,
+    cpu, db,
     load::{self, Workload},
 };
 
@@ -69,6 +69,7 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     let client = load::Client::new(load::serve(scratch.url.clone(), connections).await?);
 
     eprintln!("baseline: {} s of live load...", args.baseline_secs);
+    let started = cpu::Sample::now();
     let baseline = load::run(
         &client,
         &Workload::First,
@@ -76,8 +77,10 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         Duration::from_secs(args.baseline_secs),
     )
     .await;
+    let baseline_cpu = cpu::Sample::now().since(started);
 
     eprintln!("purging while the same load runs...");
+    let started = cpu::Sample::now();
     let stop = Arc::new(AtomicBool::new(false));
     let during = load::run_until(
         &client,
@@ -96,6 +99,7 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         report
     };
     let (during, report) = tokio::join!(during, purge);
+    let during_cpu = cpu::Sample::now().since(started);
     let report = report?;
 
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_keys WHERE expires_at <= now()")
@@ -113,6 +117,19 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         report.rows as f64 / report.elapsed.as_secs_f64()
     );
     println!("  expired left     {:>12}", left);
+    // PostgreSQL's CPU during the purge, less what the live requests answered meanwhile cost
+    // at the baseline's rate: what the purge itself cost.
+    let live_pg = baseline_cpu
+        .per_request(baseline.ok + baseline.errors, false)
+        .1;
+    let total_pg = during_cpu.postgres.as_secs_f64() * 1e6;
+    let purge_pg = total_pg - live_pg * (during.ok + during.errors) as f64;
+    println!(
+        "  purge CPU        {:>8.1} µs/row of PostgreSQL, {:.2} of {} cores while it ran",
+        purge_pg / report.rows.max(1) as f64,
+        purge_pg / 1e6 / during.elapsed.as_secs_f64(),
+        std::thread::available_parallelism().map_or(1, usize::from),
+    );
     println!();
     println!(
         "  live requests    {:>10} {:>10} {:>10} {:>8}",
