@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, Method, StatusCode, header::CONTENT_TYPE};
 use idem_runtime::{
     __private::Fingerprint,
-    CancellationToken, IdempotencyContext,
+    Backend, CancellationToken, IdempotencyContext,
     tasks::{
         AbandonedClaim, PurgeOptions, Recovery, RecoveryHook, ReleaseAbandoned, StoredResponse,
     },
@@ -39,8 +39,8 @@ fn post(key: &str) -> Req {
 /// downstream would.
 struct CompleteWith(StoredResponse);
 
-impl RecoveryHook for CompleteWith {
-    async fn recover(&self, claim: AbandonedClaim) -> Recovery {
+impl<DB: Backend> RecoveryHook<DB> for CompleteWith {
+    async fn recover(&self, claim: AbandonedClaim<DB>) -> Recovery {
         assert_eq!(claim.path, TRANSFERS);
         // The hook can ask downstream with the key the handler used: the same derivation.
         assert_eq!(

@@ -35,11 +35,32 @@ pub enum ApiError {
     /// 500: the database failed.
     #[error("database error")]
     Database(#[from] sqlx::Error),
+    /// 500: something that cannot happen with a correct service did.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// A step of a multi-step handler could not run or be recorded: answered as idem's problem
+    /// (409 when another request took the key over, 503 when the store failed, 500 otherwise).
+    #[error(transparent)]
+    Step(#[from] idem_runtime::StepError),
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, kind, title) = match &self {
+            Self::Step(_) => {
+                let Self::Step(error) = self else {
+                    unreachable!("matched above")
+                };
+                return error.into_response();
+            }
+            Self::Internal(error) => {
+                tracing::error!(%error, "internal error");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "Internal error",
+                )
+            }
             Self::Unauthorized(_) => (
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",

@@ -18,6 +18,7 @@ use crate::{
     auth::Tenant,
     card::{self, Decision},
     error::{ApiError, ApiJson},
+    orders,
     processor::RefundRequest,
     refunds::{NewRefund, Refund},
     sql::Sql,
@@ -29,8 +30,11 @@ use crate::{
 pub struct AppState<DB: Backend> {
     /// Pool and idempotency settings.
     pub store: Store<DB>,
-    /// Where refunds are executed.
+    /// Where refunds and charges are executed.
     pub processor: crate::refunds::ProcessorClient,
+    /// `$CRASH_AFTER`: the step of `POST /v1/orders` after which the process aborts (`reserve`,
+    /// `charge`, `ship`, or `charge-call`: once the processor answered), for crash tests.
+    pub crash_after: Option<String>,
 }
 
 impl<DB: Backend> Clone for AppState<DB> {
@@ -38,6 +42,7 @@ impl<DB: Backend> Clone for AppState<DB> {
         Self {
             store: self.store.clone(),
             processor: self.processor.clone(),
+            crash_after: self.crash_after.clone(),
         }
     }
 }
@@ -48,6 +53,7 @@ impl<DB: Backend> AppState<DB> {
         Self {
             store,
             processor: crate::refunds::ProcessorClient::new("http://127.0.0.1:3001"),
+            crash_after: None,
         }
     }
 }
@@ -206,6 +212,12 @@ pub fn routes<DB: Sql>() -> Router<AppState<DB>> {
             post(create_refund::<DB>).get(list_refunds::<DB>),
         )
         .route("/v1/refunds/{id}", get(get_refund::<DB>))
+        .route(
+            "/v1/orders",
+            post(orders::create_order::<DB>).get(orders::list_orders::<DB>),
+        )
+        .route("/v1/orders/{id}", get(orders::get_order::<DB>))
+        .route("/v1/inventory/{sku}", get(orders::get_stock::<DB>))
         .layer(CatchPanicLayer::custom(panic_problem))
 }
 

@@ -1,6 +1,7 @@
 //! A simulated card processor, run as its own process (`cargo run --bin processor`). It honours
-//! `Idempotency-Key`: a refund requested again with a key it has seen is not executed again; the
-//! refund it already made is returned.
+//! `Idempotency-Key`: a refund or a charge requested again with a key it has seen is not executed
+//! again; the one it already made is returned. Charges react to magic customer ids:
+//! `cus_declined` is declined (402), `cus_unavailable` finds it down (503); neither is recorded.
 
 use std::{
     collections::HashMap,
@@ -42,10 +43,34 @@ pub struct ExecutedRefund {
     pub status: String,
 }
 
+/// A charge request, as the payments service sends it.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ChargeRequest {
+    /// The customer charged.
+    pub customer: String,
+    /// In minor units.
+    pub amount: i64,
+}
+
+/// A charge the processor executed.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ExecutedCharge {
+    /// `ch_...`.
+    pub id: String,
+    /// The customer charged.
+    pub customer: String,
+    /// In minor units.
+    pub amount: i64,
+    /// Always `succeeded`.
+    pub status: String,
+}
+
 #[derive(Debug, Default)]
 struct Ledger {
     executed: Vec<ExecutedRefund>,
     by_key: HashMap<String, usize>,
+    charges: Vec<ExecutedCharge>,
+    charge_keys: HashMap<String, usize>,
 }
 
 /// The processor's state: every refund it executed, in memory.
@@ -54,11 +79,100 @@ pub struct Processor {
     ledger: Arc<Mutex<Ledger>>,
 }
 
-/// The processor's API: `POST /v1/refunds`, `GET /v1/refunds`.
+/// The processor's API: `POST /v1/refunds`, `GET /v1/refunds`, `POST /v1/charges`,
+/// `GET /v1/charges`.
 pub fn router() -> Router {
     Router::new()
         .route("/v1/refunds", post(refund).get(list))
+        .route("/v1/charges", post(charge).get(list_charges))
         .with_state(Processor::default())
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty())
+}
+
+fn missing_key(what: &str) -> Response {
+    Problem::new(StatusCode::BAD_REQUEST, "Idempotency-Key header is missing")
+        .with_detail(format!(
+            "the processor requires an Idempotency-Key on every {what}"
+        ))
+        .into_response()
+}
+
+/// `POST /v1/charges`: executes the charge once per key (a key it has seen answers the charge
+/// it made, 200 with `Idempotent-Replayed: true`); 402 for `cus_declined`, 503 for
+/// `cus_unavailable`, nothing recorded for either.
+async fn charge(
+    State(processor): State<Processor>,
+    headers: HeaderMap,
+    Json(request): Json<ChargeRequest>,
+) -> Response {
+    let Some(key) = idempotency_key(&headers) else {
+        return missing_key("charge");
+    };
+    match request.customer.as_str() {
+        "cus_declined" => {
+            return Problem::new(StatusCode::PAYMENT_REQUIRED, "The card was declined")
+                .with_detail(format!(
+                    "the card issuer declined a charge of {}",
+                    request.amount
+                ))
+                .into_response();
+        }
+        "cus_unavailable" => {
+            return Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The processor is unavailable",
+            )
+            .with_detail("nothing was charged; retry with the same key")
+            .into_response();
+        }
+        _ => {}
+    }
+    let (charge, replayed) = {
+        let mut ledger = processor.ledger.lock().expect("ledger lock");
+        match ledger.charge_keys.get(key) {
+            Some(&index) => (ledger.charges[index].clone(), true),
+            None => {
+                let charge = ExecutedCharge {
+                    id: format!("ch_{}", uuid::Uuid::new_v4().simple()),
+                    customer: request.customer.clone(),
+                    amount: request.amount,
+                    status: "succeeded".to_owned(),
+                };
+                ledger.charges.push(charge.clone());
+                let index = ledger.charges.len() - 1;
+                ledger.charge_keys.insert(key.to_owned(), index);
+                (charge, false)
+            }
+        }
+    };
+    if replayed {
+        (
+            StatusCode::OK,
+            [("idempotent-replayed", "true")],
+            Json(charge),
+        )
+            .into_response()
+    } else {
+        (StatusCode::CREATED, Json(charge)).into_response()
+    }
+}
+
+/// `GET /v1/charges`: every charge executed, in order.
+async fn list_charges(State(processor): State<Processor>) -> Json<Vec<ExecutedCharge>> {
+    Json(
+        processor
+            .ledger
+            .lock()
+            .expect("ledger lock")
+            .charges
+            .clone(),
+    )
 }
 
 async fn refund(
@@ -66,14 +180,8 @@ async fn refund(
     headers: HeaderMap,
     Json(request): Json<RefundRequest>,
 ) -> Response {
-    let Some(key) = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .filter(|k| !k.is_empty())
-    else {
-        return Problem::new(StatusCode::BAD_REQUEST, "Idempotency-Key header is missing")
-            .with_detail("the processor requires an Idempotency-Key on every refund")
-            .into_response();
+    let Some(key) = idempotency_key(&headers) else {
+        return missing_key("refund");
     };
     let (refund, replayed) = {
         let mut ledger = processor.ledger.lock().expect("ledger lock");

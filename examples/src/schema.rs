@@ -38,6 +38,26 @@ CREATE TABLE IF NOT EXISTS refunds (
     created_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS refunds_tenant_created_idx ON refunds (tenant, created_at DESC);
+CREATE TABLE IF NOT EXISTS inventory (
+    sku   text   PRIMARY KEY,
+    stock bigint NOT NULL CHECK (stock >= 0)
+);
+CREATE TABLE IF NOT EXISTS orders (
+    id         text        PRIMARY KEY,
+    tenant     text        NOT NULL,
+    sku        text        NOT NULL,
+    quantity   bigint      NOT NULL,
+    customer   text        NOT NULL,
+    amount     bigint      NOT NULL,
+    charge     text        NOT NULL,
+    status     text        NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS orders_tenant_created_idx ON orders (tenant, created_at DESC);
+CREATE TABLE IF NOT EXISTS shipments (
+    order_id   text        PRIMARY KEY REFERENCES orders (id),
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 ";
 
 const SQLITE_TABLES: &str = r"
@@ -70,6 +90,26 @@ CREATE TABLE IF NOT EXISTS refunds (
     created_at TEXT        NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
 );
 CREATE INDEX IF NOT EXISTS refunds_tenant_created_idx ON refunds (tenant, created_at DESC);
+CREATE TABLE IF NOT EXISTS inventory (
+    sku   text    PRIMARY KEY,
+    stock INTEGER NOT NULL CHECK (stock >= 0)
+);
+CREATE TABLE IF NOT EXISTS orders (
+    id         text    PRIMARY KEY,
+    tenant     text    NOT NULL,
+    sku        text    NOT NULL,
+    quantity   INTEGER NOT NULL,
+    customer   text    NOT NULL,
+    amount     INTEGER NOT NULL,
+    charge     text    NOT NULL,
+    status     text    NOT NULL,
+    created_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+);
+CREATE INDEX IF NOT EXISTS orders_tenant_created_idx ON orders (tenant, created_at DESC);
+CREATE TABLE IF NOT EXISTS shipments (
+    order_id   text PRIMARY KEY REFERENCES orders (id),
+    created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+);
 ";
 
 /// A database the example can create its tables in.

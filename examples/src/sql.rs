@@ -6,7 +6,12 @@ use std::future::Future;
 
 use sqlx::{Pool, Transaction};
 
-use crate::{payments::Transfer, refunds::Refund, schema::Tables};
+use crate::{
+    orders::{Order, STOCK_PER_SKU},
+    payments::Transfer,
+    refunds::Refund,
+    schema::Tables,
+};
 
 /// A database the payments API runs on.
 pub trait Sql: Tables {
@@ -55,6 +60,42 @@ pub trait Sql: Tables {
         tenant: &'a str,
         ids: &'a [&'a str],
     ) -> impl Future<Output = Result<Vec<Refund>, sqlx::Error>> + Send + 'a;
+
+    /// Takes `quantity` from `sku`'s stock (which starts at [`STOCK_PER_SKU`] the first time
+    /// the SKU is seen); `false`, with nothing taken, when the stock is too low.
+    fn reserve<'a>(
+        conn: &'a mut Self::Connection,
+        sku: &'a str,
+        quantity: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Puts `quantity` back into `sku`'s stock.
+    fn give_back<'a>(
+        conn: &'a mut Self::Connection,
+        sku: &'a str,
+        quantity: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Records a confirmed order of `tenant` and its shipment.
+    fn insert_order<'a>(
+        conn: &'a mut Self::Connection,
+        order: &'a Order,
+        tenant: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// The orders `sql` selects for `tenant`, with more binds in `ids`.
+    fn orders<'a>(
+        pool: &'a Pool<Self>,
+        sql: String,
+        tenant: &'a str,
+        ids: &'a [&'a str],
+    ) -> impl Future<Output = Result<Vec<Order>, sqlx::Error>> + Send + 'a;
+
+    /// `sku`'s stock, if the SKU has been seen.
+    fn stock<'a>(
+        pool: &'a Pool<Self>,
+        sku: &'a str,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
 }
 
 macro_rules! sql {
@@ -146,6 +187,88 @@ macro_rules! sql {
                     query = query.bind(*id);
                 }
                 query.fetch_all(pool).await
+            }
+
+            async fn reserve<'a>(
+                conn: &'a mut Self::Connection,
+                sku: &'a str,
+                quantity: i64,
+            ) -> Result<bool, sqlx::Error> {
+                sqlx::query("INSERT INTO inventory (sku, stock) VALUES ($1, $2) ON CONFLICT (sku) DO NOTHING")
+                    .bind(sku)
+                    .bind(STOCK_PER_SKU)
+                    .execute(&mut *conn)
+                    .await?;
+                let taken = sqlx::query(
+                    "UPDATE inventory SET stock = stock - $2 WHERE sku = $1 AND stock >= $2",
+                )
+                .bind(sku)
+                .bind(quantity)
+                .execute(&mut *conn)
+                .await?;
+                Ok(taken.rows_affected() == 1)
+            }
+
+            async fn give_back<'a>(
+                conn: &'a mut Self::Connection,
+                sku: &'a str,
+                quantity: i64,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query("UPDATE inventory SET stock = stock + $2 WHERE sku = $1")
+                    .bind(sku)
+                    .bind(quantity)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            }
+
+            async fn insert_order<'a>(
+                conn: &'a mut Self::Connection,
+                order: &'a Order,
+                tenant: &'a str,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(
+                    "INSERT INTO orders (id, tenant, sku, quantity, customer, amount, charge, status) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                )
+                .bind(&order.id)
+                .bind(tenant)
+                .bind(&order.sku)
+                .bind(order.quantity)
+                .bind(&order.customer)
+                .bind(order.amount)
+                .bind(&order.charge)
+                .bind(&order.status)
+                .execute(&mut *conn)
+                .await?;
+                sqlx::query("INSERT INTO shipments (order_id) VALUES ($1)")
+                    .bind(&order.id)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            }
+
+            async fn orders<'a>(
+                pool: &'a Pool<Self>,
+                sql: String,
+                tenant: &'a str,
+                ids: &'a [&'a str],
+            ) -> Result<Vec<Order>, sqlx::Error> {
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(tenant);
+                for id in ids {
+                    query = query.bind(*id);
+                }
+                query.fetch_all(pool).await
+            }
+
+            async fn stock<'a>(
+                pool: &'a Pool<Self>,
+                sku: &'a str,
+            ) -> Result<Option<i64>, sqlx::Error> {
+                sqlx::query_scalar("SELECT stock FROM inventory WHERE sku = $1")
+                    .bind(sku)
+                    .fetch_optional(pool)
+                    .await
             }
         }
     };

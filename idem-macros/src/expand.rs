@@ -39,6 +39,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         tx,
         db,
         context,
+        steps,
         mut extractors,
         scope,
     } = handler;
@@ -109,6 +110,10 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         let (pat, ty) = (&ctx.pat, &ctx.ty);
         quote!(let #pat: #ty = __idem_claim.context();)
     });
+    let bind_steps = steps.map(|steps| {
+        let (pat, ty) = (&steps.pat, &steps.ty);
+        quote!(let #pat: #ty = __idem_claim.steps();)
+    });
     // The declared type, with `impl Trait` in argument position, converts the body's value
     // (and keeps the user's trait imports in use); the inferred one types the body's future.
     let (declared, inferred) = match &sig.output {
@@ -144,6 +149,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         None => quote! {
             let __idem_response = {
                 #bind_context
+                #bind_steps
                 #bind_tx
                 __idem_into_response(#body.await)
             };
@@ -151,6 +157,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         Some((secs, _)) => quote! {
             let __idem_output = {
                 #bind_context
+                #bind_steps
                 #bind_tx
                 #private::within(::core::time::Duration::from_secs(#secs), #body).await
             };

@@ -31,6 +31,8 @@ pub struct Handler {
     pub db: Option<Type>,
     /// The `IdempotencyContext` parameter, if any.
     pub context: Option<PatType>,
+    /// The `Steps<DB>` parameter, if any (external mode only).
+    pub steps: Option<PatType>,
     /// The extractor parameters, in order, without the transaction.
     pub extractors: Vec<PatType>,
     /// How the scope value is computed.
@@ -105,6 +107,7 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
 
     let mut tx: Option<(PatType, Type)> = None;
     let mut context: Option<PatType> = None;
+    let mut steps: Option<(PatType, Type)> = None;
     let mut extractors = Vec::new();
     for input in &sig.inputs {
         let arg = match input {
@@ -133,6 +136,22 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
             }
             continue;
         }
+        if let Some((by_value, db)) = steps_param(&arg.ty) {
+            if !by_value {
+                errors.push(syn::Error::new_spanned(
+                    &arg.ty,
+                    "take the steps by value: `steps: Steps<DB>`",
+                ));
+            } else if steps.is_some() {
+                errors.push(syn::Error::new_spanned(
+                    &arg.ty,
+                    "a second `Steps` parameter: one is enough",
+                ));
+            } else {
+                steps = Some((arg.clone(), db));
+            }
+            continue;
+        }
         match transaction(&arg.ty) {
             TxKind::NotTransaction => extractors.push(arg.clone()),
             TxKind::MutRef(db) => {
@@ -158,6 +177,15 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
                 ));
             }
         }
+    }
+    if let (Some(_), Some((arg, _))) = (&tx, &steps) {
+        errors.push(syn::Error::new_spanned(
+            &arg.ty,
+            "`Steps` are for handlers without a transaction parameter (external mode): each step commits on its own, and a retry resumes after the last one; drop the `&mut Transaction` parameter",
+        ));
+    }
+    if let Some((arg, _)) = &steps {
+        errors.extend(repeated_step_names(&arg.pat, &item.block));
     }
     if let (Some(_), Some(backend)) = (&tx, &args.backend) {
         errors.push(syn::Error::new_spanned(
@@ -246,12 +274,16 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
         return Err(error);
     }
     let (tx, db) = tx.unzip();
-    let db = db.or_else(|| args.backend.clone());
+    let (steps, steps_db) = steps.unzip();
+    let db = db
+        .or_else(|| args.backend.clone())
+        .or(steps_db.filter(|db| !matches!(db, Type::Infer(_))));
     Ok(Handler {
         item,
         tx,
         db,
         context,
+        steps,
         extractors,
         scope: scope.expect("checked above"),
     })
@@ -309,6 +341,70 @@ fn is_context(ty: &Type) -> Option<bool> {
     let Type::Path(path) = inner else { return None };
     let last = path.path.segments.last()?;
     (last.ident == "IdempotencyContext").then_some(by_value)
+}
+
+/// `Some((true, DB))` for `Steps<DB>`, `Some((false, DB))` for a reference to one.
+fn steps_param(ty: &Type) -> Option<(bool, Type)> {
+    let (by_value, inner) = match ty {
+        Type::Reference(reference) => (false, &*reference.elem),
+        other => (true, other),
+    };
+    let Type::Path(path) = inner else { return None };
+    let last = path.path.segments.last()?;
+    if last.ident != "Steps" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(generics) = &last.arguments else {
+        return None;
+    };
+    generics.args.iter().find_map(|arg| match arg {
+        GenericArgument::Type(db) => Some((by_value, db.clone())),
+        _ => None,
+    })
+}
+
+/// Every `steps.step("name", ..)` or `steps.call("name", ..)` in `block` whose name (a string
+/// literal) an earlier one already used; `steps` is the parameter's binding.
+fn repeated_step_names(pat: &Pat, block: &syn::Block) -> Vec<syn::Error> {
+    struct Find<'a> {
+        steps: &'a Ident,
+        seen: Vec<String>,
+        errors: Vec<syn::Error>,
+    }
+    impl<'ast> Visit<'ast> for Find<'_> {
+        fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+            let on_steps =
+                matches!(&*call.receiver, syn::Expr::Path(path) if path.path.is_ident(self.steps));
+            if on_steps
+                && (call.method == "step" || call.method == "call")
+                && let Some(syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(name),
+                    ..
+                })) = call.args.first()
+            {
+                let value = name.value();
+                if self.seen.contains(&value) {
+                    self.errors.push(syn::Error::new(
+                        name.span(),
+                        format!("the step name {value:?} is already used by an earlier step of this handler; each step needs its own name, under which its output is recorded"),
+                    ));
+                } else {
+                    self.seen.push(value);
+                }
+            }
+            syn::visit::visit_expr_method_call(self, call);
+        }
+    }
+    let Pat::Ident(binding) = pat else {
+        return Vec::new();
+    };
+    let mut find = Find {
+        steps: &binding.ident,
+        seen: Vec::new(),
+        errors: Vec::new(),
+    };
+    find.visit_block(block);
+    find.errors
 }
 
 fn body_extractor(ty: &Type) -> Option<String> {

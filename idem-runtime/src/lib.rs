@@ -48,6 +48,7 @@ mod record;
 mod replay;
 mod run_to_end;
 mod scope;
+mod steps;
 mod store;
 
 pub use backend::{Backend, migrate};
@@ -55,7 +56,9 @@ pub use context::IdempotencyContext;
 pub use error::Error;
 pub use idem_macros::idempotent;
 pub use problem::{DEFAULT_PROBLEM_TYPE_BASE, Problem, ProblemKind};
+pub use record::RecordedStep;
 pub use scope::IdempotencyScope;
+pub use steps::{StepError, Steps};
 pub use store::{Settings, Store};
 
 /// The longest scope value keys can be stored under, in bytes; a longer one is answered 400

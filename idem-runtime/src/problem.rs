@@ -50,6 +50,10 @@ pub enum ProblemKind {
     /// back (or, in external mode, its claim released) and nothing was stored; a retry with the
     /// same key runs it again.
     HandlerTimedOut,
+    /// 500: a step of a multi-step handler could not run or be recorded because of a mistake in
+    /// the handler: a step name used twice, steps run at the same time, or an output that does
+    /// not serialize to JSON (or no longer reads back as the handler's type).
+    StepFailed,
 }
 
 impl ProblemKind {
@@ -60,7 +64,9 @@ impl ProblemKind {
             Self::InProgress => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ResponseTooLarge | Self::CommitRefused => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::ResponseTooLarge | Self::CommitRefused | Self::StepFailed => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             Self::StoreUnavailable | Self::OutcomeUnknown | Self::HandlerTimedOut => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -101,6 +107,7 @@ impl ProblemKind {
             Self::CommitRefused => "The handler's writes could not be committed",
             Self::OutcomeUnknown => "The outcome of the commit is unknown",
             Self::HandlerTimedOut => "The handler did not finish in time",
+            Self::StepFailed => "A step of the handler could not be recorded",
         }
     }
 

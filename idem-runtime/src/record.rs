@@ -233,6 +233,17 @@ pub struct Abandoned {
     pub fingerprint: Fingerprint,
     /// Time since the claim was taken.
     pub age: Duration,
+    /// The steps it recorded, in order.
+    pub steps: Vec<RecordedStep>,
+}
+
+/// A step of a multi-step handler, as recorded on its key: its name and its output.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RecordedStep {
+    /// The step's name, unique within the handler.
+    pub step: String,
+    /// What the step returned, as JSON.
+    pub output: serde_json::Value,
 }
 
 /// A fresh claim token: unique per call within the process, unpredictable across processes.

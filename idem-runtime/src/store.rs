@@ -13,7 +13,7 @@ use sqlx::{Pool, pool::PoolConnection};
 
 use crate::{
     backend::{Backend, Begun},
-    record::{Completion, KeyRecord, KeyRef, Start, Started},
+    record::{Completion, KeyRecord, KeyRef, RecordedStep, Start, Started},
     run_to_end::RunToEnd,
 };
 
@@ -271,6 +271,24 @@ impl<DB: Backend> Store<DB> {
         let _permit = self.write_permit().await;
         let mut conn = self.connection().await?;
         DB::release(&mut conn, key, token).await
+    }
+
+    /// Ends the lease of the `started` row owned by `token`, keeping its recorded steps, in this
+    /// process's turn to write.
+    pub(crate) async fn lapse(&self, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
+        let _permit = self.write_permit().await;
+        let mut conn = self.connection().await?;
+        DB::lapse(&mut conn, key, token).await
+    }
+
+    /// The steps recorded on the row owned by `token`.
+    pub(crate) async fn recorded_steps(
+        &self,
+        key: &KeyRef,
+        token: i64,
+    ) -> Result<Vec<RecordedStep>, crate::Error> {
+        let mut conn = self.connection().await?;
+        DB::recorded_steps(&mut conn, key, token).await
     }
 
     /// Completes the `started` row owned by `token`, in this process's turn to write; see

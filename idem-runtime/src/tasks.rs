@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 pub use crate::record::StoredResponse;
 
 use crate::{
-    IdempotencyContext,
+    IdempotencyContext, Steps,
     backend::Backend,
     record::{Abandoned, Completion, fresh_token},
     store::Store,
@@ -67,8 +67,7 @@ pub struct RecoveryReport {
 
 /// A claim whose handler never completed (a crash between the external call and the
 /// completion), handed to a [`RecoveryHook`].
-#[derive(Debug, Clone)]
-pub struct AbandonedClaim {
+pub struct AbandonedClaim<DB: Backend> {
     /// The caller's scope (`""` for global keys).
     pub scope: String,
     /// Method of the request that claimed the key.
@@ -77,21 +76,43 @@ pub struct AbandonedClaim {
     pub path: String,
     /// Time since the claim was taken.
     pub age: Duration,
-    context: IdempotencyContext,
+    steps: Steps<DB>,
 }
 
-impl AbandonedClaim {
+impl<DB: Backend> AbandonedClaim<DB> {
     /// The handler's context: [`IdempotencyContext::derive`] gives the same downstream keys the
     /// handler used, to ask the downstream service whether the side effect happened.
     pub fn context(&self) -> &IdempotencyContext {
-        &self.context
+        self.steps.context()
+    }
+
+    /// The steps the handler recorded ([`Steps::recovery_point`], [`Steps::output`]), and the
+    /// means to run more of them on the recovery's behalf: a compensation, or the rest of the
+    /// work before [`Recovery::Complete`]. Steps recorded here are kept when the hook answers
+    /// [`Recovery::Keep`], so that a retry resumes after them.
+    pub fn steps(&self) -> &Steps<DB> {
+        &self.steps
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for AbandonedClaim<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbandonedClaim")
+            .field("scope", &self.scope)
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("age", &self.age)
+            .field("steps", &self.steps)
+            .finish()
     }
 }
 
 /// What to do with an abandoned claim.
 #[derive(Debug, Clone)]
 pub enum Recovery {
-    /// Delete the claim: the next retry runs the handler again.
+    /// Delete the claim, and its recorded steps: the next retry runs the handler from the
+    /// start. A hook releases a claim with steps only once it has undone them (compensation
+    /// steps through [`AbandonedClaim::steps`]).
     Release,
     /// Complete the key with this response: retries replay it.
     Complete(StoredResponse),
@@ -102,31 +123,44 @@ pub enum Recovery {
 /// Decides the fate of abandoned claims; registered with [`spawn_recovery`].
 ///
 /// ```
-/// use idem_runtime::tasks::{AbandonedClaim, Recovery, RecoveryHook};
+/// use idem_runtime::{Backend, tasks::{AbandonedClaim, Recovery, RecoveryHook}};
 ///
 /// struct AskTheProcessor;
 ///
-/// impl RecoveryHook for AskTheProcessor {
-///     async fn recover(&self, claim: AbandonedClaim) -> Recovery {
+/// impl<DB: Backend> RecoveryHook<DB> for AskTheProcessor {
+///     async fn recover(&self, claim: AbandonedClaim<DB>) -> Recovery {
 ///         let _downstream_key = claim.context().derive("charge");
 ///         // look the charge up downstream with that key; complete or release accordingly
 ///         Recovery::Release
 ///     }
 /// }
 /// ```
-pub trait RecoveryHook: Send + Sync + 'static {
+pub trait RecoveryHook<DB: Backend>: Send + Sync + 'static {
     /// Decides what happens to `claim`.
-    fn recover(&self, claim: AbandonedClaim) -> impl Future<Output = Recovery> + Send;
+    fn recover(&self, claim: AbandonedClaim<DB>) -> impl Future<Output = Recovery> + Send;
+
+    /// Whether the hook is handed claims with recorded steps (multi-step handlers); `true`
+    /// unless the hook says otherwise. Claims it is not handed stay as they are: a retry
+    /// resumes them, and they expire with their key.
+    fn handles_steps(&self) -> bool {
+        true
+    }
 }
 
-/// The default hook: release every abandoned claim, so that retries run the handler again
-/// (safe when the handler's downstream calls use derived keys).
+/// The default hook: release every abandoned claim without recorded steps, so that retries run
+/// the handler again (safe when the handler's downstream calls use derived keys). Claims with
+/// recorded steps are left alone, for a retry to resume: only a hook of the application's own
+/// knows how to undo or finish a multi-step handler's work.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReleaseAbandoned;
 
-impl RecoveryHook for ReleaseAbandoned {
-    async fn recover(&self, _claim: AbandonedClaim) -> Recovery {
+impl<DB: Backend> RecoveryHook<DB> for ReleaseAbandoned {
+    async fn recover(&self, _claim: AbandonedClaim<DB>) -> Recovery {
         Recovery::Release
+    }
+
+    fn handles_steps(&self) -> bool {
+        false
     }
 }
 
@@ -176,7 +210,7 @@ impl<DB: Backend> Store<DB> {
     /// [`Error::CorruptRow`](crate::Error::CorruptRow) for a claim idem did not write; claims
     /// not settled stay reclaimed until the recovery lease (60 s) runs out, then are found
     /// again.
-    pub async fn recover_abandoned<H: RecoveryHook>(
+    pub async fn recover_abandoned<H: RecoveryHook<DB>>(
         &self,
         hook: &H,
         limit: u32,
@@ -184,8 +218,14 @@ impl<DB: Backend> Store<DB> {
         let token = fresh_token();
         let claims = {
             let _permit = self.write_permit().await;
-            DB::reclaim_abandoned(self.pool(), i64::from(limit.max(1)), RECOVERY_LEASE, token)
-                .await?
+            DB::reclaim_abandoned(
+                self.pool(),
+                i64::from(limit.max(1)),
+                RECOVERY_LEASE,
+                token,
+                hook.handles_steps(),
+            )
+            .await?
         };
         let mut report = RecoveryReport {
             found: claims.len() as u64,
@@ -197,6 +237,7 @@ impl<DB: Backend> Store<DB> {
             path,
             fingerprint,
             age,
+            steps,
         } in claims
         {
             report.oldest = report.oldest.max(age);
@@ -205,7 +246,7 @@ impl<DB: Backend> Store<DB> {
                 method: method.clone(),
                 path: path.clone(),
                 age,
-                context: IdempotencyContext::new(&key.scope, &key.key),
+                steps: Steps::new(self.clone(), key.clone(), token, steps),
             };
             match hook.recover(claim).await {
                 Recovery::Release => {
@@ -264,7 +305,7 @@ pub fn spawn_purge<DB: Backend>(
 
 /// Runs [`Store::recover_abandoned`] now and then every `every`, until `shutdown` is
 /// cancelled.
-pub fn spawn_recovery<DB: Backend, H: RecoveryHook>(
+pub fn spawn_recovery<DB: Backend, H: RecoveryHook<DB>>(
     store: Store<DB>,
     hook: H,
     every: Duration,

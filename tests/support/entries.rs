@@ -139,11 +139,17 @@ impl DownstreamClient {
     /// or refuses.
     async fn transfer(&self, key: &str, request: &NewTransfer) -> Option<Value> {
         let body = json!({"entry": request.entry, "amount": request.amount});
+        self.post(key, &body).await
+    }
+
+    /// Sends `body` as a transfer under `key`; `None` when the service cannot be reached or
+    /// refuses.
+    pub(crate) async fn post(&self, key: &str, body: &Value) -> Option<Value> {
         let response = self
             .http
             .post(format!("{}/transfers", self.url))
             .header("idempotency-key", key)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .ok()?;

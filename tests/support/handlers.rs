@@ -44,6 +44,12 @@ pub struct Calls {
     pub entries: AtomicUsize,
     /// `POST /test/transfers`.
     pub transfers: AtomicUsize,
+    /// The `take` step of `POST /test/orders`.
+    pub take: AtomicUsize,
+    /// The `transfer` step of `POST /test/orders`.
+    pub transfer: AtomicUsize,
+    /// The `book` step of `POST /test/orders`.
+    pub book: AtomicUsize,
 }
 
 /// The scope of `POST /test/account`: the `X-Account` header, as sent (possibly empty).

@@ -15,6 +15,7 @@ mod downstream;
 mod entries;
 mod handlers;
 mod http;
+mod orders;
 mod probes;
 mod proxy;
 mod statements;

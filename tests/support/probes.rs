@@ -3,6 +3,7 @@
 
 use idem_runtime::{
     Store,
+    sqlx::{Postgres, Sqlite},
     tasks::{PurgeOptions, PurgeReport, RecoveryHook, RecoveryReport},
 };
 
@@ -252,6 +253,44 @@ impl App {
         .expect("renew lease");
     }
 
+    /// The net units `POST /test/orders` moved out of stock (takes less give-backs).
+    pub async fn units_taken(&self) -> i64 {
+        let sql = "SELECT CAST(COALESCE(-sum(units), 0) AS bigint) FROM test_stock_moves";
+        self.scalar(sql.into(), None).await
+    }
+
+    /// The names of the steps recorded on `key`, in order (none when it has no row).
+    pub async fn recorded_steps(&self, key: &str) -> Vec<String> {
+        let sql = match self.db {
+            Db::Postgres(_) => "SELECT steps::text FROM idem_keys WHERE key = $1",
+            Db::Sqlite(_) => "SELECT steps FROM idem_keys WHERE key = $1",
+        };
+        let steps: Option<Option<String>> = match &self.db {
+            Db::Postgres(pool) => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await,
+            Db::Sqlite(pool) => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await,
+        }
+        .expect("read the steps");
+        let Some(Some(steps)) = steps else {
+            return Vec::new();
+        };
+        let steps: Vec<serde_json::Value> = serde_json::from_str(&steps).expect("steps are JSON");
+        steps
+            .iter()
+            .map(|step| step["step"].as_str().expect("a step name").to_owned())
+            .collect()
+    }
+
+    /// Gives `key`'s claim to an owner no request has, as a takeover by another process would:
+    /// the request that held it no longer owns it.
+    pub async fn steal_claim(&self, key: &str) {
+        let sql = "UPDATE idem_keys SET claim_token = 0 WHERE key = $1";
+        match &self.db {
+            Db::Postgres(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
+            Db::Sqlite(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
+        }
+        .expect("steal the claim");
+    }
+
     /// One purge pass.
     pub async fn purge(&self, options: PurgeOptions) -> PurgeReport {
         match &self.db {
@@ -262,7 +301,10 @@ impl App {
     }
 
     /// One recovery pass.
-    pub async fn recover<H: RecoveryHook>(&self, hook: &H) -> RecoveryReport {
+    pub async fn recover<H: RecoveryHook<Postgres> + RecoveryHook<Sqlite>>(
+        &self,
+        hook: &H,
+    ) -> RecoveryReport {
         match &self.db {
             Db::Postgres(pool) => Store::new(pool.clone()).recover_abandoned(hook, 100).await,
             Db::Sqlite(pool) => Store::new(pool.clone()).recover_abandoned(hook, 100).await,
@@ -294,7 +336,7 @@ impl App {
     }
 
     /// The background recovery task with `hook`.
-    pub fn spawn_recovery<H: RecoveryHook>(
+    pub fn spawn_recovery<H: RecoveryHook<Postgres> + RecoveryHook<Sqlite>>(
         &self,
         hook: H,
         every: std::time::Duration,

@@ -1,11 +1,14 @@
 //! The suite's own small service: idem's tables, a few tables of its own, and the handlers of
-//! [`crate::handlers`] and [`crate::entries`], each written once for both databases.
+//! [`crate::handlers`], [`crate::entries`] and [`crate::orders`], each written once for both
+//! databases.
 
 use axum::{Extension, Router};
 use idem_runtime::{Backend, Store};
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
 
-use crate::{AnyStore, Building, Parts, Service, downstream::unreachable_url, entries, handlers};
+use crate::{
+    AnyStore, Building, Parts, Service, downstream::unreachable_url, entries, handlers, orders,
+};
 
 /// The service the library's behaviour tests drive.
 #[derive(Debug, Clone)]
@@ -43,6 +46,7 @@ impl TestApp {
     pub fn routes<DB: TestBackend>(&self, store: Store<DB>, parts: Parts) -> Router {
         handlers::routes::<DB>()
             .merge(entries::routes::<DB>())
+            .merge(orders::routes::<DB>())
             .layer(Extension(parts.calls))
             .layer(Extension(parts.gate))
             .layer(Extension(entries::DownstreamClient::new(&self.downstream)))
@@ -123,7 +127,9 @@ macro_rules! shared_tables {
          );
          CREATE TABLE IF NOT EXISTS test_transfers (
              id text PRIMARY KEY, tenant text NOT NULL, entry bigint NOT NULL, amount bigint NOT NULL
-         );"
+         );
+         CREATE TABLE IF NOT EXISTS test_stock_moves (tenant text NOT NULL, units bigint NOT NULL);
+         CREATE TABLE IF NOT EXISTS test_bookings (tenant text NOT NULL, transfer text NOT NULL);"
     };
 }
 

@@ -3,20 +3,24 @@
 //! Listens on `$ADDR` (default `127.0.0.1:3000`). Stores everything in `$DATABASE_URL`
 //! (PostgreSQL, or `sqlite:<path>`); without it, in the SQLite file `$SQLITE_PATH` (default
 //! `payments.db`), so that nothing needs to be installed. Creates its tables on start, sends
-//! refunds to the processor at `$PROCESSOR_URL` (default `http://127.0.0.1:3001`), and runs the
-//! purge and recovery tasks until it stops.
+//! refunds and order charges to the processor at `$PROCESSOR_URL` (default
+//! `http://127.0.0.1:3001`), and runs the purge and recovery tasks until it stops. With
+//! `$CRASH_AFTER` set to a step of `POST /v1/orders` (`reserve`, `charge`, `ship`, or
+//! `charge-call`), it aborts right after that step, for crash tests.
 
 use std::{path::PathBuf, process::ExitCode, str::FromStr, time::Duration};
 
 use axum::Router;
 use idem_examples::{
+    orders::SettleAbandoned,
     payments::{self, AppState},
     refunds::ProcessorClient,
-    schema::{self, Tables},
+    schema,
+    sql::Sql,
 };
 use idem_runtime::{
     CancellationToken, Store,
-    tasks::{self, PurgeOptions, ReleaseAbandoned},
+    tasks::{self, PurgeOptions},
 };
 use sqlx::{
     Pool, Postgres, Sqlite,
@@ -84,7 +88,7 @@ async fn run() -> Result<(), Error> {
     }
 }
 
-async fn serve<DB: Tables>(pool: Pool<DB>, routes: Router<AppState<DB>>) -> Result<(), Error> {
+async fn serve<DB: Sql>(pool: Pool<DB>, routes: Router<AppState<DB>>) -> Result<(), Error> {
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     schema::create(&pool)
         .await
@@ -97,8 +101,9 @@ async fn serve<DB: Tables>(pool: Pool<DB>, routes: Router<AppState<DB>>) -> Resu
     let store = Store::new(pool);
     let stop = CancellationToken::new();
     // Keys expire per route (24 h, 7 d); sweeping every minute keeps the table small. Refund
-    // claims lease for 5 s; abandoned ones are released so that a retry runs again (the
-    // processor deduplicates through the derived key).
+    // and order claims lease for 5 s; abandoned refunds are released so that a retry runs again
+    // (the processor deduplicates through the derived key), abandoned orders are finished or
+    // have their stock given back.
     let purge = tasks::spawn_purge(
         store.clone(),
         Duration::from_secs(60),
@@ -107,13 +112,16 @@ async fn serve<DB: Tables>(pool: Pool<DB>, routes: Router<AppState<DB>>) -> Resu
     );
     let recovery = tasks::spawn_recovery(
         store.clone(),
-        ReleaseAbandoned,
+        SettleAbandoned,
         Duration::from_secs(10),
         stop.clone(),
     );
     let state = AppState {
         store,
         processor: ProcessorClient::new(processor_url),
+        crash_after: std::env::var("CRASH_AFTER")
+            .ok()
+            .filter(|step| !step.is_empty()),
     };
     tracing::info!(addr = %listener.local_addr()?, "payments service listening");
     axum::serve(listener, routes.with_state(state))

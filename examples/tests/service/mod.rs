@@ -52,6 +52,13 @@ pub async fn with_processor(db: TestDb, url: String) -> App {
     App::serving(db, Options::default(), service).await
 }
 
+/// The payments service, sending refunds and charges to the processor at `url`.
+pub fn payments_with(url: String) -> Payments {
+    Payments {
+        processor: Some(url),
+    }
+}
+
 /// A valid payment body.
 pub fn payment(amount: i64, customer: &str) -> String {
     format!(r#"{{"amount": {amount}, "currency": "usd", "customer": "{customer}"}}"#)

@@ -159,9 +159,20 @@ pub async fn start_payments(
     database: &Database,
     processor: &str,
 ) -> (Process, String) {
+    start_payments_with(client, database, processor, &[]).await
+}
+
+/// [`start_payments`], with more environment variables (`CRASH_AFTER`).
+pub async fn start_payments_with(
+    client: &Client,
+    database: &Database,
+    processor: &str,
+    env: &[(&str, &str)],
+) -> (Process, String) {
     let addr = free_addr();
     let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
     database.configure(&mut command);
+    command.envs(env.iter().copied());
     let child = command
         .env("ADDR", &addr)
         .env("PROCESSOR_URL", processor)

@@ -6,7 +6,7 @@ use sqlx::{Pool, Transaction, pool::PoolConnection};
 
 use std::time::Duration;
 
-use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, Start, Started};
+use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, RecordedStep, Start, Started};
 
 /// What [`Storage::begin_claim`] found.
 pub enum Begun<DB: sqlx::Database> {
@@ -147,6 +147,32 @@ pub trait Storage: sqlx::Database + Sized {
         token: i64,
     ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
+    /// Gives up a `started` row owned by `token` and keeps its recorded steps: its lease ends
+    /// now, so that a retry takes it over at once and resumes after the last step. Returns
+    /// `false` if the claim is no longer owned by `token`.
+    fn lapse<'c>(
+        conn: &'c mut Self::Connection,
+        key: &'c KeyRef,
+        token: i64,
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+
+    /// Writes `steps` as the recorded steps of the `started` row owned by `token`; in the
+    /// transaction `conn` is in, if any. Returns `false` (nothing written) if the claim is no
+    /// longer owned by `token`.
+    fn record_steps<'c>(
+        conn: &'c mut Self::Connection,
+        key: &'c KeyRef,
+        token: i64,
+        steps: &'c [RecordedStep],
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+
+    /// The steps recorded on the row owned by `token` (none if it is not owned by `token`).
+    fn recorded_steps<'c>(
+        conn: &'c mut Self::Connection,
+        key: &'c KeyRef,
+        token: i64,
+    ) -> impl Future<Output = Result<Vec<RecordedStep>, crate::Error>> + Send + 'c;
+
     /// Deletes up to `limit` rows past their expiry, skipping rows that live requests hold.
     fn purge_batch(
         pool: &Pool<Self>,
@@ -154,12 +180,14 @@ pub trait Storage: sqlx::Database + Sized {
     ) -> impl Future<Output = Result<u64, crate::Error>> + Send + '_;
 
     /// Reclaims up to `limit` `started` rows whose lease ran out: renews their lease by `lease`
-    /// under `token`, so that no retry takes them over while the recovery decides.
+    /// under `token`, so that no retry takes them over while the recovery decides. Rows with
+    /// recorded steps only `with_steps`.
     fn reclaim_abandoned(
         pool: &Pool<Self>,
         limit: i64,
         lease: Duration,
         token: i64,
+        with_steps: bool,
     ) -> impl Future<Output = Result<Vec<Abandoned>, crate::Error>> + Send + '_;
 
     /// Whether `error` says the transaction was aborted by an earlier failed statement.

@@ -22,7 +22,8 @@ use super::{
     shared::{abandoned, decode_record, shared_storage},
 };
 use crate::record::{
-    Abandoned, Completion, KeyRecord, KeyRef, RawRecord, Start, Started, checked_fingerprint,
+    Abandoned, Completion, KeyRecord, KeyRef, RawRecord, RecordedStep, Start, Started,
+    checked_fingerprint,
 };
 
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -54,6 +55,10 @@ const START: &str = "SELECT outcome, taken_over, status, method, path, fingerpri
      response_status, response_headers, response_body, lease_left \
      FROM idem_start($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
+// A claim given up with its recorded steps kept: its lease ends now.
+const LAPSE: &str = "UPDATE idem_keys SET lease_until = now() \
+     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
 const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $4, \
      response_headers = $5, response_body = $6, locked_at = NULL, lease_until = NULL, \
      claim_token = NULL, \
@@ -69,11 +74,12 @@ const PURGE: &str = "DELETE FROM idem_keys WHERE ctid = ANY(ARRAY( \
 const RECLAIM: &str = "WITH lapsed AS ( \
        SELECT scope, key FROM idem_keys \
        WHERE status = 'started' AND lease_until <= now() AND expires_at > now() \
+         AND ($4 OR steps IS NULL) \
        ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED) \
      UPDATE idem_keys k \
        SET lease_until = LEAST(now() + make_interval(secs => $2), k.expires_at), claim_token = $3 \
      FROM lapsed WHERE k.scope = lapsed.scope AND k.key = lapsed.key \
-     RETURNING k.scope, k.key, k.method, k.path, k.fingerprint, \
+     RETURNING k.scope, k.key, k.method, k.path, k.fingerprint, k.steps, \
        extract(epoch FROM now() - k.locked_at)::float8 AS age";
 
 impl Storage for Postgres {
@@ -183,11 +189,13 @@ impl Storage for Postgres {
         limit: i64,
         lease: Duration,
         token: i64,
+        with_steps: bool,
     ) -> Result<Vec<Abandoned>, crate::Error> {
         let rows = sqlx::query(RECLAIM)
             .bind(limit)
             .bind(lease.as_secs_f64())
             .bind(token)
+            .bind(with_steps)
             .fetch_all(pool)
             .await?;
         rows.iter()

@@ -1,8 +1,8 @@
 //! What both backends do alike, written once: the statements whose SQL differs only in dialect
 //! are bound and run by [`shared_storage!`], records are decoded by [`decode_record!`].
 //!
-//! A backend module that invokes them provides, under these names: the SQL constants `COMPLETE`
-//! and `FINISH`; `status(u16)`, the integer its `response_status` column holds;
+//! A backend module that invokes them provides, under these names: the SQL constants `COMPLETE`,
+//! `FINISH` and `LAPSE`; `status(u16)`, the integer its `response_status` column holds;
 //! `expiry(Option<Duration>)`, how it binds a time to live (`None` keeps the row's expiry);
 //! `completion_guard(&Completion)`, the completion's last parameter (what makes the write
 //! conditional, or the time it happens); and `still_claimed(conn)`, run before the completion:
@@ -12,6 +12,14 @@
 /// Deletes a `started` row owned by `$3`: the same statement on every database.
 pub(super) const RELEASE: &str = "DELETE FROM idem_keys \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
+/// Records a claim's steps, only while `$3` owns it: the same statement on every database.
+pub(super) const RECORD_STEPS: &str = "UPDATE idem_keys SET steps = $4 \
+     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
+/// The steps of the row `$3` owns: the same statement on every database.
+pub(super) const RECORDED_STEPS: &str =
+    "SELECT steps FROM idem_keys WHERE scope = $1 AND key = $2 AND claim_token = $3";
 
 /// The `Storage` methods that differ between backends only in their SQL's dialect.
 macro_rules! shared_storage {
@@ -67,6 +75,47 @@ macro_rules! shared_storage {
                 .execute(conn)
                 .await?;
             Ok(done.rows_affected() == 1)
+        }
+
+        async fn lapse(conn: &mut $conn, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
+            let done = sqlx::query(LAPSE)
+                .bind(&key.scope)
+                .bind(&key.key)
+                .bind(token)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn record_steps(
+            conn: &mut $conn,
+            key: &KeyRef,
+            token: i64,
+            steps: &[RecordedStep],
+        ) -> Result<bool, crate::Error> {
+            let done = sqlx::query(super::shared::RECORD_STEPS)
+                .bind(&key.scope)
+                .bind(&key.key)
+                .bind(token)
+                .bind(Json(steps))
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn recorded_steps(
+            conn: &mut $conn,
+            key: &KeyRef,
+            token: i64,
+        ) -> Result<Vec<RecordedStep>, crate::Error> {
+            let steps: Option<Option<Json<Vec<RecordedStep>>>> =
+                sqlx::query_scalar(super::shared::RECORDED_STEPS)
+                    .bind(&key.scope)
+                    .bind(&key.key)
+                    .bind(token)
+                    .fetch_optional(conn)
+                    .await?;
+            Ok(steps.flatten().map(|Json(steps)| steps).unwrap_or_default())
         }
 
         async fn savepoint(conn: &mut $conn) -> Result<(), crate::Error> {
@@ -130,6 +179,10 @@ macro_rules! abandoned {
             path: row.try_get("path")?,
             fingerprint: checked_fingerprint(&fingerprint)?,
             age: $age,
+            steps: row
+                .try_get::<Option<Json<Vec<RecordedStep>>>, _>("steps")?
+                .map(|Json(steps)| steps)
+                .unwrap_or_default(),
         })
     }};
 }

@@ -17,7 +17,7 @@ use super::{
     shared::{abandoned, decode_record, shared_storage},
 };
 use crate::record::{
-    Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, RawRecord, Start, Started,
+    Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, RawRecord, RecordedStep, Start, Started,
     checked_fingerprint,
 };
 
@@ -46,7 +46,12 @@ const START: &str = "INSERT INTO idem_keys \
        status = 'started', created_at = excluded.created_at, expires_at = excluded.expires_at, \
        locked_at = excluded.locked_at, lease_until = excluded.lease_until, \
        claim_token = excluded.claim_token, response_status = NULL, response_headers = NULL, \
-       response_body = NULL";
+       response_body = NULL, \
+       steps = CASE WHEN idem_keys.expires_at <= $6 THEN NULL ELSE idem_keys.steps END";
+
+// A claim given up with its recorded steps kept: its lease ends now.
+const LAPSE: &str = "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
 const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $4, \
      response_headers = $5, response_body = $6, locked_at = NULL, lease_until = NULL, \
@@ -60,8 +65,9 @@ const PURGE: &str = "DELETE FROM idem_keys WHERE rowid IN ( \
 const RECLAIM: &str = "UPDATE idem_keys SET lease_until = min($2, expires_at), claim_token = $3 \
      WHERE rowid IN (SELECT rowid FROM idem_keys \
        WHERE status = 'started' AND lease_until <= $1 AND expires_at > $1 \
+         AND ($5 OR steps IS NULL) \
        ORDER BY lease_until LIMIT $4) \
-     RETURNING scope, key, method, path, fingerprint, locked_at";
+     RETURNING scope, key, method, path, fingerprint, locked_at, steps";
 
 const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 
@@ -202,6 +208,7 @@ impl Storage for Sqlite {
         limit: i64,
         lease: Duration,
         token: i64,
+        with_steps: bool,
     ) -> Result<Vec<Abandoned>, crate::Error> {
         let now = now_ms();
         let rows = sqlx::query(RECLAIM)
@@ -209,6 +216,7 @@ impl Storage for Sqlite {
             .bind(now.saturating_add(ms(lease)))
             .bind(token)
             .bind(limit)
+            .bind(with_steps)
             .fetch_all(pool)
             .await?;
         rows.iter()

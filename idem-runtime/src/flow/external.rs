@@ -8,7 +8,9 @@ use super::{Options, Scope, extract::IdemRequest, outcome::Outcome};
 use crate::{
     backend::Backend,
     context::IdempotencyContext,
-    record::{KeyRef, Start, Started, fresh_token},
+    record::{KeyRef, RecordedStep, Start, Started, fresh_token},
+    steps::Steps,
+    store::Store,
 };
 
 /// External mode: a `started` row committed before the handler runs, owned by a token and
@@ -21,6 +23,9 @@ pub struct ExternalClaim<DB: Backend> {
     key: KeyRef,
     options: Options,
     token: i64,
+    /// Steps an earlier attempt recorded, until the handler takes its [`Steps`].
+    resumed: Vec<RecordedStep>,
+    steps: Option<Steps<DB>>,
     /// Until completion, dropping the claim (a panic, a cancelled request) releases the key.
     armed: bool,
 }
@@ -45,6 +50,8 @@ impl<DB: Backend> ExternalClaim<DB> {
             key,
             options,
             token: fresh_token(),
+            resumed: Vec::new(),
+            steps: None,
             armed: true,
         };
         let outcome = {
@@ -67,6 +74,16 @@ impl<DB: Backend> ExternalClaim<DB> {
             Ok(Started::Acquired { taken_over }) => {
                 if taken_over {
                     tracing::info!(parent: &claim.request.span, "took over an abandoned or expired claim");
+                    // A lapsed claim of this same request keeps what its steps recorded.
+                    match claim
+                        .request
+                        .store
+                        .recorded_steps(&claim.key, claim.token)
+                        .await
+                    {
+                        Ok(steps) => claim.resumed = steps,
+                        Err(error) => return Err(claim.request.store_failed(&error)),
+                    }
                 }
                 Ok(claim)
             }
@@ -83,13 +100,43 @@ impl<DB: Backend> ExternalClaim<DB> {
         IdempotencyContext::new(&self.key.scope, &self.key.key)
     }
 
+    /// The handler's steps, with what earlier attempts recorded.
+    pub fn steps(&mut self) -> Steps<DB> {
+        self.steps
+            .get_or_insert_with(|| {
+                Steps::new(
+                    self.request.store.clone(),
+                    self.key.clone(),
+                    self.token,
+                    std::mem::take(&mut self.resumed),
+                )
+            })
+            .clone()
+    }
+
+    /// Whether steps are recorded on the key: the claim is then given up with them kept (its
+    /// lease ended), so that a retry resumes, instead of deleted.
+    fn keeps_steps(&self) -> bool {
+        !self.resumed.is_empty() || self.steps.as_ref().is_some_and(Steps::any_recorded)
+    }
+
+    /// Lets go of the key: deletes the claim, or ends its lease where steps are recorded.
+    fn give_up(&self) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'static {
+        give_up(
+            self.request.store.clone(),
+            self.key.clone(),
+            self.token,
+            self.keeps_steps(),
+        )
+    }
+
     /// Stores the handler's response (or releases the key after a 5xx that is not replayed).
     ///
     /// The claim stays armed until the database has the outcome: a request cancelled before
     /// that releases its key when the claim is dropped.
     pub async fn complete(mut self, response: Response) -> Response {
         if response.status().is_server_error() && !self.options.replay_5xx {
-            let released = self.request.store.release(&self.key, self.token).await;
+            let released = self.give_up().await;
             self.armed = false;
             if let Err(error) = released {
                 tracing::error!(parent: &self.request.span, %error, "releasing the key after a 5xx failed; it frees itself when the lease ends");
@@ -99,7 +146,7 @@ impl<DB: Backend> ExternalClaim<DB> {
         let captured = match self.request.capture(response).await {
             Ok(captured) => captured,
             Err(problem) => {
-                let _ = self.request.store.release(&self.key, self.token).await;
+                let _ = self.give_up().await;
                 self.armed = false;
                 return problem;
             }
@@ -144,11 +191,9 @@ impl<DB: Backend> Drop for ExternalClaim<DB> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let store = self.request.store.clone();
-        let key = self.key.clone();
-        let token = self.token;
+        let give_up = self.give_up();
         runtime.spawn(async move {
-            if let Err(error) = store.release(&key, token).await {
+            if let Err(error) = give_up.await {
                 tracing::warn!(%error, "releasing an interrupted claim failed; it frees itself when the lease ends");
             }
         });
@@ -162,12 +207,27 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// The claim stays armed until the release returns: if this request is cancelled
     /// meanwhile, dropping the claim releases it.
     pub async fn timed_out(mut self) -> Response {
-        let released = self.request.store.release(&self.key, self.token).await;
+        let released = self.give_up().await;
         self.armed = false;
         if let Err(error) = released {
             tracing::error!(parent: &self.request.span, %error, "releasing the key after a timeout failed; it frees itself when the lease ends");
         }
         self.request
             .timed_out(self.options.timeout, "the key was released")
+    }
+}
+
+/// Deletes the claim `token` owns on `key`, or, with `keep_steps`, ends its lease and keeps its
+/// recorded steps for the retry that takes it over.
+async fn give_up<DB: Backend>(
+    store: Store<DB>,
+    key: KeyRef,
+    token: i64,
+    keep_steps: bool,
+) -> Result<bool, crate::Error> {
+    if keep_steps {
+        store.lapse(&key, token).await
+    } else {
+        store.release(&key, token).await
     }
 }

@@ -1,0 +1,333 @@
+//! Orders (the README's "Multi-step handlers"): reserve stock, charge the customer at the card
+//! processor, ship. The three steps cannot share a transaction (the charge is in another
+//! process), so `POST /v1/orders` runs them through [`Steps`]: each is recorded on the key as it
+//! completes, and a retry after a crash resumes after the last recorded one. Its recovery hook,
+//! [`SettleAbandoned`], settles orders whose client never came back.
+
+use axum::{
+    Json,
+    extract::{Path, State},
+    http::{StatusCode, header},
+};
+use idem_runtime::{
+    Steps, idempotent,
+    tasks::{AbandonedClaim, Recovery, RecoveryHook, StoredResponse},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    auth::Tenant,
+    error::{ApiError, ApiJson},
+    payments::{AppState, MAX_CUSTOMER, check_id},
+    processor::{ChargeRequest, ExecutedCharge},
+    sql::Sql,
+};
+
+/// The stock every SKU starts with, the first time it is seen.
+pub const STOCK_PER_SKU: i64 = 100;
+
+/// The price of one unit, in minor units.
+pub const UNIT_PRICE: i64 = 1000;
+
+/// The longest SKU accepted, in characters.
+const MAX_SKU: usize = 64;
+
+/// The body of `POST /v1/orders`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NewOrder {
+    /// The article.
+    pub sku: String,
+    /// Positive.
+    pub quantity: i64,
+    /// Who pays; magic ids as for payments (`cus_declined`, `cus_unavailable`).
+    pub customer: String,
+}
+
+impl NewOrder {
+    fn validate(&self) -> Result<(), ApiError> {
+        if self.sku.is_empty() || self.sku.chars().count() > MAX_SKU {
+            return Err(ApiError::Invalid(format!(
+                "`sku` must be 1 to {MAX_SKU} characters, got {:?}",
+                self.sku
+            )));
+        }
+        // Bounded so that the amount cannot overflow.
+        if !(1..=STOCK_PER_SKU).contains(&self.quantity) {
+            return Err(ApiError::Invalid(format!(
+                "`quantity` must be a positive integer of at most {STOCK_PER_SKU}, got {}",
+                self.quantity
+            )));
+        }
+        let length = self.customer.chars().count();
+        if length == 0 || length > MAX_CUSTOMER {
+            return Err(ApiError::Invalid(format!(
+                "`customer` must be 1 to {MAX_CUSTOMER} characters, got {length}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What `reserve` records: the stock taken, and the order it is taken for.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Reservation {
+    /// The order's id, chosen when its stock is reserved.
+    pub order: String,
+    /// The article.
+    pub sku: String,
+    /// Units taken.
+    pub quantity: i64,
+    /// Who pays.
+    pub customer: String,
+    /// `quantity` × [`UNIT_PRICE`].
+    pub amount: i64,
+}
+
+/// An order, as answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct Order {
+    /// `ord_...`.
+    pub id: String,
+    /// The article.
+    pub sku: String,
+    /// Units.
+    pub quantity: i64,
+    /// Who paid.
+    pub customer: String,
+    /// In minor units.
+    pub amount: i64,
+    /// The processor's charge id.
+    pub charge: String,
+    /// `confirmed`.
+    pub status: String,
+}
+
+type OrderCreated = (StatusCode, [(header::HeaderName, String); 1], Json<Order>);
+
+/// `POST /v1/orders`: `reserve` (database), `charge` (the processor, under the key derived for
+/// this step), `ship` (database), each recorded on the key; a declined charge gives the stock
+/// back (a step too) and answers 402, stored; an unavailable processor answers 503, not stored,
+/// and the retry resumes at `charge`.
+#[idempotent(
+    scope = "tenant",
+    retention = "24h",
+    lease = "5s",
+    backend = DB,
+    state = AppState<DB>
+)]
+pub async fn create_order<DB: Sql>(
+    tenant: Tenant,
+    steps: Steps<DB>,
+    State(state): State<AppState<DB>>,
+    ApiJson(body): ApiJson<NewOrder>,
+) -> Result<OrderCreated, ApiError> {
+    body.validate()?;
+    if let Some(point) = state.crash_after.clone() {
+        // `$CRASH_AFTER=<step>`: the process dies right after that step is recorded.
+        steps.on_recorded(move |step| crash_at(&point, step));
+    }
+    let reservation: Reservation = steps
+        .step("reserve", async |conn| reserve::<DB>(conn, &body).await)
+        .await?;
+    let charged = steps
+        .call("charge", async |key| {
+            let charged = charge(&state, key, &reservation).await;
+            // `$CRASH_AFTER=charge-call`: the processor answered; nothing is recorded yet.
+            if let Some(point) = &state.crash_after {
+                crash_at(point, "charge-call");
+            }
+            charged
+        })
+        .await;
+    let charge = match charged {
+        Err(ApiError::Declined(reason)) => {
+            steps
+                .step("release", async |conn| {
+                    release::<DB>(conn, &reservation).await
+                })
+                .await?;
+            return Err(ApiError::Declined(reason));
+        }
+        other => other?,
+    };
+    let order = steps
+        .step("ship", async |conn| {
+            ship::<DB>(conn, &tenant.0, &reservation, &charge).await
+        })
+        .await?;
+    let location = format!("/v1/orders/{}", order.id);
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(order),
+    ))
+}
+
+/// Dies without unwinding or cleaning up, as a `SIGKILL` would, when `step` is `point`.
+fn crash_at(point: &str, step: &str) {
+    if point == step {
+        eprintln!("payments: CRASH_AFTER={point}: aborting");
+        std::process::abort();
+    }
+}
+
+async fn reserve<DB: Sql>(
+    conn: &mut DB::Connection,
+    body: &NewOrder,
+) -> Result<Reservation, ApiError> {
+    if !DB::reserve(conn, &body.sku, body.quantity).await? {
+        return Err(ApiError::Invalid(format!(
+            "not enough stock of {} for {} units; nothing was reserved",
+            body.sku, body.quantity
+        )));
+    }
+    Ok(Reservation {
+        order: format!("ord_{}", uuid::Uuid::new_v4().simple()),
+        sku: body.sku.clone(),
+        quantity: body.quantity,
+        customer: body.customer.clone(),
+        amount: body.quantity * UNIT_PRICE,
+    })
+}
+
+async fn charge<DB: Sql>(
+    state: &AppState<DB>,
+    key: &str,
+    reservation: &Reservation,
+) -> Result<ExecutedCharge, ApiError> {
+    let request = ChargeRequest {
+        customer: reservation.customer.clone(),
+        amount: reservation.amount,
+    };
+    state.processor.charge(key, &request).await
+}
+
+/// Gives the reservation back: the compensation of a declined charge.
+async fn release<DB: Sql>(
+    conn: &mut DB::Connection,
+    reservation: &Reservation,
+) -> Result<(), ApiError> {
+    DB::give_back(conn, &reservation.sku, reservation.quantity).await?;
+    Ok(())
+}
+
+async fn ship<DB: Sql>(
+    conn: &mut DB::Connection,
+    tenant: &str,
+    reservation: &Reservation,
+    charge: &ExecutedCharge,
+) -> Result<Order, ApiError> {
+    let order = Order {
+        id: reservation.order.clone(),
+        sku: reservation.sku.clone(),
+        quantity: reservation.quantity,
+        customer: reservation.customer.clone(),
+        amount: reservation.amount,
+        charge: charge.id.clone(),
+        status: "confirmed".to_owned(),
+    };
+    DB::insert_order(conn, &order, tenant).await?;
+    Ok(order)
+}
+
+/// The recovery hook of the payments service: an abandoned order is finished when its charge
+/// was recorded (retries then replay its 201), and otherwise has its stock given back and its
+/// key released; any other abandoned claim (a refund) is released, for a retry to run again
+/// (the processor deduplicates through the derived key).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SettleAbandoned;
+
+impl<DB: Sql> RecoveryHook<DB> for SettleAbandoned {
+    async fn recover(&self, claim: AbandonedClaim<DB>) -> Recovery {
+        if claim.path != "/v1/orders" {
+            return Recovery::Release;
+        }
+        match settle(&claim).await {
+            Ok(recovery) => recovery,
+            Err(error) => {
+                tracing::warn!(%error, "settling an abandoned order failed; trying again later");
+                Recovery::Keep
+            }
+        }
+    }
+}
+
+async fn settle<DB: Sql>(claim: &AbandonedClaim<DB>) -> Result<Recovery, ApiError> {
+    let steps = claim.steps();
+    let Some(reservation) = steps.output::<Reservation>("reserve")? else {
+        // Nothing was taken.
+        return Ok(Recovery::Release);
+    };
+    if let Some(charge) = steps.output::<ExecutedCharge>("charge")? {
+        let order = steps
+            .step("ship", async |conn| {
+                ship::<DB>(conn, &claim.scope, &reservation, &charge).await
+            })
+            .await?;
+        let body = serde_json::to_vec(&order).map_err(|e| ApiError::Internal(e.to_string()))?;
+        return Ok(Recovery::Complete(StoredResponse {
+            status: StatusCode::CREATED.as_u16(),
+            headers: vec![
+                ("content-type".to_owned(), "application/json".to_owned()),
+                ("location".to_owned(), format!("/v1/orders/{}", order.id)),
+            ],
+            body,
+        }));
+    }
+    steps
+        .step("release", async |conn| {
+            release::<DB>(conn, &reservation).await
+        })
+        .await?;
+    Ok(Recovery::Release)
+}
+
+/// `GET /v1/orders`: the caller's orders, newest first.
+pub async fn list_orders<DB: Sql>(
+    tenant: Tenant,
+    State(state): State<AppState<DB>>,
+) -> Result<Json<Vec<Order>>, ApiError> {
+    let sql = format!("{ORDER_COLUMNS} WHERE tenant = $1 {}", DB::NEWEST_FIRST);
+    let rows = DB::orders(state.store.pool(), sql, &tenant.0, &[]).await?;
+    Ok(Json(rows))
+}
+
+/// `GET /v1/orders/{id}`: one of the caller's orders.
+pub async fn get_order<DB: Sql>(
+    tenant: Tenant,
+    State(state): State<AppState<DB>>,
+    Path(id): Path<String>,
+) -> Result<Json<Order>, ApiError> {
+    check_id("order", &id)?;
+    let sql = format!("{ORDER_COLUMNS} WHERE tenant = $1 AND id = $2");
+    let rows = DB::orders(state.store.pool(), sql, &tenant.0, &[&id]).await?;
+    rows.into_iter()
+        .next()
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no order {id} for this tenant")))
+}
+
+const ORDER_COLUMNS: &str =
+    "SELECT id, sku, quantity, customer, amount, charge, status FROM orders";
+
+/// A SKU's stock, as answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stock {
+    /// The article.
+    pub sku: String,
+    /// Units left.
+    pub stock: i64,
+}
+
+/// `GET /v1/inventory/{sku}`: any tenant may read it; an unseen SKU has its initial stock.
+pub async fn get_stock<DB: Sql>(
+    _tenant: Tenant,
+    State(state): State<AppState<DB>>,
+    Path(sku): Path<String>,
+) -> Result<Json<Stock>, ApiError> {
+    check_id("sku", &sku)?;
+    let stock = DB::stock(state.store.pool(), &sku)
+        .await?
+        .unwrap_or(STOCK_PER_SKU);
+    Ok(Json(Stock { sku, stock }))
+}

@@ -1,0 +1,197 @@
+//! Multi-step handlers (`Steps`): recovery points recorded on the key, a retry or a takeover
+//! resuming after the last one, a step fenced by the claim it runs under, and the recovery of
+//! abandoned claims with steps, on both backends, through the test app's `POST /test/orders`.
+
+use std::sync::atomic::Ordering;
+
+use axum::http::StatusCode;
+use idem_runtime::{
+    StepError,
+    tasks::{AbandonedClaim, Recovery, RecoveryHook, ReleaseAbandoned},
+};
+use idem_tests::{
+    App, Downstream, Param, Req, TestBackend, backend_tests, unreachable_url, wait_until,
+};
+use serde_json::{Value, json};
+
+fn order(key: &str) -> Req {
+    Req::post("/test/orders")
+        .tenant("t1")
+        .key(key)
+        .json(r#"{"units": 2}"#)
+}
+
+/// How many times each step of `POST /test/orders` ran: (take, transfer, book).
+fn runs(app: &App) -> (usize, usize, usize) {
+    (
+        app.calls.take.load(Ordering::SeqCst),
+        app.calls.transfer.load(Ordering::SeqCst),
+        app.calls.book.load(Ordering::SeqCst),
+    )
+}
+
+/// Gives back what an abandoned order's `take` step took, as a step of its own, then releases
+/// the key: the compensation an application's hook would run.
+struct GiveBack;
+
+impl<DB: TestBackend> RecoveryHook<DB> for GiveBack {
+    async fn recover(&self, claim: AbandonedClaim<DB>) -> Recovery {
+        let steps = claim.steps();
+        assert_eq!(steps.recovery_point().as_deref(), Some("take"));
+        let taken: Value = steps.output("take").unwrap().expect("take was recorded");
+        let units = taken["units"].as_i64().unwrap();
+        let given_back = steps
+            .step("give-back", async |conn| {
+                let sql = "INSERT INTO test_stock_moves (tenant, units) VALUES ($1, $2)";
+                DB::execute(conn, sql, &[Param::Text("t1"), Param::Int(units)])
+                    .await
+                    .map_err(StepError::database)
+            })
+            .await;
+        match given_back {
+            Ok(_) => Recovery::Release,
+            Err(_) => Recovery::Keep,
+        }
+    }
+}
+
+backend_tests! {
+    async fn a_retry_after_a_5xx_resumes_after_the_last_recorded_step(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let failed = app.send(order("o1").header("x-fail-after", "take").build()).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(app.recorded_steps("o1").await, ["take"]);
+        assert_eq!(runs(&app), (1, 0, 0));
+
+        let retry = app.send(order("o1").build()).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&retry.body));
+        assert!(!retry.replayed());
+        assert_eq!(runs(&app), (1, 1, 1), "the recorded take did not run again");
+        assert_eq!(retry.json()["take"], json!({ "units": 2 }), "its recorded output");
+        assert_eq!(app.units_taken().await, 2);
+        assert_eq!(app.count("test_bookings").await, 1);
+        assert_eq!(downstream.executed(), 1);
+        assert_eq!(app.recorded_steps("o1").await, ["take", "transfer", "book"]);
+
+        let replay = app.send(order("o1").build()).await;
+        assert!(replay.replayed());
+        assert_eq!(replay.body, retry.body);
+        assert_eq!(runs(&app), (1, 1, 1));
+    }
+
+    async fn a_retry_after_an_external_step_was_recorded_does_not_call_again(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let failed = app.send(order("o1").header("x-fail-after", "transfer").build()).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(app.recorded_steps("o1").await, ["take", "transfer"]);
+
+        let retry = app.send(order("o1").build()).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert_eq!(runs(&app), (1, 1, 1));
+        assert_eq!(downstream.keys().len(), 1, "one call downstream");
+        assert_eq!(retry.json()["book"]["transfer"], retry.json()["transfer"]["id"]);
+    }
+
+    async fn a_takeover_resumes_and_the_late_request_loses_its_step(db) {
+        let downstream = Downstream::gated().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { app.send(order("o1").build()).await }
+        });
+        // `take` is recorded and the transfer executed; its answer is held downstream.
+        downstream.until_executed(1).await;
+        app.lapse_lease("o1").await;
+
+        let takeover = app.send(order("o1").build()).await;
+        assert_eq!(takeover.status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&takeover.body));
+        assert_eq!(runs(&app), (1, 2, 1), "take was resumed, the unrecorded call made again");
+        assert_eq!(downstream.executed(), 1, "under the same derived key");
+        let keys = downstream.keys();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[0], keys[1]);
+
+        downstream.gate.add_permits(1);
+        let first = first.await.unwrap();
+        first.problem(StatusCode::CONFLICT);
+        assert_eq!(app.units_taken().await, 2);
+        assert_eq!(app.count("test_bookings").await, 1);
+        let replay = app.send(order("o1").build()).await;
+        assert!(replay.replayed());
+        assert_eq!(replay.body, takeover.body);
+    }
+
+    async fn a_database_step_that_lost_its_claim_rolls_its_writes_back(db) {
+        let app = App::with_downstream(db, &unreachable_url()).await;
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { app.send(order("o1").header("x-hold", "take").build()).await }
+        });
+        wait_until("the take step to start", || async { runs(&app).0 == 1 }).await;
+        app.steal_claim("o1").await;
+        app.gate.add_permits(1);
+
+        let reply = first.await.unwrap();
+        let kind = reply.problem(StatusCode::CONFLICT);
+        assert!(kind.ends_with("#inprogress"), "{kind}");
+        assert_eq!(app.count("test_stock_moves").await, 0, "the step's write was rolled back");
+        assert!(app.recorded_steps("o1").await.is_empty());
+    }
+
+    async fn a_step_name_used_twice_is_a_500_problem_and_records_nothing_more(db) {
+        let app = App::new(db).await;
+        let reply = app.send(order("o1").header("x-repeat", "take").build()).await;
+        let kind = reply.problem(StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(kind.ends_with("#stepfailed"), "{kind}");
+        assert!(reply.json()["detail"].as_str().unwrap().contains("\"take\" is used twice"));
+        assert_eq!(app.recorded_steps("o1").await, ["take"]);
+        assert_eq!(app.units_taken().await, 2);
+    }
+
+    async fn an_expired_key_forgets_its_recorded_steps(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let failed = app.send(order("o1").header("x-fail-after", "take").build()).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        app.expire_all_keys().await;
+
+        let retry = app.send(order("o1").build()).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert_eq!(runs(&app), (2, 1, 1), "a new request, from the first step");
+        assert_eq!(app.recorded_steps("o1").await, ["take", "transfer", "book"]);
+    }
+
+    async fn the_default_recovery_leaves_a_claim_with_steps_for_its_retry(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let failed = app.send(order("o1").header("x-fail-after", "take").build()).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+
+        let report = app.recover(&ReleaseAbandoned).await;
+        assert_eq!(report.found, 0, "{report:?}");
+        assert_eq!(app.recorded_steps("o1").await, ["take"]);
+        let retry = app.send(order("o1").build()).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert_eq!(runs(&app), (1, 1, 1));
+    }
+
+    async fn a_recovery_hook_sees_the_recovery_point_and_compensates_before_releasing(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let failed = app.send(order("o1").header("x-fail-after", "take").build()).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(app.units_taken().await, 2);
+
+        let report = app.recover(&GiveBack).await;
+        assert_eq!((report.found, report.released), (1, 1), "{report:?}");
+        assert_eq!(app.units_taken().await, 0, "the stock was given back");
+        assert_eq!(app.keys_named("o1").await, 0);
+
+        let retry = app.send(order("o1").build()).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert_eq!(runs(&app), (2, 1, 1), "released: the retry starts over");
+        assert_eq!(app.units_taken().await, 2);
+    }
+}
