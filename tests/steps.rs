@@ -80,6 +80,21 @@ backend_tests! {
         assert_eq!(runs(&app), (1, 1, 1));
     }
 
+    async fn a_panic_after_a_recorded_step_keeps_it_for_the_retry(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let panicked = app.send(order("o1").header("x-panic-after", "take").build()).await;
+        assert_eq!(panicked.status, StatusCode::INTERNAL_SERVER_ERROR);
+        // The dropped claim lets go of the key in a task of its own.
+        wait_until("the panicked claim's lease to end", || async {
+            let retry = app.send(order("o1").build()).await;
+            retry.status == StatusCode::CREATED
+        })
+        .await;
+        assert_eq!(runs(&app), (1, 1, 1), "take was kept and not run again");
+        assert_eq!(app.units_taken().await, 2);
+    }
+
     async fn a_retry_after_an_external_step_was_recorded_does_not_call_again(db) {
         let downstream = Downstream::start().await;
         let app = App::with_downstream(db, &downstream.url).await;
@@ -129,7 +144,12 @@ backend_tests! {
             let app = app.clone();
             async move { app.send(order("o1").header("x-hold", "take").build()).await }
         });
-        wait_until("the take step to start", || async { runs(&app).0 == 1 }).await;
+        wait_until("the order's claim", || async {
+            app.key_status("o1").await.as_deref() == Some("started")
+        })
+        .await;
+        // Another owner takes the key before the step runs (on SQLite nothing can while a
+        // step's transaction holds the write lock).
         app.steal_claim("o1").await;
         app.gate.add_permits(1);
 

@@ -10,7 +10,7 @@ use axum::{
     http::{StatusCode, header},
 };
 use idem_runtime::{
-    Steps, idempotent,
+    StepError, Steps, idempotent,
     tasks::{AbandonedClaim, Recovery, RecoveryHook, StoredResponse},
 };
 use serde::{Deserialize, Serialize};
@@ -20,6 +20,7 @@ use crate::{
     error::{ApiError, ApiJson},
     payments::{AppState, MAX_CUSTOMER, check_id},
     processor::{ChargeRequest, ExecutedCharge},
+    processor_client::ProcessorClient,
     sql::Sql,
 };
 
@@ -129,6 +130,11 @@ pub async fn create_order<DB: Sql>(
     let reservation: Reservation = steps
         .step("reserve", async |conn| reserve::<DB>(conn, &body).await)
         .await?;
+    if let Some(reason) = steps.output::<String>("release")? {
+        // Declined, and given back, by an attempt that died before its 402 was stored: the
+        // charge is not tried again on stock that is no longer reserved.
+        return Err(ApiError::Declined(reason));
+    }
     let charged = steps
         .call("charge", async |key| {
             let charged = charge(&state, key, &reservation).await;
@@ -141,9 +147,9 @@ pub async fn create_order<DB: Sql>(
         .await;
     let charge = match charged {
         Err(ApiError::Declined(reason)) => {
-            steps
+            let reason = steps
                 .step("release", async |conn| {
-                    release::<DB>(conn, &reservation).await
+                    release::<DB>(conn, &reservation, reason).await
                 })
                 .await?;
             return Err(ApiError::Declined(reason));
@@ -202,13 +208,15 @@ async fn charge<DB: Sql>(
     state.processor.charge(key, &request).await
 }
 
-/// Gives the reservation back: the compensation of a declined charge.
+/// Gives the reservation back, for `reason` (recorded as the step's output): the compensation
+/// of a declined charge, or of an order abandoned before it was charged.
 async fn release<DB: Sql>(
     conn: &mut DB::Connection,
     reservation: &Reservation,
-) -> Result<(), ApiError> {
+    reason: String,
+) -> Result<String, ApiError> {
     DB::give_back(conn, &reservation.sku, reservation.quantity).await?;
-    Ok(())
+    Ok(reason)
 }
 
 async fn ship<DB: Sql>(
@@ -230,19 +238,35 @@ async fn ship<DB: Sql>(
     Ok(order)
 }
 
-/// The recovery hook of the payments service: an abandoned order is finished when its charge
-/// was recorded (retries then replay its 201), and otherwise has its stock given back and its
-/// key released; any other abandoned claim (a refund) is released, for a retry to run again
-/// (the processor deduplicates through the derived key).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SettleAbandoned;
+/// The recovery hook of the payments service: an abandoned order is finished when it was
+/// charged (retries then replay its 201), and otherwise has its stock given back and its key
+/// released; any other abandoned claim (a refund) is released, for a retry to run again (the
+/// processor deduplicates through the derived key).
+///
+/// "Charged" is the `charge` step recorded, or, when the attempt died between the processor's
+/// answer and the record, a charge the processor has under the step's derived key (recorded
+/// then). A request still waiting for the processor when its lease ran out (the lease is
+/// shorter than the processor's slowest answer) can still be charged after the hook gave its
+/// stock back; it then fails with a 409, and its retry, under the same charge key, orders
+/// again without a second charge.
+#[derive(Debug, Clone)]
+pub struct SettleAbandoned {
+    processor: ProcessorClient,
+}
+
+impl SettleAbandoned {
+    /// The hook, asking `processor` about charges whose answer was lost.
+    pub fn new(processor: ProcessorClient) -> Self {
+        Self { processor }
+    }
+}
 
 impl<DB: Sql> RecoveryHook<DB> for SettleAbandoned {
     async fn recover(&self, claim: AbandonedClaim<DB>) -> Recovery {
         if claim.path != "/v1/orders" {
             return Recovery::Release;
         }
-        match settle(&claim).await {
+        match settle(&claim, &self.processor).await {
             Ok(recovery) => recovery,
             Err(error) => {
                 tracing::warn!(%error, "settling an abandoned order failed; trying again later");
@@ -252,13 +276,35 @@ impl<DB: Sql> RecoveryHook<DB> for SettleAbandoned {
     }
 }
 
-async fn settle<DB: Sql>(claim: &AbandonedClaim<DB>) -> Result<Recovery, ApiError> {
+async fn settle<DB: Sql>(
+    claim: &AbandonedClaim<DB>,
+    processor: &ProcessorClient,
+) -> Result<Recovery, ApiError> {
     let steps = claim.steps();
     let Some(reservation) = steps.output::<Reservation>("reserve")? else {
         // Nothing was taken.
         return Ok(Recovery::Release);
     };
-    if let Some(charge) = steps.output::<ExecutedCharge>("charge")? {
+    if steps.output::<String>("release")?.is_some() {
+        // Declined and given back already.
+        return Ok(Recovery::Release);
+    }
+    // A charge the processor made but the attempt did not record is recorded now; none is made.
+    let charge = steps
+        .call("charge", async |key| {
+            match processor.find_charge(key).await {
+                Ok(Some(charge)) => Ok(charge),
+                Ok(None) => Err(Lookup::NotCharged),
+                Err(error) => Err(Lookup::Failed(error)),
+            }
+        })
+        .await;
+    let charge: Option<ExecutedCharge> = match charge {
+        Ok(charge) => Some(charge),
+        Err(Lookup::NotCharged) => None,
+        Err(Lookup::Failed(error)) => return Err(error),
+    };
+    if let Some(charge) = charge {
         let order = steps
             .step("ship", async |conn| {
                 ship::<DB>(conn, &claim.scope, &reservation, &charge).await
@@ -274,12 +320,27 @@ async fn settle<DB: Sql>(claim: &AbandonedClaim<DB>) -> Result<Recovery, ApiErro
             body,
         }));
     }
+    let reason = "abandoned before it was charged".to_owned();
     steps
         .step("release", async |conn| {
-            release::<DB>(conn, &reservation).await
+            release::<DB>(conn, &reservation, reason).await
         })
         .await?;
     Ok(Recovery::Release)
+}
+
+/// What the recovery's look-up of an unrecorded charge found, when it found no charge.
+enum Lookup {
+    /// The processor has no charge under the step's key.
+    NotCharged,
+    /// The processor or the store could not tell.
+    Failed(ApiError),
+}
+
+impl From<StepError> for Lookup {
+    fn from(error: StepError) -> Self {
+        Self::Failed(error.into())
+    }
 }
 
 /// `GET /v1/orders`: the caller's orders, newest first.

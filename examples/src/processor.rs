@@ -11,10 +11,10 @@ use std::{
 
 use axum::{
     Json, Router,
-    extract::State,
+    extract::{Path, State},
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
-    routing::post,
+    routing::{get, post},
 };
 use idem_runtime::Problem;
 use serde::{Deserialize, Serialize};
@@ -80,11 +80,13 @@ pub struct Processor {
 }
 
 /// The processor's API: `POST /v1/refunds`, `GET /v1/refunds`, `POST /v1/charges`,
-/// `GET /v1/charges`.
+/// `GET /v1/charges`, and `GET /v1/charges/by-key/{key}` (the charge made under an idempotency
+/// key, if any: how a caller that lost the answer finds out whether the charge happened).
 pub fn router() -> Router {
     Router::new()
         .route("/v1/refunds", post(refund).get(list))
         .route("/v1/charges", post(charge).get(list_charges))
+        .route("/v1/charges/by-key/{key}", get(charge_by_key))
         .with_state(Processor::default())
 }
 
@@ -160,6 +162,17 @@ async fn charge(
             .into_response()
     } else {
         (StatusCode::CREATED, Json(charge)).into_response()
+    }
+}
+
+/// `GET /v1/charges/by-key/{key}`: the charge made under `key`, or 404.
+async fn charge_by_key(State(processor): State<Processor>, Path(key): Path<String>) -> Response {
+    let ledger = processor.ledger.lock().expect("ledger lock");
+    match ledger.charge_keys.get(&key) {
+        Some(&index) => Json(ledger.charges[index].clone()).into_response(),
+        None => Problem::new(StatusCode::NOT_FOUND, "No charge under this key")
+            .with_detail("nothing was charged with this idempotency key")
+            .into_response(),
     }
 }
 

@@ -32,63 +32,79 @@ impl ProcessorClient {
         key: &str,
         request: &RefundRequest,
     ) -> Result<ExecutedRefund, ApiError> {
-        let unavailable = |reason: String| {
-            ApiError::Unavailable(format!(
-                "the processor could not be reached ({reason}); no refund was recorded, retry with the same key"
-            ))
-        };
-        let response = self
-            .http
-            .post(format!("{}/v1/refunds", self.url))
-            .header("idempotency-key", key)
-            .json(request)
-            .send()
-            .await
-            .map_err(|e| unavailable(e.to_string()))?;
-        if !response.status().is_success() {
-            return Err(unavailable(format!("it answered {}", response.status())));
-        }
-        response
-            .json()
-            .await
-            .map_err(|e| unavailable(e.to_string()))
+        let response = self.post("refunds", key, request).await?;
+        read(response).await
     }
+
     /// Executes a charge, at most once per `key`.
     ///
     /// # Errors
     ///
-    /// [`ApiError::Declined`] when the processor declined it (402), [`ApiError::Unavailable`]
-    /// when it cannot be reached or answers otherwise; nothing was charged in either case.
+    /// [`ApiError::Declined`] when the processor declined it (402; nothing was charged),
+    /// [`ApiError::Unavailable`] when it cannot be reached or answers otherwise.
     pub(crate) async fn charge(
         &self,
         key: &str,
         request: &ChargeRequest,
     ) -> Result<ExecutedCharge, ApiError> {
-        let unavailable = |reason: String| {
-            ApiError::Unavailable(format!(
-                "the processor could not be reached ({reason}); nothing was charged, retry with the same key"
-            ))
-        };
-        let response = self
-            .http
-            .post(format!("{}/v1/charges", self.url))
-            .header("idempotency-key", key)
-            .json(request)
-            .send()
-            .await
-            .map_err(|e| unavailable(e.to_string()))?;
+        let response = self.post("charges", key, request).await?;
         if response.status() == reqwest::StatusCode::PAYMENT_REQUIRED {
             return Err(ApiError::Declined(format!(
                 "the card issuer declined the charge of {} to {}",
                 request.amount, request.customer
             )));
         }
-        if !response.status().is_success() {
-            return Err(unavailable(format!("it answered {}", response.status())));
-        }
-        response
-            .json()
-            .await
-            .map_err(|e| unavailable(e.to_string()))
+        read(response).await
     }
+
+    /// The charge made under `key`, if the processor made one.
+    ///
+    /// # Errors
+    ///
+    /// [`ApiError::Unavailable`] when the processor cannot be reached or answers otherwise.
+    pub(crate) async fn find_charge(&self, key: &str) -> Result<Option<ExecutedCharge>, ApiError> {
+        let response = self
+            .http
+            .get(format!("{}/v1/charges/by-key/{key}", self.url))
+            .send()
+            .await
+            .map_err(|e| unavailable(&e.to_string()))?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        read(response).await.map(Some)
+    }
+
+    /// Sends `body` to `/v1/<resource>` under `key`.
+    async fn post(
+        &self,
+        resource: &str,
+        key: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<reqwest::Response, ApiError> {
+        self.http
+            .post(format!("{}/v1/{resource}", self.url))
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e.to_string()))
+    }
+}
+
+/// The processor's answer, if it is a success.
+async fn read<T: serde::de::DeserializeOwned>(response: reqwest::Response) -> Result<T, ApiError> {
+    if !response.status().is_success() {
+        return Err(unavailable(&format!("it answered {}", response.status())));
+    }
+    response
+        .json()
+        .await
+        .map_err(|e| unavailable(&e.to_string()))
+}
+
+fn unavailable(reason: &str) -> ApiError {
+    ApiError::Unavailable(format!(
+        "the processor could not be reached or did not answer ({reason}); nothing was recorded here, retry with the same key: the processor executes each key once"
+    ))
 }

@@ -6,64 +6,12 @@
 
 mod support;
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicUsize, Ordering},
-};
-
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use support::{Database, refunds_executed, start_payments, wait_until};
-
-/// The example's processor on a loopback port of the test process. Its first refund answer
-/// waits (after the refund is recorded) until `gate` has a permit; later ones go at once. It
-/// notes the `Idempotency-Key` of every refund request.
-struct HeldProcessor {
-    url: String,
-    gate: Arc<tokio::sync::Semaphore>,
-    keys: Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl HeldProcessor {
-    async fn start() -> Self {
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let posts = Arc::new(AtomicUsize::new(0));
-        let router = {
-            let (gate, keys) = (Arc::clone(&gate), Arc::clone(&keys));
-            idem_examples::processor::router().layer(axum::middleware::from_fn(
-                move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    let (gate, keys, posts) =
-                        (Arc::clone(&gate), Arc::clone(&keys), Arc::clone(&posts));
-                    async move {
-                        let first = request.method() == axum::http::Method::POST
-                            && posts.fetch_add(1, Ordering::SeqCst) == 0;
-                        if let Some(key) = request.headers().get("idempotency-key") {
-                            let key = key.to_str().expect("a text key").to_owned();
-                            keys.lock().expect("keys").push(key);
-                        }
-                        let response = next.run(request).await;
-                        if first {
-                            gate.acquire().await.expect("gate open").forget();
-                        }
-                        response
-                    }
-                },
-            ))
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let url = format!("http://{}", listener.local_addr().expect("local addr"));
-        tokio::spawn(async move {
-            axum::serve(listener, router)
-                .await
-                .expect("serve processor");
-        });
-        Self { url, gate, keys }
-    }
-}
+use support::{
+    Database, Processor, refunds_executed, start_payments, start_payments_with, wait_until,
+};
 
 #[sqlx::test(migrations = false)]
 async fn postgres_service_killed_after_the_refund_is_retried_safely(
@@ -81,7 +29,7 @@ async fn sqlite_service_killed_after_the_refund_is_retried_safely() {
 
 async fn killed_after_the_refund(database: Database) {
     let client = Client::new();
-    let processor = HeldProcessor::start().await;
+    let processor = Processor::start(Some("/v1/refunds")).await;
 
     let (mut payments, base) = start_payments(&client, &database, &processor.url).await;
     let payment: Value = client
@@ -134,11 +82,17 @@ async fn killed_after_the_refund(database: Database) {
         "the claim's lease is the route's 5 s"
     );
 
-    // A new process. While the lease runs (a minute left, here: set before the new process
-    // starts, so that its recovery task, which releases lapsed claims, cannot get there first
-    // on a slow machine), a retry is told to come back when it ends.
+    // A new process, without a recovery task (which would release the claim once its lease
+    // ends: only the retries here may act on it). While the lease runs (a minute left, here), a
+    // retry is told to come back when it ends.
     database.lease_ends_in("refund-1", 60).await;
-    let (_payments, base) = start_payments(&client, &database, &processor.url).await;
+    let (_payments, base) = start_payments_with(
+        &client,
+        &database,
+        &processor.url,
+        &[("RECOVERY_EVERY", "0")],
+    )
+    .await;
     let early = send_refund(base.clone()).await.unwrap();
     assert_eq!(early.status(), StatusCode::CONFLICT);
     let retry_after: u64 = early.headers()["retry-after"]
@@ -165,7 +119,7 @@ async fn killed_after_the_refund(database: Database) {
         "one refund at the processor: {executed:?}"
     );
     assert_eq!(late["id"], executed[0]["id"]);
-    let keys = processor.keys.lock().unwrap().clone();
+    let keys = processor.keys("/v1/refunds");
     assert_eq!(keys.len(), 2, "the crashed attempt and the takeover");
     assert_eq!(keys[0], keys[1], "both sent the same derived key");
 

@@ -3,86 +3,25 @@
 //! retry has its 201 the stock went down once, the processor holds one charge, and there is one
 //! order. Also: two retries racing after a crash, and the recovery task settling an order whose
 //! client never came back. The processor runs in the test process, where it counts the charge
-//! requests it is sent and can hold its first answer.
+//! requests it is sent and can hold its first answer (`support::Processor`).
 
 mod support;
-
-use std::sync::{
-    Arc, Mutex,
-    atomic::{AtomicBool, Ordering},
-};
 
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use support::{Database, Process, start_payments, start_payments_with, wait_until};
+use support::{Database, Process, Processor, start_payments, start_payments_with, wait_until};
 
 const KEY: &str = "order-1";
 const QUANTITY: i64 = 3;
 
-/// The example's processor on a loopback port of the test process, noting the
-/// `Idempotency-Key` of every charge request; with `hold`, its first charge answer waits (after
-/// the charge is made) until `gate` has a permit.
-struct Processor {
-    url: String,
-    gate: Arc<tokio::sync::Semaphore>,
-    charge_keys: Arc<Mutex<Vec<String>>>,
+/// Charge requests the processor received.
+fn charge_requests(processor: &Processor) -> usize {
+    processor.keys("/v1/charges").len()
 }
 
-impl Processor {
-    async fn start(hold: bool) -> Self {
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let charge_keys = Arc::new(Mutex::new(Vec::new()));
-        let held = Arc::new(AtomicBool::new(!hold));
-        let router = {
-            let (gate, charge_keys) = (Arc::clone(&gate), Arc::clone(&charge_keys));
-            idem_examples::processor::router().layer(axum::middleware::from_fn(
-                move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    let (gate, charge_keys, held) = (
-                        Arc::clone(&gate),
-                        Arc::clone(&charge_keys),
-                        Arc::clone(&held),
-                    );
-                    async move {
-                        let charge = request.method() == axum::http::Method::POST
-                            && request.uri().path() == "/v1/charges";
-                        if charge && let Some(key) = request.headers().get("idempotency-key") {
-                            let key = key.to_str().expect("a text key").to_owned();
-                            charge_keys.lock().expect("keys").push(key);
-                        }
-                        let response = next.run(request).await;
-                        if charge && !held.swap(true, Ordering::SeqCst) {
-                            gate.acquire().await.expect("gate open").forget();
-                        }
-                        response
-                    }
-                },
-            ))
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let url = format!("http://{}", listener.local_addr().expect("local addr"));
-        tokio::spawn(async move {
-            axum::serve(listener, router)
-                .await
-                .expect("serve processor");
-        });
-        Self {
-            url,
-            gate,
-            charge_keys,
-        }
-    }
-
-    /// Charge requests received.
-    fn requests(&self) -> usize {
-        self.charge_keys.lock().expect("keys").len()
-    }
-
-    async fn charges(&self, client: &Client) -> Vec<Value> {
-        get(client, &format!("{}/v1/charges", self.url)).await
-    }
+async fn charges(client: &Client, processor: &Processor) -> Vec<Value> {
+    get(client, &format!("{}/v1/charges", processor.url)).await
 }
 
 async fn get<T: serde::de::DeserializeOwned>(client: &Client, url: &str) -> T {
@@ -118,18 +57,17 @@ async fn crash_at(client: &Client, database: &Database, processor: &Processor, p
     assert_eq!(database.key_status(KEY).await, "started");
 }
 
-/// A new process whose recovery task cannot reach the crashed claim first: its lease is moved
-/// a minute ahead before the process starts, and back to its end once the test is ready.
+/// A new process without a recovery task (`RECOVERY_EVERY=0`), so that only the test's retry
+/// can take the crashed claim over once the test ends its lease.
 async fn restart(client: &Client, database: &Database, processor: &Processor) -> (Process, String) {
-    database.lease_ends_in(KEY, 60).await;
-    start_payments(client, database, &processor.url).await
+    start_payments_with(client, database, &processor.url, &[("RECOVERY_EVERY", "0")]).await
 }
 
 /// After the retry's 201: the stock went down once, one charge, one order, and a replay.
 async fn assert_one_order(client: &Client, base: &str, processor: &Processor, retry: Value) {
     let stock: Value = get(client, &format!("{base}/v1/inventory/sku-1")).await;
     assert_eq!(stock["stock"], 100 - QUANTITY, "the stock went down once");
-    let charges = processor.charges(client).await;
+    let charges = charges(client, processor).await;
     assert_eq!(charges.len(), 1, "one charge: {charges:?}");
     let orders: Vec<Value> = get(client, &format!("{base}/v1/orders")).await;
     assert_eq!(orders.len(), 1, "one order: {orders:?}");
@@ -145,7 +83,7 @@ async fn assert_one_order(client: &Client, base: &str, processor: &Processor, re
 /// Crash after `point`, restart, retry: one of everything; `calls` charge requests in all.
 async fn crash_then_retry(database: Database, point: &str, calls: usize) {
     let client = Client::new();
-    let processor = Processor::start(false).await;
+    let processor = Processor::start(None).await;
     crash_at(&client, &database, &processor, point).await;
 
     let (_payments, base) = restart(&client, &database, &processor).await;
@@ -154,8 +92,8 @@ async fn crash_then_retry(database: Database, point: &str, calls: usize) {
     assert_eq!(retry.status(), StatusCode::CREATED);
     let retry: Value = retry.json().await.unwrap();
     assert_one_order(&client, &base, &processor, retry).await;
-    assert_eq!(processor.requests(), calls, "charge requests");
-    let keys = processor.charge_keys.lock().unwrap().clone();
+    assert_eq!(charge_requests(&processor), calls, "charge requests");
+    let keys = processor.keys("/v1/charges");
     assert!(
         keys.windows(2).all(|pair| pair[0] == pair[1]),
         "every charge request carried the same derived key: {keys:?}"
@@ -192,7 +130,7 @@ crash_points! {
 /// processor), the second gets 409 meanwhile.
 async fn racing_retries(database: Database) {
     let client = Client::new();
-    let processor = Processor::start(true).await;
+    let processor = Processor::start(Some("/v1/charges")).await;
     crash_at(&client, &database, &processor, "reserve").await;
     let (_payments, base) = restart(&client, &database, &processor).await;
     database.lease_ends_in(KEY, -1).await;
@@ -202,7 +140,7 @@ async fn racing_retries(database: Database) {
         async move { send_order(&client, &base).await.unwrap() }
     });
     wait_until("the resumed order to reach the processor", || async {
-        processor.requests() == 1
+        charge_requests(&processor) == 1
     })
     .await;
     let second = send_order(&client, &base).await.unwrap();
@@ -234,12 +172,12 @@ async fn sqlite_two_retries_after_a_crash_one_resumes_the_other_is_409() {
 /// settles the order once its lease has ended.
 async fn settled_by_recovery(database: Database, point: &str) {
     let client = Client::new();
-    let processor = Processor::start(false).await;
+    let processor = Processor::start(None).await;
     crash_at(&client, &database, &processor, point).await;
     database.lease_ends_in(KEY, -1).await;
     let (_payments, base) = start_payments(&client, &database, &processor.url).await;
 
-    if point == "charge" {
+    if point != "reserve" {
         // Finished: the order shipped, and a late retry replays its 201.
         wait_until("the recovery to finish the order", || async {
             database.key_status(KEY).await == "completed"
@@ -257,7 +195,7 @@ async fn settled_by_recovery(database: Database, point: &str) {
         assert_eq!(late.json::<Value>().await.unwrap(), orders[0]);
         let stock: Value = get(&client, &format!("{base}/v1/inventory/sku-1")).await;
         assert_eq!(stock["stock"], 100 - QUANTITY);
-        assert_eq!(processor.charges(&client).await.len(), 1);
+        assert_eq!(charges(&client, &processor).await.len(), 1);
     } else {
         // Not charged: the stock is given back and the key released.
         wait_until("the recovery to release the order's key", || async {
@@ -267,7 +205,7 @@ async fn settled_by_recovery(database: Database, point: &str) {
         let stock: Value = get(&client, &format!("{base}/v1/inventory/sku-1")).await;
         assert_eq!(stock["stock"], 100, "the reservation was given back");
         assert_eq!(database.count("orders").await, 0);
-        assert!(processor.charges(&client).await.is_empty());
+        assert!(charges(&client, &processor).await.is_empty());
     }
 }
 
@@ -283,6 +221,81 @@ async fn postgres_recovery_finishes_an_abandoned_order_that_was_charged(
 async fn sqlite_recovery_finishes_an_abandoned_order_that_was_charged() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     settled_by_recovery(support::sqlite(&dir).await, "charge").await;
+}
+
+// The attempt died after the processor charged, before the charge was recorded: the hook
+// finds the charge under the step's key and finishes the order.
+#[sqlx::test(migrations = false)]
+async fn postgres_recovery_finishes_an_abandoned_order_charged_but_not_recorded(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    settled_by_recovery(support::postgres(connect).await, "charge-call").await;
+}
+
+#[tokio::test]
+async fn sqlite_recovery_finishes_an_abandoned_order_charged_but_not_recorded() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    settled_by_recovery(support::sqlite(&dir).await, "charge-call").await;
+}
+
+/// A declined order whose process died after giving the stock back, before its 402 was
+/// stored: the retry answers 402 without asking the processor again.
+async fn declined_then_crash(database: Database) {
+    let client = Client::new();
+    let processor = Processor::start(None).await;
+    let declined = json!({"sku": "sku-1", "quantity": QUANTITY, "customer": "cus_declined"});
+    let send = |base: String| {
+        let (client, declined) = (client.clone(), declined.clone());
+        async move {
+            client
+                .post(format!("{base}/v1/orders"))
+                .bearer_auth("t1")
+                .header("Idempotency-Key", KEY)
+                .json(&declined)
+                .send()
+                .await
+        }
+    };
+    let (mut crashing, base) = start_payments_with(
+        &client,
+        &database,
+        &processor.url,
+        &[("CRASH_AFTER", "release")],
+    )
+    .await;
+    assert!(send(base).await.is_err(), "the process died mid-request");
+    crashing.0.wait().expect("reap");
+    assert_eq!(charge_requests(&processor), 1);
+
+    let (_payments, base) = restart(&client, &database, &processor).await;
+    database.lease_ends_in(KEY, -1).await;
+    let retry = send(base.clone()).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(
+        charge_requests(&processor),
+        1,
+        "the charge was not tried again"
+    );
+    let stock: Value = get(&client, &format!("{base}/v1/inventory/sku-1")).await;
+    assert_eq!(stock["stock"], 100, "given back once");
+    let replay = send(base).await.unwrap();
+    assert_eq!(replay.status(), StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_a_declined_order_that_crashed_after_giving_the_stock_back_stays_declined(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    declined_then_crash(support::postgres(connect).await).await;
+}
+
+#[tokio::test]
+async fn sqlite_a_declined_order_that_crashed_after_giving_the_stock_back_stays_declined() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    declined_then_crash(support::sqlite(&dir).await).await;
 }
 
 #[sqlx::test(migrations = false)]

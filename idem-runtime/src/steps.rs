@@ -26,10 +26,13 @@ use crate::{
 ///   crash between the call and the record re-runs the call with the same key, and a downstream
 ///   service that honours idempotency keys executes it once.
 ///
-/// A step whose output is recorded never runs again for that (scope, key): a retry after a
-/// crash, after a 5xx that is not stored, or after the lease ran out gets the recorded output
-/// back at once and goes on from there. A step that fails records nothing. Compensation (giving
-/// a reservation back when a charge is declined) is a step like any other.
+/// A step whose output is recorded never runs again for that (scope, key) while the key
+/// lives: a retry after a crash, after a 5xx that is not stored, or after the lease ran out
+/// gets the recorded output back at once and goes on from there. A step that fails records
+/// nothing. The recorded steps go with the key: when it expires, and when a recovery hook
+/// answers [`Recovery::Release`](crate::tasks::Recovery::Release) (after undoing them).
+/// Compensation (giving a reservation back when a charge is declined) is a step like any
+/// other.
 ///
 /// Steps run one at a time, in the order the handler reaches them; a name is used once per
 /// handler. Every write of a recovery point checks that this request still owns the key: once
@@ -122,7 +125,10 @@ impl<DB: Backend> Steps<DB> {
     /// its writes and the step's recovery point commit together. If the step was recorded by
     /// an earlier attempt, its recorded output is returned and `work` does not run.
     ///
-    /// `work` must not end the transaction itself (`COMMIT`, `ROLLBACK`).
+    /// `work` must not end the transaction itself (`COMMIT`, `ROLLBACK`). On SQLite the step
+    /// holds the process's turn to write (and SQLite's write lock) while `work` runs: `work`
+    /// must not wait for anything that writes through the same store, such as a request to an
+    /// idempotent route of the same process.
     ///
     /// # Errors
     ///
@@ -147,9 +153,9 @@ impl<DB: Backend> Steps<DB> {
             .connection()
             .await
             .map_err(|e| StepError::store(name, e))?;
-        let mut tx = sqlx::Transaction::begin(conn, None)
+        let mut tx = DB::begin_write(conn)
             .await
-            .map_err(|e| StepError::store(name, e.into()))?;
+            .map_err(|e| StepError::store(name, e))?;
         let output = work(&mut *tx).await?;
         let steps = self.with_output(name, &output)?;
         let owned = DB::record_steps(&mut *tx, &shared.key, shared.token, &steps)
@@ -239,12 +245,6 @@ impl<DB: Backend> Steps<DB> {
     /// when a recorded step is skipped); for instrumentation and fault injection.
     pub fn on_recorded(&self, observer: impl Fn(&str) + Send + Sync + 'static) {
         *lock(&self.shared.on_recorded) = Some(Arc::new(observer));
-    }
-
-    /// Whether any step is recorded on the key: its claim must then be given up with its
-    /// steps kept, not deleted.
-    pub(crate) fn any_recorded(&self) -> bool {
-        !lock(&self.shared.recorded).is_empty()
     }
 
     /// Checks `name` and takes the turn to run.

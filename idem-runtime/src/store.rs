@@ -273,12 +273,12 @@ impl<DB: Backend> Store<DB> {
         DB::release(&mut conn, key, token).await
     }
 
-    /// Ends the lease of the `started` row owned by `token`, keeping its recorded steps, in this
-    /// process's turn to write.
-    pub(crate) async fn lapse(&self, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
+    /// Lets go of the `started` row owned by `token` (see `Storage::give_up`: deleted, or its
+    /// lease ended where steps are recorded), in this process's turn to write.
+    pub(crate) async fn give_up(&self, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
         let _permit = self.write_permit().await;
         let mut conn = self.connection().await?;
-        DB::lapse(&mut conn, key, token).await
+        DB::give_up(&mut conn, key, token).await
     }
 
     /// The steps recorded on the row owned by `token`.

@@ -4,8 +4,9 @@
 //!
 //! Headers that the fingerprint does not cover steer a request without changing it (a retry
 //! without them is the same request): `x-fail-after: <step>` answers 503 once that step is
-//! done; `x-hold: take` makes the `take` step wait for the test's gate before it writes;
-//! `x-repeat: take` runs `take` twice, under a name the macro cannot see.
+//! done, `x-panic-after: <step>` panics then; `x-hold: take` makes the handler wait for the
+//! test's gate before the `take` step; `x-repeat: take` runs `take` twice, under a name the macro
+//! cannot see.
 
 use std::sync::{Arc, atomic::Ordering};
 
@@ -81,6 +82,10 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// Answers 503 if `x-fail-after` names `step`.
 fn fail_after(headers: &HeaderMap, step: &str) -> Result<(), OrderError> {
+    assert!(
+        header(headers, "x-panic-after") != Some(step),
+        "x-panic-after: {step}"
+    );
     match header(headers, "x-fail-after") {
         Some(name) if name == step => Err(OrderError::FailedOnPurpose(step.to_owned())),
         _ => Ok(()),
@@ -111,12 +116,12 @@ async fn create_order<DB: TestBackend>(
     Extension(downstream): Extension<DownstreamClient>,
     Json(order): Json<NewOrder>,
 ) -> Result<(StatusCode, Json<Value>), OrderError> {
+    if header(&headers, "x-hold") == Some("take") {
+        gate.acquire().await.expect("the gate").forget();
+    }
     let taken: Value = steps
         .step("take", async |conn| {
             calls.take.fetch_add(1, Ordering::SeqCst);
-            if header(&headers, "x-hold") == Some("take") {
-                gate.acquire().await.expect("the gate").forget();
-            }
             take::<DB>(conn, &tenant.0, order.units).await
         })
         .await?;

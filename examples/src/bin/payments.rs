@@ -6,7 +6,9 @@
 //! refunds and order charges to the processor at `$PROCESSOR_URL` (default
 //! `http://127.0.0.1:3001`), and runs the purge and recovery tasks until it stops. With
 //! `$CRASH_AFTER` set to a step of `POST /v1/orders` (`reserve`, `charge`, `ship`, or
-//! `charge-call`), it aborts right after that step, for crash tests.
+//! `charge-call`), it aborts right after that step, for crash tests. `$RECOVERY_EVERY` sets the
+//! seconds between passes of the recovery task (default 10; `0` turns it off, for all but one
+//! of several instances sharing a database).
 
 use std::{path::PathBuf, process::ExitCode, str::FromStr, time::Duration};
 
@@ -110,15 +112,23 @@ async fn serve<DB: Sql>(pool: Pool<DB>, routes: Router<AppState<DB>>) -> Result<
         PurgeOptions::default(),
         stop.clone(),
     );
-    let recovery = tasks::spawn_recovery(
-        store.clone(),
-        SettleAbandoned,
-        Duration::from_secs(10),
-        stop.clone(),
-    );
+    let processor = ProcessorClient::new(processor_url);
+    // Where several instances share a database, one running the recovery is enough.
+    let recovery = match recovery_every()? {
+        Some(every) => tasks::spawn_recovery(
+            store.clone(),
+            SettleAbandoned::new(processor.clone()),
+            every,
+            stop.clone(),
+        ),
+        None => {
+            tracing::info!("recovery task off (RECOVERY_EVERY=0)");
+            tokio::spawn(async {})
+        }
+    };
     let state = AppState {
         store,
-        processor: ProcessorClient::new(processor_url),
+        processor,
         crash_after: std::env::var("CRASH_AFTER")
             .ok()
             .filter(|step| !step.is_empty()),
@@ -136,6 +146,18 @@ async fn serve<DB: Sql>(pool: Pool<DB>, routes: Router<AppState<DB>>) -> Result<
     stop.cancel();
     let _ = tokio::join!(purge, recovery);
     Ok(())
+}
+
+/// `$RECOVERY_EVERY`: seconds between passes of the recovery task (default 10); `0` turns it
+/// off.
+fn recovery_every() -> Result<Option<Duration>, Error> {
+    let Ok(value) = std::env::var("RECOVERY_EVERY") else {
+        return Ok(Some(Duration::from_secs(10)));
+    };
+    let secs: u64 = value.parse().map_err(|_| {
+        format!("RECOVERY_EVERY must be a whole number of seconds (0: off), got {value:?}")
+    })?;
+    Ok((secs > 0).then(|| Duration::from_secs(secs)))
 }
 
 async fn signal() {

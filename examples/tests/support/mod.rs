@@ -6,6 +6,10 @@
 use std::{
     net::TcpListener,
     process::{Child, Command, Stdio},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -213,4 +217,69 @@ pub async fn sqlite(dir: &tempfile::TempDir) -> Database {
         .await
         .expect("open the file");
     Database::Sqlite { pool, path }
+}
+
+/// The example's processor on a loopback port of the test process (it outlives the service's
+/// process either way). It notes the `Idempotency-Key` of every `POST`, per path; with a `held`
+/// path, its first answer there waits (after the refund or charge is made) until [`gate`] has a
+/// permit, so that a test can kill the service between the side effect and its record on any
+/// machine, however slow.
+///
+/// [`gate`]: Self::gate
+pub struct Processor {
+    pub url: String,
+    pub gate: Arc<tokio::sync::Semaphore>,
+    keys: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl Processor {
+    pub async fn start(held: Option<&'static str>) -> Self {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let keys = Arc::new(Mutex::new(Vec::new()));
+        let holding = Arc::new(AtomicBool::new(held.is_some()));
+        let router = {
+            let (gate, keys) = (Arc::clone(&gate), Arc::clone(&keys));
+            idem_examples::processor::router().layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let (gate, keys, holding) =
+                        (Arc::clone(&gate), Arc::clone(&keys), Arc::clone(&holding));
+                    async move {
+                        let path = request.uri().path().to_owned();
+                        let post = request.method() == axum::http::Method::POST;
+                        if post && let Some(key) = request.headers().get("idempotency-key") {
+                            let key = key.to_str().expect("a text key").to_owned();
+                            keys.lock().expect("keys").push((path.clone(), key));
+                        }
+                        let hold = post
+                            && held == Some(path.as_str())
+                            && holding.swap(false, Ordering::SeqCst);
+                        let response = next.run(request).await;
+                        if hold {
+                            gate.acquire().await.expect("gate open").forget();
+                        }
+                        response
+                    }
+                },
+            ))
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let url = format!("http://{}", listener.local_addr().expect("local addr"));
+        tokio::spawn(async move {
+            axum::serve(listener, router)
+                .await
+                .expect("serve processor");
+        });
+        Self { url, gate, keys }
+    }
+
+    /// The `Idempotency-Key` of every `POST` to `path`, in order of arrival.
+    pub fn keys(&self, path: &str) -> Vec<String> {
+        let keys = self.keys.lock().expect("keys");
+        keys.iter()
+            .filter(|(posted, _)| posted == path)
+            .map(|(_, key)| key.clone())
+            .collect()
+    }
 }

@@ -156,6 +156,23 @@ pub trait Storage: sqlx::Database + Sized {
         token: i64,
     ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
+    /// Begins a transaction on `conn` that is going to write: as any other on PostgreSQL; on
+    /// SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a transaction
+    /// that reads first cannot fail to upgrade its lock later.
+    fn begin_write(
+        conn: PoolConnection<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, crate::Error>> + Send;
+
+    /// Lets go of a `started` row owned by `token`: deletes it, or, when steps are recorded on
+    /// it, ends its lease and keeps them ([`Storage::lapse`]). The row decides, not what the
+    /// caller knows: a step whose commit was sent but not answered may be recorded. Returns
+    /// `false` if the claim is no longer owned by `token`.
+    fn give_up<'c>(
+        conn: &'c mut Self::Connection,
+        key: &'c KeyRef,
+        token: i64,
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+
     /// Writes `steps` as the recorded steps of the `started` row owned by `token`; in the
     /// transaction `conn` is in, if any. Returns `false` (nothing written) if the claim is no
     /// longer owned by `token`.

@@ -127,6 +127,12 @@ impl Storage for Postgres {
         })
     }
 
+    async fn begin_write(
+        conn: PoolConnection<Postgres>,
+    ) -> Result<Transaction<'static, Postgres>, crate::Error> {
+        Ok(Transaction::begin(conn, None).await?)
+    }
+
     async fn lookup(
         conn: &mut PgConnection,
         key: &KeyRef,

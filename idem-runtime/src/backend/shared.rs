@@ -13,6 +13,11 @@
 pub(super) const RELEASE: &str = "DELETE FROM idem_keys \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
+/// Deletes a `started` row owned by `$3` that has no recorded steps.
+pub(super) const RELEASE_WITHOUT_STEPS: &str = "DELETE FROM idem_keys \
+     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3 \
+       AND steps IS NULL";
+
 /// Records a claim's steps, only while `$3` owns it: the same statement on every database.
 pub(super) const RECORD_STEPS: &str = "UPDATE idem_keys SET steps = $4 \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
@@ -85,6 +90,20 @@ macro_rules! shared_storage {
                 .execute(conn)
                 .await?;
             Ok(done.rows_affected() == 1)
+        }
+
+        async fn give_up(conn: &mut $conn, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
+            let deleted = sqlx::query(super::shared::RELEASE_WITHOUT_STEPS)
+                .bind(&key.scope)
+                .bind(&key.key)
+                .bind(token)
+                .execute(&mut *conn)
+                .await?;
+            if deleted.rows_affected() == 1 {
+                return Ok(true);
+            }
+            // Steps are recorded (or the claim is no longer `token`'s: then nothing matches).
+            Self::lapse(conn, key, token).await
         }
 
         async fn record_steps(

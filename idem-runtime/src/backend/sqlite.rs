@@ -111,6 +111,12 @@ impl Storage for Sqlite {
 
     const SINGLE_WRITER: bool = true;
 
+    async fn begin_write(
+        conn: PoolConnection<Sqlite>,
+    ) -> Result<Transaction<'static, Sqlite>, crate::Error> {
+        Ok(Transaction::begin(conn, Some(BEGIN_IMMEDIATE.into_sql_str())).await?)
+    }
+
     async fn ensure_open(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
         open_unless_open(conn).await
     }

@@ -10,7 +10,6 @@ use crate::{
     context::IdempotencyContext,
     record::{KeyRef, RecordedStep, Start, Started, fresh_token},
     steps::Steps,
-    store::Store,
 };
 
 /// External mode: a `started` row committed before the handler runs, owned by a token and
@@ -114,20 +113,12 @@ impl<DB: Backend> ExternalClaim<DB> {
             .clone()
     }
 
-    /// Whether steps are recorded on the key: the claim is then given up with them kept (its
-    /// lease ended), so that a retry resumes, instead of deleted.
-    fn keeps_steps(&self) -> bool {
-        !self.resumed.is_empty() || self.steps.as_ref().is_some_and(Steps::any_recorded)
-    }
-
-    /// Lets go of the key: deletes the claim, or ends its lease where steps are recorded.
+    /// Lets go of the key: deletes the claim, or ends its lease where steps are recorded on it
+    /// (the row decides: a step whose commit went unanswered may be recorded), so that a retry
+    /// resumes after them.
     fn give_up(&self) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'static {
-        give_up(
-            self.request.store.clone(),
-            self.key.clone(),
-            self.token,
-            self.keeps_steps(),
-        )
+        let (store, key, token) = (self.request.store.clone(), self.key.clone(), self.token);
+        async move { store.give_up(&key, token).await }
     }
 
     /// Stores the handler's response (or releases the key after a 5xx that is not replayed).
@@ -214,20 +205,5 @@ impl<DB: Backend> ExternalClaim<DB> {
         }
         self.request
             .timed_out(self.options.timeout, "the key was released")
-    }
-}
-
-/// Deletes the claim `token` owns on `key`, or, with `keep_steps`, ends its lease and keeps its
-/// recorded steps for the retry that takes it over.
-async fn give_up<DB: Backend>(
-    store: Store<DB>,
-    key: KeyRef,
-    token: i64,
-    keep_steps: bool,
-) -> Result<bool, crate::Error> {
-    if keep_steps {
-        store.lapse(&key, token).await
-    } else {
-        store.release(&key, token).await
     }
 }
