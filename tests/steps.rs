@@ -215,3 +215,131 @@ backend_tests! {
         assert_eq!(app.units_taken().await, 2);
     }
 }
+
+/// A database whose key table predates recovery points: idem's migrations before
+/// `20261130000001_steps`, applied as that earlier version of idem applied them, and a key
+/// completed under them.
+mod upgrade {
+    use std::borrow::Cow;
+
+    use axum::http::{HeaderMap, Method, StatusCode, header::CONTENT_TYPE};
+    use idem_runtime::__private::Fingerprint;
+    use idem_tests::{App, Downstream, TestDb};
+    use sqlx::{
+        migrate::Migrator,
+        postgres::{PgConnectOptions, PgPoolOptions},
+    };
+
+    use super::order;
+
+    const FIRST_STEPS_MIGRATION: i64 = 20261130000001;
+
+    fn before_steps(mut migrator: Migrator) -> Migrator {
+        let earlier: Vec<_> = migrator
+            .migrations
+            .iter()
+            .filter(|migration| migration.version < FIRST_STEPS_MIGRATION)
+            .cloned()
+            .collect();
+        assert!(!earlier.is_empty() && earlier.len() < migrator.migrations.len());
+        migrator.migrations = Cow::Owned(earlier);
+        migrator.dangerous_set_table_name("_idem_migrations");
+        migrator
+    }
+
+    /// `POST /test/orders` with `{"units": 2}`, completed with a 201 before the upgrade, created
+    /// and expiring at the two times `times` writes.
+    fn completed(times: &str) -> sqlx::AssertSqlSafe<String> {
+        sqlx::AssertSqlSafe(format!(
+            "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, \
+               response_status, response_headers, response_body, created_at, expires_at) \
+             VALUES ('t1', 'old', 'POST', '/test/orders', $1, 'completed', 201, \
+               '[[\"content-type\",\"text/plain\"]]', $2, {times})"
+        ))
+    }
+
+    fn fingerprint() -> Vec<u8> {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, "application/json".parse().unwrap());
+        Fingerprint::of(&Method::POST, "/test/orders", &headers, br#"{"units": 2}"#)
+            .as_bytes()
+            .to_vec()
+    }
+
+    /// After the upgrade the earlier key still replays, and a multi-step handler records and
+    /// resumes its steps.
+    async fn upgraded(app: App, downstream: &Downstream) {
+        let replay = app.send(order("old").build()).await;
+        assert!(replay.replayed());
+        assert_eq!(replay.status, StatusCode::CREATED);
+        assert_eq!(replay.body, "made before the upgrade");
+
+        let failed = app
+            .send(order("new").header("x-fail-after", "take").build())
+            .await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        let retry = app.send(order("new").build()).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert_eq!(super::runs(&app), (1, 1, 1));
+        assert_eq!(downstream.executed(), 1);
+    }
+
+    #[sqlx::test(migrations = false)]
+    async fn postgres_an_existing_key_table_is_upgraded_for_steps(
+        _: PgPoolOptions,
+        connect: PgConnectOptions,
+    ) {
+        let pool = PgPoolOptions::new()
+            .connect_with(connect.clone())
+            .await
+            .unwrap();
+        before_steps(sqlx::migrate!("../idem-runtime/migrations/postgres"))
+            .run(&pool)
+            .await
+            .expect("the earlier migrations");
+        sqlx::query(completed("now(), now() + interval '1 day'"))
+            .bind(fingerprint())
+            .bind(b"made before the upgrade".to_vec())
+            .execute(&pool)
+            .await
+            .expect("a key completed before the upgrade");
+        pool.close().await;
+
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(TestDb::Postgres(Box::new(connect)), &downstream.url).await;
+        upgraded(app, &downstream).await;
+    }
+
+    #[tokio::test]
+    async fn sqlite_an_existing_key_table_is_upgraded_for_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = sqlx::SqlitePool::connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(dir.path().join("test.db"))
+                .create_if_missing(true),
+        )
+        .await
+        .unwrap();
+        before_steps(sqlx::migrate!("../idem-runtime/migrations/sqlite"))
+            .run(&pool)
+            .await
+            .expect("the earlier migrations");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        sqlx::query(completed("$3, $4"))
+            .bind(fingerprint())
+            .bind(b"made before the upgrade".to_vec())
+            .bind(now)
+            .bind(now + 86_400_000)
+            .execute(&pool)
+            .await
+            .expect("a key completed before the upgrade");
+        pool.close().await;
+
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(TestDb::Sqlite(dir), &downstream.url).await;
+        upgraded(app, &downstream).await;
+    }
+}
