@@ -170,6 +170,16 @@ backend_tests! {
         assert_eq!(app.units_taken().await, 2);
     }
 
+    async fn two_steps_at_once_are_a_500_problem(db) {
+        let app = App::new(db).await;
+        let reply = app.send(order("o1").header("x-overlap", "take").build()).await;
+        let kind = reply.problem(StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(kind.ends_with("#stepfailed"), "{kind}");
+        let detail = reply.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("steps run one at a time"), "{detail}");
+        assert_eq!(app.recorded_steps("o1").await, ["take", "a"], "the overlapping step recorded nothing");
+    }
+
     async fn an_expired_key_forgets_its_recorded_steps(db) {
         let downstream = Downstream::start().await;
         let app = App::with_downstream(db, &downstream.url).await;

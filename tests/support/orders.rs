@@ -6,7 +6,7 @@
 //! without them is the same request): `x-fail-after: <step>` answers 503 once that step is
 //! done, `x-panic-after: <step>` panics then; `x-hold: take` makes the handler wait for the
 //! test's gate before the `take` step; `x-repeat: take` runs `take` twice, under a name the macro
-//! cannot see.
+//! cannot see; `x-overlap: take` then runs two steps at once.
 
 use std::sync::{Arc, atomic::Ordering};
 
@@ -132,6 +132,13 @@ async fn create_order<DB: TestBackend>(
                 take::<DB>(conn, &tenant.0, order.units).await
             })
             .await?;
+    }
+    if header(&headers, "x-overlap") == Some("take") {
+        // Two steps at once: the second is refused while the first runs.
+        let note = async |key: &str| Ok::<_, OrderError>(key.to_owned());
+        let (first, second) = tokio::join!(steps.call("a", note), steps.call("b", note));
+        let _: String = first?;
+        let _: String = second?;
     }
     fail_after(&headers, "take")?;
 
