@@ -109,13 +109,7 @@ type OrderCreated = (StatusCode, [(header::HeaderName, String); 1], Json<Order>)
 /// this step), `ship` (database), each recorded on the key; a declined charge gives the stock
 /// back (a step too) and answers 402, stored; an unavailable processor answers 503, not stored,
 /// and the retry resumes at `charge`.
-#[idempotent(
-    scope = "tenant",
-    retention = "24h",
-    lease = "5s",
-    backend = DB,
-    state = AppState<DB>
-)]
+#[idempotent(scope = "tenant", retention = "24h", lease = "5s", state = AppState<DB>)]
 pub async fn create_order<DB: Sql>(
     tenant: Tenant,
     steps: Steps<DB>,

@@ -187,6 +187,12 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
     if let Some((arg, _)) = &steps {
         errors.extend(repeated_step_names(&arg.pat, &item.block));
     }
+    if let (Some(_), Some(backend)) = (&steps, &args.backend) {
+        errors.push(syn::Error::new_spanned(
+            backend,
+            "`backend` is not needed with a `Steps<DB>` parameter, whose `DB` names the database; drop `backend`",
+        ));
+    }
     if let (Some(_), Some(backend)) = (&tx, &args.backend) {
         errors.push(syn::Error::new_spanned(
             backend,
