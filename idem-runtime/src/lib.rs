@@ -34,6 +34,12 @@
 //! The handler's router state must provide a [`Store`] through
 //! [`FromRef`](axum::extract::FromRef), and [`migrate`] must have created the key table.
 //! See the repository's README for the full behaviour table.
+//!
+//! A handler without a transaction parameter is in external mode, for a side effect in another
+//! system: the key is claimed with a lease first, and [`IdempotencyContext::derive`] gives the
+//! downstream call a key of its own. Work in several steps (reserve, charge, ship) takes a
+//! [`Steps`] parameter: each step is recorded on the key as it completes, and a retry resumes
+//! after the last one. The [`tasks`] purge expired keys and settle abandoned claims.
 
 pub mod tasks;
 
