@@ -147,15 +147,6 @@ pub trait Storage: sqlx::Database + Sized {
         token: i64,
     ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
-    /// Gives up a `started` row owned by `token` and keeps its recorded steps: its lease ends
-    /// now, so that a retry takes it over at once and resumes after the last step. Returns
-    /// `false` if the claim is no longer owned by `token`.
-    fn lapse<'c>(
-        conn: &'c mut Self::Connection,
-        key: &'c KeyRef,
-        token: i64,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
-
     /// Begins a transaction on `conn` that is going to write: as any other on PostgreSQL; on
     /// SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a transaction
     /// that reads first cannot fail to upgrade its lock later.
@@ -164,7 +155,8 @@ pub trait Storage: sqlx::Database + Sized {
     ) -> impl Future<Output = Result<Transaction<'static, Self>, crate::Error>> + Send;
 
     /// Lets go of a `started` row owned by `token`: deletes it, or, when steps are recorded on
-    /// it, ends its lease and keeps them ([`Storage::lapse`]). The row decides, not what the
+    /// it, ends its lease now and keeps them, so that a retry takes it over at once and resumes
+    /// after the last step. The row decides, not what the
     /// caller knows: a step whose commit was sent but not answered may be recorded. Returns
     /// `false` if the claim is no longer owned by `token`.
     fn give_up<'c>(

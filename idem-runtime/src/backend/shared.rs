@@ -82,16 +82,6 @@ macro_rules! shared_storage {
             Ok(done.rows_affected() == 1)
         }
 
-        async fn lapse(conn: &mut $conn, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
-            let done = sqlx::query(LAPSE)
-                .bind(&key.scope)
-                .bind(&key.key)
-                .bind(token)
-                .execute(conn)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        }
-
         async fn give_up(conn: &mut $conn, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
             let deleted = sqlx::query(super::shared::RELEASE_WITHOUT_STEPS)
                 .bind(&key.scope)
@@ -103,7 +93,13 @@ macro_rules! shared_storage {
                 return Ok(true);
             }
             // Steps are recorded (or the claim is no longer `token`'s: then nothing matches).
-            Self::lapse(conn, key, token).await
+            let lapsed = sqlx::query(LAPSE)
+                .bind(&key.scope)
+                .bind(&key.key)
+                .bind(token)
+                .execute(conn)
+                .await?;
+            Ok(lapsed.rows_affected() == 1)
         }
 
         async fn record_steps(
