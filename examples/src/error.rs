@@ -44,6 +44,15 @@ pub enum ApiError {
     Step(#[from] idem_runtime::StepError),
 }
 
+impl From<idem_runtime::Error> for ApiError {
+    fn from(error: idem_runtime::Error) -> Self {
+        match error {
+            idem_runtime::Error::Database(error) => Self::Database(error),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, kind, title) = match &self {

@@ -9,10 +9,12 @@
 pub mod auth;
 pub mod card;
 pub mod error;
+pub mod ledger;
 pub mod orders;
 pub mod payments;
 pub mod processor;
 pub mod processor_client;
 pub mod refunds;
 pub mod schema;
+pub mod setup;
 pub mod sql;

@@ -9,7 +9,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use idem_runtime::{Backend, IdempotencyContext, Store, idempotent};
+use idem_runtime::{Backend, IdempotencyContext, Store, events, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::Transaction;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -138,6 +138,8 @@ struct Kind {
     id_prefix: &'static str,
     path: &'static str,
     approved: &'static str,
+    /// The topic of the event enqueued, with the approval, for the ledger and the like.
+    event: Option<&'static str>,
     insert: &'static str,
     settle: &'static str,
     /// `SELECT` of the caller's records, without its order.
@@ -150,6 +152,7 @@ const PAYMENTS: Kind = Kind {
     id_prefix: "pay",
     path: "/v1/payments",
     approved: "succeeded",
+    event: Some("payment.succeeded"),
     insert: "INSERT INTO payments (id, tenant, amount, currency, customer, status) \
              VALUES ($1, $2, $3, $4, $5, 'processing')",
     settle: "UPDATE payments SET status = $2 WHERE id = $1",
@@ -164,6 +167,7 @@ const PAYOUTS: Kind = Kind {
     id_prefix: "po",
     path: "/v1/payouts",
     approved: "paid",
+    event: None,
     insert: "INSERT INTO payouts (id, tenant, amount, currency, customer, status) \
              VALUES ($1, $2, $3, $4, $5, 'processing')",
     settle: "UPDATE payouts SET status = $2 WHERE id = $1",
@@ -306,6 +310,18 @@ async fn create<DB: Sql>(
         )));
     }
     status.clone_into(&mut transfer.status);
+    if let Some(topic) = kind.event {
+        // In the same transaction as the payment: the event exists exactly when it does.
+        let event = events::EventId::new();
+        let payload = serde_json::json!({
+            "event_id": event,
+            "payment": transfer.id,
+            "tenant": tenant.0,
+            "amount": transfer.amount,
+            "currency": transfer.currency,
+        });
+        events::enqueue_with_id(tx, event, topic, &payload).await?;
+    }
     let location = format!("{}/{}", kind.path, transfer.id);
     Ok((
         StatusCode::CREATED,

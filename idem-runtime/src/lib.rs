@@ -39,8 +39,10 @@
 //! system: the key is claimed with a lease first, and [`IdempotencyContext::derive`] gives the
 //! downstream call a key of its own. Work in several steps (reserve, charge, ship) takes a
 //! [`Steps`] parameter: each step is recorded on the key as it completes, and a retry resumes
-//! after the last one. The [`tasks`] purge expired keys and settle abandoned claims.
+//! after the last one. The [`tasks`] purge expired keys and settle abandoned claims. The
+//! [`events`] module adds a transactional outbox and idempotent queue consumers.
 
+pub mod events;
 pub mod tasks;
 
 mod backend;
@@ -122,7 +124,7 @@ pub mod __private {
     /// The parts under the request flow, for the property tests, fuzz targets and benchmarks
     /// that exercise them directly.
     pub use crate::{
-        backend::{Begun, Storage},
+        backend::{Begun, EventStorage, Storage},
         fingerprint::Fingerprint,
         header::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, parse_key, parse_value},
         record::{Completion, KeyRef, StoredResponse},

@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 mod app;
+mod brokers;
 mod downstream;
 mod entries;
 mod handlers;
@@ -19,15 +20,21 @@ mod orders;
 mod probes;
 mod proxy;
 mod statements;
+mod tcp_proxy;
 mod tenant;
 mod test_app;
 
 pub use app::{AnyStore, App, Building, Db, Options, Parts, Service, TestDb};
+pub use brokers::{
+    AnyDelivery, AnyPublisher, AnySubscriber, AnySubscription, BrokerKind, REDIS_CLAIM_IDLE,
+    TestBroker, broker_url,
+};
 pub use downstream::{Downstream, unreachable_url};
 pub use handlers::{Account, Calls};
 pub use http::{Reply, Req, entry};
 pub use proxy::CommitCutter;
 pub use statements::StatementLog;
+pub use tcp_proxy::TcpProxy;
 pub use tenant::Tenant;
 pub use test_app::{Param, TestApp, TestBackend, run, run_on};
 

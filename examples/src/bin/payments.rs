@@ -6,11 +6,19 @@
 //! refunds and order charges to the processor at `$PROCESSOR_URL` (default
 //! `http://127.0.0.1:3001`), and runs the purge and recovery tasks until it stops. With
 //! `$CRASH_AFTER` set to a step of `POST /v1/orders` (`reserve`, `charge`, `ship`, or
-//! `charge-call`), it aborts right after that step, for crash tests. `$RECOVERY_EVERY` sets the
+//! `charge-call`), it aborts right after that step, for crash tests; with `publish`, right
+//! after the broker confirmed the relay's first batch, before it is marked published. `$RECOVERY_EVERY` sets the
 //! seconds between passes of the recovery task (default 10; `0` turns it off, for all but one
 //! of several instances sharing a database).
+//!
+//! Every succeeded payment enqueues a `payment.succeeded` event in its transaction; the
+//! service relays them to RabbitMQ at `$AMQP_URL`, or with `$EVENTS=redis` to the Redis stream
+//! `$EVENTS_STREAM` (default `idem.events`) at `$REDIS_URL`; `$EVENTS=off` runs no relay. A
+//! broker that is down stops nothing: events wait in the outbox until it is back. On SQLite,
+//! the relay holds topics under `$RELAY_NAME` (default `payments`): give each instance that
+//! shares a SQLite file a name of its own, kept across restarts.
 
-use std::{path::PathBuf, process::ExitCode, str::FromStr, time::Duration};
+use std::{process::ExitCode, time::Duration};
 
 use axum::Router;
 use idem_examples::{
@@ -18,20 +26,16 @@ use idem_examples::{
     payments::{self, AppState},
     refunds::ProcessorClient,
     schema,
+    setup::{self, Broker, Database, Error},
     sql::Sql,
 };
 use idem_runtime::{
     CancellationToken, Store,
+    events::{Publisher, Relay},
     tasks::{self, PurgeOptions},
 };
-use sqlx::{
-    Pool, Postgres, Sqlite,
-    postgres::PgPoolOptions,
-    sqlite::{SqliteConnectOptions, SqlitePoolOptions},
-};
+use sqlx::{Pool, Postgres, Sqlite};
 use tracing_subscriber::EnvFilter;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -50,47 +54,18 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), Error> {
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if url.starts_with("sqlite:") => {
-            let options = SqliteConnectOptions::from_str(&url)
-                .map_err(|e| format!("DATABASE_URL is not a SQLite URL: {e}"))?
-                .create_if_missing(true)
-                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(30));
-            let pool = SqlitePoolOptions::new()
-                .max_connections(8)
-                .connect_with(options)
-                .await
-                .map_err(|e| format!("cannot open DATABASE_URL: {e}"))?;
-            tracing::info!(database = %url, "storing in SQLite");
-            serve(pool, payments::routes::<Sqlite>()).await
-        }
-        Ok(url) => {
-            let pool = PgPoolOptions::new()
-                .max_connections(32)
-                .connect(&url)
-                .await
-                .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
-            tracing::info!("storing in PostgreSQL (DATABASE_URL)");
-            serve(pool, payments::routes::<Postgres>()).await
-        }
-        Err(_) => {
-            let path = PathBuf::from(
-                std::env::var("SQLITE_PATH").unwrap_or_else(|_| "payments.db".to_owned()),
-            );
-            let pool = schema::connect_sqlite(&path)
-                .await
-                .map_err(|e| format!("cannot open the SQLite file {}: {e}", path.display()))?;
-            tracing::info!(
-                path = %path.display(),
-                "storing in SQLite (set DATABASE_URL to use PostgreSQL)"
-            );
-            serve(pool, payments::routes::<Sqlite>()).await
-        }
+    let broker = setup::broker()?;
+    match setup::database("payments.db", 32).await? {
+        Database::Postgres(pool) => serve(pool, payments::routes::<Postgres>(), broker).await,
+        Database::Sqlite(pool) => serve(pool, payments::routes::<Sqlite>(), broker).await,
     }
 }
 
-async fn serve<DB: Sql>(pool: Pool<DB>, routes: Router<AppState<DB>>) -> Result<(), Error> {
+async fn serve<DB: Sql>(
+    pool: Pool<DB>,
+    routes: Router<AppState<DB>>,
+    broker: Option<Broker>,
+) -> Result<(), Error> {
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     schema::create(&pool)
         .await
@@ -100,8 +75,28 @@ async fn serve<DB: Sql>(pool: Pool<DB>, routes: Router<AppState<DB>>) -> Result<
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let processor_url =
         std::env::var("PROCESSOR_URL").unwrap_or_else(|_| "http://127.0.0.1:3001".to_owned());
-    let store = Store::new(pool);
+    let store = Store::new(pool.clone());
     let stop = CancellationToken::new();
+    // Payments enqueue `payment.succeeded` in their transaction; the relay publishes them. A
+    // broker that is away stops nothing: events wait in the outbox.
+    let crash_after = std::env::var("CRASH_AFTER")
+        .ok()
+        .filter(|point| !point.is_empty());
+    let abort_after_publish = crash_after.as_deref() == Some("publish");
+    let relay = match broker {
+        Some(Broker::RabbitMq(broker)) => {
+            tracing::info!("relaying events to RabbitMQ");
+            relay(pool, broker.publisher(), abort_after_publish).spawn(stop.clone())
+        }
+        Some(Broker::Redis(broker)) => {
+            tracing::info!("relaying events to Redis");
+            relay(pool, broker.publisher(), abort_after_publish).spawn(stop.clone())
+        }
+        None => {
+            tracing::info!("event relay off (EVENTS=off); events wait in the outbox");
+            tokio::spawn(async {})
+        }
+    };
     // Keys expire per route (24 h, 7 d); sweeping every minute keeps the table small. Refund
     // and order claims lease for 5 s; abandoned refunds are released so that a retry runs again
     // (the processor deduplicates through the derived key), abandoned orders are finished or
@@ -129,23 +124,37 @@ async fn serve<DB: Sql>(pool: Pool<DB>, routes: Router<AppState<DB>>) -> Result<
     let state = AppState {
         store,
         processor,
-        crash_after: std::env::var("CRASH_AFTER")
-            .ok()
-            .filter(|step| !step.is_empty()),
+        crash_after,
     };
     tracing::info!(addr = %listener.local_addr()?, "payments service listening");
     axum::serve(listener, routes.with_state(state))
         .with_graceful_shutdown({
             let stop = stop.clone();
             async move {
-                signal().await;
+                setup::shutdown_signal().await;
                 stop.cancel();
             }
         })
         .await?;
     stop.cancel();
-    let _ = tokio::join!(purge, recovery);
+    let _ = tokio::join!(purge, recovery, relay);
     Ok(())
+}
+
+/// The relay, which with `CRASH_AFTER=publish` aborts the process after the broker confirmed
+/// its first batch, before the batch is marked published: the next process publishes it again.
+fn relay<DB: Sql, P: Publisher>(
+    pool: Pool<DB>,
+    publisher: P,
+    abort_after_publish: bool,
+) -> Relay<DB, P> {
+    let name = std::env::var("RELAY_NAME").unwrap_or_else(|_| "payments".to_owned());
+    let relay = Relay::new(pool, publisher).name(&name);
+    if abort_after_publish {
+        relay.on_confirmed(|_| std::process::abort())
+    } else {
+        relay
+    }
 }
 
 /// `$RECOVERY_EVERY`: seconds between passes of the recovery task (default 10); `0` turns it
@@ -158,24 +167,4 @@ fn recovery_every() -> Result<Option<Duration>, Error> {
         format!("RECOVERY_EVERY must be a whole number of seconds (0: off), got {value:?}")
     })?;
     Ok((secs > 0).then(|| Duration::from_secs(secs)))
-}
-
-async fn signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        if let Ok(mut signal) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            signal.recv().await;
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
 }

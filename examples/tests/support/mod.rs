@@ -173,9 +173,22 @@ pub async fn start_payments_with(
     processor: &str,
     env: &[(&str, &str)],
 ) -> (Process, String) {
+    let (process, base) = spawn_payments_with(database, processor, env);
+    wait_until_up(client, &format!("{base}/v1/payments")).await;
+    (process, base)
+}
+
+/// Starts the service as [`start_payments_with`] does, without waiting for it to answer.
+pub fn spawn_payments_with(
+    database: &Database,
+    processor: &str,
+    env: &[(&str, &str)],
+) -> (Process, String) {
     let addr = free_addr();
     let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
     database.configure(&mut command);
+    // No event relay unless the test asks for one (`EVENTS`).
+    command.env("EVENTS", "off");
     command.envs(env.iter().copied());
     let child = command
         .env("ADDR", &addr)
@@ -184,9 +197,7 @@ pub async fn start_payments_with(
         .stdout(Stdio::null())
         .spawn()
         .expect("start payments");
-    let base = format!("http://{addr}");
-    wait_until_up(client, &format!("{base}/v1/payments")).await;
-    (Process(child), base)
+    (Process(child), format!("http://{addr}"))
 }
 
 pub async fn refunds_executed(client: &Client, processor: &str) -> Vec<Value> {

@@ -13,7 +13,7 @@ use sqlx::{
 };
 
 use super::{
-    Begun, Storage,
+    Begun, Storage, millis,
     shared::{abandoned, decode_record, shared_storage},
 };
 use crate::record::{
@@ -77,14 +77,11 @@ const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 const BEGIN_CLAIM: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_claim";
 const RELEASE_CLAIM: &str = "RELEASE SAVEPOINT idem_claim";
 
-fn now_ms() -> i64 {
+/// Now, in milliseconds since the Unix epoch: the unit of SQLite's time columns.
+pub(super) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-fn ms(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 async fn live_row(
@@ -191,8 +188,8 @@ impl Storage for Sqlite {
             .bind(start.path)
             .bind(&start.fingerprint.as_bytes()[..])
             .bind(now)
-            .bind(now.saturating_add(ms(start.retention)))
-            .bind(now.saturating_add(ms(start.lease)))
+            .bind(now.saturating_add(millis(start.retention)))
+            .bind(now.saturating_add(millis(start.lease)))
             .bind(start.token)
             .execute(&mut *tx)
             .await?;
@@ -219,7 +216,7 @@ impl Storage for Sqlite {
         let now = now_ms();
         let rows = sqlx::query(RECLAIM)
             .bind(now)
-            .bind(now.saturating_add(ms(lease)))
+            .bind(now.saturating_add(millis(lease)))
             .bind(token)
             .bind(limit)
             .bind(with_steps)
@@ -255,7 +252,7 @@ fn status(status: u16) -> Result<i64, crate::Error> {
 
 /// A time to live in milliseconds, added to the process's clock.
 fn expiry(retention: Option<Duration>) -> Option<i64> {
-    retention.map(ms)
+    retention.map(millis)
 }
 
 /// The time of the completion: its `created_at`, and what an expired row is measured against.

@@ -1,0 +1,94 @@
+//! `cargo run --bin ledger`: the example's idempotent consumer of `payment.succeeded`.
+//!
+//! Stores in `$DATABASE_URL` (PostgreSQL, or `sqlite:<path>`); without it, in the SQLite file
+//! `$SQLITE_PATH` (default `ledger.db`). Consumes from RabbitMQ at `$AMQP_URL` (queue
+//! `<$EVENTS_STREAM>.ledger`, bound to `payment.succeeded`), or with `$EVENTS=redis` from the
+//! Redis stream `$EVENTS_STREAM` (default `idem.events`) at `$REDIS_URL`, as the consumer group
+//! `ledger`. Serves `GET /v1/ledger` on `$LEDGER_ADDR` (default `127.0.0.1:3002`).
+//!
+//! For crash tests, `$CRASH_AFTER=apply` aborts the process inside the handler of the first
+//! message, after its writes and before its commit; `$CRASH_AFTER=commit` aborts it after the
+//! first commit, before the acknowledgement.
+
+use std::process::ExitCode;
+
+use idem_examples::{
+    ledger::{self, CONSUMER, Ledger, LedgerSql, TOPIC},
+    setup::{self, Broker, Database, Error},
+};
+use idem_runtime::{CancellationToken, events::Consumer};
+use sqlx::Pool;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("ledger: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Error> {
+    let Some(broker) = setup::broker()? else {
+        return Err("EVENTS=off: the ledger has nothing to consume".into());
+    };
+    match setup::database("ledger.db", 8).await? {
+        Database::Postgres(pool) => serve(pool, broker).await,
+        Database::Sqlite(pool) => serve(pool, broker).await,
+    }
+}
+
+async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Error> {
+    idem_runtime::migrate(&pool)
+        .await
+        .map_err(|e| format!("cannot create idem's tables: {e}"))?;
+    DB::create_tables(&pool)
+        .await
+        .map_err(|e| format!("cannot create the ledger's tables: {e}"))?;
+    let addr = std::env::var("LEDGER_ADDR").unwrap_or_else(|_| "127.0.0.1:3002".to_owned());
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let stop = CancellationToken::new();
+    let crash_after = std::env::var("CRASH_AFTER").unwrap_or_default();
+    let mut consumer = Consumer::new(
+        CONSUMER,
+        pool.clone(),
+        Ledger::default().abort_after_apply(crash_after == "apply"),
+    );
+    if crash_after == "commit" {
+        consumer = consumer.on_committed(|_| std::process::abort());
+    }
+    let consuming = match broker {
+        Broker::RabbitMq(broker) => {
+            tracing::info!("consuming from RabbitMQ");
+            consumer.spawn(broker.subscriber(CONSUMER).bind(TOPIC), stop.clone())
+        }
+        Broker::Redis(broker) => {
+            tracing::info!("consuming from Redis");
+            consumer.spawn(broker.subscriber(CONSUMER), stop.clone())
+        }
+    };
+    tracing::info!(addr = %listener.local_addr()?, "ledger listening");
+    axum::serve(listener, ledger::router(pool))
+        .with_graceful_shutdown({
+            let stop = stop.clone();
+            async move {
+                setup::shutdown_signal().await;
+                stop.cancel();
+            }
+        })
+        .await?;
+    stop.cancel();
+    // The message in flight is finished and settled before the consumer stops.
+    let _ = consuming.await;
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! What the example's binaries read from their environment: the database and the broker.
+
+use std::{path::PathBuf, str::FromStr, time::Duration};
+
+use idem_runtime::events::{rabbitmq::RabbitMq, redis::RedisStreams};
+use sqlx::{
+    PgPool, SqlitePool,
+    postgres::PgPoolOptions,
+    sqlite::{SqliteConnectOptions, SqlitePoolOptions},
+};
+
+use crate::schema;
+
+/// An error to print before exiting.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The database a binary stores in.
+#[derive(Debug)]
+pub enum Database {
+    /// `$DATABASE_URL` names a PostgreSQL database.
+    Postgres(PgPool),
+    /// `$DATABASE_URL` is `sqlite:<path>`, or unset: the SQLite file `$SQLITE_PATH`.
+    Sqlite(SqlitePool),
+}
+
+/// Opens `$DATABASE_URL` (PostgreSQL, or `sqlite:<path>`); without it, the SQLite file
+/// `$SQLITE_PATH` (default `default_file`), so that nothing needs to be installed.
+///
+/// # Errors
+///
+/// When the URL does not parse or the database cannot be reached or opened.
+pub async fn database(default_file: &str, pg_connections: u32) -> Result<Database, Error> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if url.starts_with("sqlite:") => {
+            let options = SqliteConnectOptions::from_str(&url)
+                .map_err(|e| format!("DATABASE_URL is not a SQLite URL: {e}"))?
+                .create_if_missing(true)
+                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                .busy_timeout(Duration::from_secs(30));
+            let pool = SqlitePoolOptions::new()
+                .max_connections(8)
+                .connect_with(options)
+                .await
+                .map_err(|e| format!("cannot open DATABASE_URL: {e}"))?;
+            tracing::info!(database = %url, "storing in SQLite");
+            Ok(Database::Sqlite(pool))
+        }
+        Ok(url) => {
+            let pool = PgPoolOptions::new()
+                .max_connections(pg_connections)
+                .connect(&url)
+                .await
+                .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+            tracing::info!("storing in PostgreSQL (DATABASE_URL)");
+            Ok(Database::Postgres(pool))
+        }
+        Err(_) => {
+            let path = PathBuf::from(
+                std::env::var("SQLITE_PATH").unwrap_or_else(|_| default_file.to_owned()),
+            );
+            let pool = schema::connect_sqlite(&path)
+                .await
+                .map_err(|e| format!("cannot open the SQLite file {}: {e}", path.display()))?;
+            tracing::info!(
+                path = %path.display(),
+                "storing in SQLite (set DATABASE_URL to use PostgreSQL)"
+            );
+            Ok(Database::Sqlite(pool))
+        }
+    }
+}
+
+/// The broker events go through.
+#[derive(Debug, Clone)]
+pub enum Broker {
+    /// `$EVENTS` unset or `rabbitmq`: RabbitMQ at `$AMQP_URL`.
+    RabbitMq(RabbitMq),
+    /// `$EVENTS=redis`: Redis at `$REDIS_URL`.
+    Redis(RedisStreams),
+}
+
+/// The broker `$EVENTS` names (`rabbitmq`, the default; `redis`; `off` for none), at
+/// `$AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`) or `$REDIS_URL` (default
+/// `redis://127.0.0.1:6379`). Events go through the exchange or stream `$EVENTS_STREAM`
+/// (default `idem.events`).
+///
+/// # Errors
+///
+/// When `$EVENTS` names no broker, or `$REDIS_URL` is not a Redis URL.
+pub fn broker() -> Result<Option<Broker>, Error> {
+    let stream = std::env::var("EVENTS_STREAM").unwrap_or_else(|_| "idem.events".to_owned());
+    let events = std::env::var("EVENTS").unwrap_or_default();
+    match events.as_str() {
+        "" | "rabbitmq" => {
+            let url = std::env::var("AMQP_URL")
+                .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+            Ok(Some(Broker::RabbitMq(RabbitMq::new(&url, &stream))))
+        }
+        "redis" => {
+            let url =
+                std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+            Ok(Some(Broker::Redis(RedisStreams::new(&url, &stream)?)))
+        }
+        "off" => Ok(None),
+        other => Err(format!("EVENTS must be rabbitmq, redis or off, got {other:?}").into()),
+    }
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut signal) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            signal.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -1,0 +1,417 @@
+//! RabbitMQ, with lapin: the relay publishes to a topic exchange with publisher confirms, and
+//! each consumer reads its own durable queue with manual acknowledgements, a prefetch, and a
+//! dead-letter queue beside it.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) {
+//! use idem_runtime::{CancellationToken, events::{Relay, rabbitmq::RabbitMq}};
+//!
+//! let broker = RabbitMq::new("amqp://guest:guest@127.0.0.1:5672/%2f", "idem.events");
+//! let shutdown = CancellationToken::new();
+//! Relay::new(pool, broker.publisher()).spawn(shutdown.clone());
+//! // A consumer: Consumer::new("ledger", pool, Ledger).spawn(
+//! //     broker.subscriber("ledger").bind("payment.succeeded"), shutdown)
+//! # }
+//! ```
+//!
+//! Names: the exchange is the one given to [`RabbitMq::new`] (type `topic`, durable); a
+//! message's routing key is its topic, its `message_id` property the event id. The consumer
+//! `name` reads queue `<exchange>.<name>`, whose failed messages go to `<exchange>.<name>.dead`.
+//! Names longer than 255 bytes are refused.
+
+use std::{sync::Arc, time::Duration};
+
+use futures_util::StreamExt;
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    message::Delivery as LapinDelivery,
+    options::{
+        BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions,
+        BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+        QueueDeclareOptions,
+    },
+    types::{AMQPValue, FieldTable, LongString, ShortString},
+};
+use tokio::sync::Mutex;
+
+use super::{BrokerError, Delivery, Message, Publisher, Subscriber, Subscription};
+
+/// The longest name (exchange, queue, routing key, message id) AMQP carries, in bytes.
+const MAX_NAME: usize = 255;
+
+/// How long connecting may take before it counts as a failure.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A RabbitMQ broker: its URL (`amqp://user:password@host:port/vhost`) and the exchange
+/// events go through.
+#[derive(Debug, Clone)]
+pub struct RabbitMq {
+    url: Arc<str>,
+    exchange: Arc<str>,
+}
+
+impl RabbitMq {
+    /// The broker at `url`, with events going through the topic exchange `exchange`.
+    pub fn new(url: &str, exchange: &str) -> Self {
+        Self {
+            url: url.into(),
+            exchange: exchange.into(),
+        }
+    }
+
+    /// A [`Publisher`] for the relay.
+    pub fn publisher(&self) -> RabbitMqPublisher {
+        RabbitMqPublisher {
+            broker: self.clone(),
+            channel: Mutex::new(None),
+        }
+    }
+
+    /// A [`Subscriber`] for the consumer `name`: queue `<exchange>.<name>`, bound with no
+    /// topic yet (add them with [`RabbitMqSubscriber::bind`]), a prefetch of 16.
+    pub fn subscriber(&self, name: &str) -> RabbitMqSubscriber {
+        RabbitMqSubscriber {
+            broker: self.clone(),
+            queue: format!("{}.{name}", self.exchange),
+            bindings: Vec::new(),
+            prefetch: 16,
+        }
+    }
+
+    /// The queue the consumer `name` reads.
+    pub fn queue(&self, name: &str) -> String {
+        format!("{}.{name}", self.exchange)
+    }
+
+    /// The dead-letter queue of the consumer `name`.
+    pub fn dead_letter_queue(&self, name: &str) -> String {
+        format!("{}.{name}.dead", self.exchange)
+    }
+
+    async fn channel(&self) -> Result<(Connection, Channel), BrokerError> {
+        let connection = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Connection::connect(&self.url, ConnectionProperties::default()),
+        )
+        .await
+        .map_err(|_| BrokerError::unavailable("connecting to RabbitMQ timed out"))?
+        .map_err(BrokerError::unavailable)?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(BrokerError::unavailable)?;
+        channel
+            .exchange_declare(
+                short(&self.exchange)?,
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(BrokerError::unavailable)?;
+        Ok((connection, channel))
+    }
+}
+
+fn short(name: &str) -> Result<ShortString, BrokerError> {
+    if name.len() > MAX_NAME {
+        return Err(BrokerError::Refused(format!(
+            "`{name}` is {} bytes long; AMQP names hold at most {MAX_NAME}",
+            name.len()
+        )));
+    }
+    Ok(ShortString::from(name))
+}
+
+/// Publishes to the exchange with publisher confirms and `mandatory` set: a message that no
+/// queue is bound to receive counts as not delivered, so events published before their
+/// consumers' queues exist wait in the outbox instead of being lost.
+pub struct RabbitMqPublisher {
+    broker: RabbitMq,
+    channel: Mutex<Option<(Connection, Channel)>>,
+}
+
+impl std::fmt::Debug for RabbitMqPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMqPublisher")
+            .field("broker", &self.broker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitMqPublisher {
+    async fn publish_on(
+        channel: &Channel,
+        exchange: &str,
+        messages: &[Message],
+    ) -> Result<(), BrokerError> {
+        let exchange = short(exchange)?;
+        let mut confirms = Vec::with_capacity(messages.len());
+        for message in messages {
+            let properties = BasicProperties::default()
+                .with_message_id(short(message.id())?)
+                .with_content_type("application/json".into())
+                .with_delivery_mode(2)
+                .with_type(short(message.topic())?);
+            let confirm = channel
+                .basic_publish(
+                    exchange.clone(),
+                    short(message.topic())?,
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    message.payload(),
+                    properties,
+                )
+                .await
+                .map_err(BrokerError::unavailable)?;
+            confirms.push((message, confirm));
+        }
+        for (message, confirm) in confirms {
+            match confirm.await.map_err(BrokerError::unavailable)? {
+                Confirmation::Ack(None) => {}
+                Confirmation::Ack(Some(_)) => {
+                    return Err(BrokerError::Refused(format!(
+                        "no queue is bound to topic `{}` on exchange `{}`; the event waits \
+                         until a consumer declares its queue",
+                        message.topic(),
+                        exchange
+                    )));
+                }
+                Confirmation::Nack(_) => {
+                    return Err(BrokerError::Refused(format!(
+                        "RabbitMQ refused message {} (a negative confirm)",
+                        message.id()
+                    )));
+                }
+                Confirmation::NotRequested => {
+                    return Err(BrokerError::Refused(
+                        "publisher confirms are off on the channel".to_owned(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Publisher for RabbitMqPublisher {
+    async fn publish(&self, messages: &[Message]) -> Result<(), BrokerError> {
+        let mut held = self.channel.lock().await;
+        if held.as_ref().is_none_or(|(connection, channel)| {
+            !connection.status().connected() || !channel.status().connected()
+        }) {
+            *held = None;
+            let (connection, channel) = self.broker.channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(BrokerError::unavailable)?;
+            *held = Some((connection, channel));
+        }
+        let Some((_, channel)) = held.as_ref() else {
+            unreachable!("a channel was just opened");
+        };
+        let published = Self::publish_on(channel, &self.broker.exchange, messages).await;
+        if let Err(BrokerError::Unavailable(_)) = &published {
+            // Start from a fresh connection next time.
+            *held = None;
+        }
+        published
+    }
+}
+
+/// A consumer's queue on the exchange: durable, with its dead-letter queue, bound to topics.
+#[derive(Debug, Clone)]
+pub struct RabbitMqSubscriber {
+    broker: RabbitMq,
+    queue: String,
+    bindings: Vec<String>,
+    prefetch: u16,
+}
+
+impl RabbitMqSubscriber {
+    /// Binds the queue to `pattern`: a topic, or an AMQP topic pattern (`payment.*`, `#`).
+    #[must_use]
+    pub fn bind(mut self, pattern: &str) -> Self {
+        self.bindings.push(pattern.to_owned());
+        self
+    }
+
+    /// How many unacknowledged messages the broker sends ahead (default 16).
+    #[must_use]
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch.max(1);
+        self
+    }
+}
+
+impl Subscriber for RabbitMqSubscriber {
+    type Subscription = RabbitMqSubscription;
+
+    async fn subscribe(&self) -> Result<RabbitMqSubscription, BrokerError> {
+        let (connection, channel) = self.broker.channel().await?;
+        let dead = format!("{}.dead", self.queue);
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(short(&dead)?, durable, FieldTable::default())
+            .await
+            .map_err(BrokerError::unavailable)?;
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(LongString::from("")),
+        );
+        arguments.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(LongString::from(dead.as_str())),
+        );
+        channel
+            .queue_declare(short(&self.queue)?, durable, arguments)
+            .await
+            .map_err(BrokerError::unavailable)?;
+        for pattern in &self.bindings {
+            channel
+                .queue_bind(
+                    short(&self.queue)?,
+                    short(&self.broker.exchange)?,
+                    short(pattern)?,
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(BrokerError::unavailable)?;
+        }
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(BrokerError::unavailable)?;
+        let consumer = channel
+            .basic_consume(
+                short(&self.queue)?,
+                ShortString::from(""),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(BrokerError::unavailable)?;
+        Ok(RabbitMqSubscription {
+            _connection: connection,
+            consumer,
+        })
+    }
+}
+
+/// An open consumer on the queue; dropping it closes the connection, and RabbitMQ gives the
+/// unacknowledged messages to another consumer.
+pub struct RabbitMqSubscription {
+    _connection: Connection,
+    consumer: lapin::Consumer,
+}
+
+impl std::fmt::Debug for RabbitMqSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMqSubscription")
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription for RabbitMqSubscription {
+    type Delivery = RabbitMqDelivery;
+
+    async fn next(&mut self) -> Result<RabbitMqDelivery, BrokerError> {
+        match self.consumer.next().await {
+            Some(Ok(delivery)) => Ok(RabbitMqDelivery::new(delivery)),
+            Some(Err(error)) => Err(BrokerError::unavailable(error)),
+            None => Err(BrokerError::unavailable("RabbitMQ cancelled the consumer")),
+        }
+    }
+}
+
+/// A message received from the queue.
+pub struct RabbitMqDelivery {
+    message: Message,
+    delivery: LapinDelivery,
+}
+
+impl std::fmt::Debug for RabbitMqDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMqDelivery")
+            .field("message", &self.message)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitMqDelivery {
+    fn new(mut delivery: LapinDelivery) -> Self {
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let message = Message::new(
+            id,
+            delivery.routing_key.to_string(),
+            std::mem::take(&mut delivery.data),
+        );
+        Self { message, delivery }
+    }
+
+    fn settled(sent: Result<bool, lapin::Error>) -> Result<(), BrokerError> {
+        match sent {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(BrokerError::unavailable(
+                "the channel closed before the message was settled",
+            )),
+            Err(error) => Err(BrokerError::unavailable(error)),
+        }
+    }
+}
+
+impl Delivery for RabbitMqDelivery {
+    fn message(&self) -> &Message {
+        &self.message
+    }
+
+    fn redelivered(&self) -> bool {
+        self.delivery.redelivered
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        Self::settled(self.delivery.acker.ack(BasicAckOptions::default()).await)
+    }
+
+    async fn retry(self) -> Result<(), BrokerError> {
+        Self::settled(
+            self.delivery
+                .acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                })
+                .await,
+        )
+    }
+
+    async fn dead_letter(self, _reason: &str) -> Result<(), BrokerError> {
+        // Rejected without requeue, the queue's dead-letter settings move it to
+        // `<queue>.dead`; the reason is in the consumer's log.
+        Self::settled(
+            self.delivery
+                .acker
+                .nack(BasicNackOptions {
+                    requeue: false,
+                    ..BasicNackOptions::default()
+                })
+                .await,
+        )
+    }
+}

@@ -1,0 +1,359 @@
+//! The relay: publishes the outbox's events to a broker, each topic in order, and marks them
+//! published once the broker confirmed them.
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use sqlx::Pool;
+use tokio::{task::JoinHandle, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::{BrokerError, Message, Publisher, backoff::Backoff};
+use crate::Backend;
+
+/// How a [`Relay`] works; [`RelayOptions::default`] suits most services.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct RelayOptions {
+    /// The most events published in one batch (default 100).
+    pub batch: u16,
+    /// How often an idle relay looks for new events (default 200 ms).
+    pub poll: Duration,
+    /// How long published events stay in the outbox before they are purged (default 24 h).
+    pub retention: Duration,
+    /// The longest wait between two attempts while the broker is away (default 30 s).
+    pub max_backoff: Duration,
+    /// How long the broker has to confirm a batch before the relay gives up on it and tries
+    /// again (default 20 s).
+    pub publish_timeout: Duration,
+    /// On SQLite, how long a relay's hold on a topic lasts if it stops without letting go:
+    /// another relay takes the topic over after it (default 60 s), a relay of the same
+    /// [name](Relay::name) at once. PostgreSQL holds topics with row locks, which die with the
+    /// relay's connection.
+    pub lease: Duration,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            batch: 100,
+            poll: Duration::from_millis(200),
+            retention: Duration::from_secs(24 * 3600),
+            max_backoff: Duration::from_secs(30),
+            publish_timeout: Duration::from_secs(20),
+            lease: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RelayOptions {
+    /// Sets [`RelayOptions::batch`] (at least 1).
+    #[must_use]
+    pub fn batch(mut self, batch: u16) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// Sets [`RelayOptions::poll`].
+    #[must_use]
+    pub fn poll(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// Sets [`RelayOptions::retention`].
+    #[must_use]
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets [`RelayOptions::max_backoff`].
+    #[must_use]
+    pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
+        self.max_backoff = max_backoff;
+        self
+    }
+
+    /// Sets [`RelayOptions::publish_timeout`].
+    #[must_use]
+    pub fn publish_timeout(mut self, publish_timeout: Duration) -> Self {
+        self.publish_timeout = publish_timeout;
+        self
+    }
+
+    /// Sets [`RelayOptions::lease`], which should be longer than
+    /// [`RelayOptions::publish_timeout`].
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+}
+
+/// What stopped a relay's pass.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The outbox's database failed; the events wait.
+    #[error(transparent)]
+    Store(#[from] crate::Error),
+    /// The broker did not confirm the batch; its events wait and are published again.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
+
+/// Publishes the outbox's events to a broker.
+///
+/// Each pass takes one topic that no other relay holds (several relays may run on one
+/// database), publishes up to [`RelayOptions::batch`] of its events in order with the event id
+/// as the message id, waits for the broker's confirms, and only then marks them published. A
+/// relay that stops between the confirm and the mark publishes them again: delivery is at least
+/// once, and consumers deduplicate on the id.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, publisher: impl idem_runtime::events::Publisher) {
+/// use idem_runtime::{CancellationToken, events::Relay};
+///
+/// let shutdown = CancellationToken::new();
+/// let relay = Relay::new(pool, publisher).spawn(shutdown.clone());
+/// // ... serve until shutdown is cancelled, then:
+/// relay.await.ok();
+/// # }
+/// ```
+pub struct Relay<DB: Backend, P> {
+    pool: Pool<DB>,
+    publisher: Arc<P>,
+    options: RelayOptions,
+    id: String,
+    last_topic: Option<String>,
+    on_confirmed: Option<Arc<ConfirmedObserver>>,
+}
+
+/// What [`Relay::on_confirmed`] calls.
+type ConfirmedObserver = dyn Fn(&[Message]) + Send + Sync;
+
+impl<DB: Backend, P> std::fmt::Debug for Relay<DB, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("id", &self.id)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one [`Relay::pass`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pass {
+    /// It published this many events of this topic.
+    Published {
+        /// The topic.
+        topic: String,
+        /// How many events.
+        count: usize,
+    },
+    /// The topic it took had no event ready yet (one whose transaction, or an older one, is
+    /// still running).
+    NotReady {
+        /// The topic.
+        topic: String,
+    },
+    /// No topic with waiting events was free.
+    Idle,
+}
+
+impl<DB: Backend, P: Publisher> Relay<DB, P> {
+    /// A relay of the outbox in `pool`'s database to `publisher`, with default options.
+    pub fn new(pool: Pool<DB>, publisher: P) -> Self {
+        Self {
+            pool,
+            publisher: Arc::new(publisher),
+            options: RelayOptions::default(),
+            id: uuid::Uuid::new_v4().to_string(),
+            last_topic: None,
+            on_confirmed: None,
+        }
+    }
+
+    /// Calls `observer` with each batch the broker confirmed, before the batch is marked
+    /// published: for counting, or for a test that stops the process right there.
+    #[must_use]
+    pub fn on_confirmed(mut self, observer: impl Fn(&[Message]) + Send + Sync + 'static) -> Self {
+        self.on_confirmed = Some(Arc::new(observer));
+        self
+    }
+
+    /// Names the relay (default: a random name). On SQLite a relay holds a topic under its
+    /// name; one restarted under the same name takes its topics back at once, where another
+    /// waits for [`RelayOptions::lease`]. Give each relay process its own name, kept across
+    /// restarts: two relays running under one name would publish the same topic together.
+    #[must_use]
+    pub fn name(mut self, name: &str) -> Self {
+        name.clone_into(&mut self.id);
+        self
+    }
+
+    /// Sets the options.
+    #[must_use]
+    pub fn options(mut self, options: RelayOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Publishes one batch of one topic.
+    ///
+    /// # Errors
+    ///
+    /// [`RelayError::Store`] when the database failed, [`RelayError::Broker`] when the broker
+    /// did not confirm the batch (or not within [`RelayOptions::publish_timeout`]); the batch's
+    /// events are still waiting either way.
+    pub async fn pass(&mut self) -> Result<Pass, RelayError> {
+        let Some(batch) = DB::take_batch(
+            &self.pool,
+            &self.id,
+            self.last_topic.as_deref(),
+            i64::from(self.options.batch),
+            self.options.lease,
+        )
+        .await?
+        else {
+            return Ok(Pass::Idle);
+        };
+        let topic = batch.topic.clone();
+        self.last_topic = Some(topic.clone());
+        if batch.messages.is_empty() {
+            DB::abandon(&self.pool, &self.id, batch).await?;
+            return Ok(Pass::NotReady { topic });
+        }
+        let published = tokio::time::timeout(
+            self.options.publish_timeout,
+            self.publisher.publish(&batch.messages),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(BrokerError::unavailable(format!(
+                "the broker did not confirm the batch within {:?}",
+                self.options.publish_timeout
+            )))
+        });
+        if let Err(error) = published {
+            if let Err(store) = DB::abandon(&self.pool, &self.id, batch).await {
+                tracing::debug!(error = %store, "letting go of an outbox topic failed");
+            }
+            return Err(error.into());
+        }
+        if let Some(observer) = &self.on_confirmed {
+            observer(&batch.messages);
+        }
+        let count = batch.messages.len();
+        DB::mark_published(&self.pool, &self.id, batch).await?;
+        tracing::debug!(%topic, count, "published outbox events");
+        Ok(Pass::Published { topic, count })
+    }
+
+    /// Publishes until no event is ready; returns how many it published.
+    ///
+    /// # Errors
+    ///
+    /// As [`Relay::pass`]; what was published before the error stays published.
+    pub async fn drain(&mut self) -> Result<usize, RelayError> {
+        let mut published = 0;
+        let mut not_ready = HashSet::new();
+        loop {
+            match self.pass().await? {
+                Pass::Published { count, .. } => {
+                    published += count;
+                    not_ready.clear();
+                }
+                Pass::NotReady { topic } => {
+                    if !not_ready.insert(topic) {
+                        return Ok(published);
+                    }
+                }
+                Pass::Idle => return Ok(published),
+            }
+        }
+    }
+
+    /// Deletes up to `limit` events published more than [`RelayOptions::retention`] ago.
+    ///
+    /// # Errors
+    ///
+    /// When the database failed.
+    pub async fn purge(&self, limit: i64) -> Result<u64, crate::Error> {
+        DB::purge_published(&self.pool, self.options.retention, limit).await
+    }
+
+    /// Purges in batches until no published event is past its retention.
+    async fn purge_all(&self) -> Result<u64, crate::Error> {
+        const BATCH: i64 = 1000;
+        let mut purged = 0;
+        loop {
+            let deleted = self.purge(BATCH).await?;
+            purged += deleted;
+            if deleted < BATCH.unsigned_abs() {
+                return Ok(purged);
+            }
+        }
+    }
+
+    /// Runs the relay until `shutdown` is cancelled: [`Relay::drain`], then a wait of
+    /// [`RelayOptions::poll`], again and again; published events are purged now and then.
+    ///
+    /// While the broker or the database is away, events wait in the outbox and the relay
+    /// retries with a capped backoff. It logs one warning when the trouble starts and one line
+    /// when it ends, not one per attempt. A cancellation stops it at once: a batch it was
+    /// publishing stays unmarked and is published again by the next relay.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut backoff = Backoff::new(
+            self.options.poll.max(Duration::from_millis(50)),
+            self.options.max_backoff,
+        );
+        let purge_every =
+            (self.options.retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600));
+        let mut next_purge = Instant::now();
+        loop {
+            let wait = tokio::select! {
+                () = shutdown.cancelled() => return,
+                drained = self.drain() => match drained {
+                    Ok(_) => {
+                        if backoff.succeeded() {
+                            tracing::info!("the outbox relay publishes again");
+                        }
+                        self.options.poll
+                    }
+                    Err(error) => {
+                        let (wait, started) = backoff.failed();
+                        if started {
+                            tracing::warn!(
+                                %error,
+                                "the outbox relay cannot publish; events wait in the outbox \
+                                 and the relay retries with backoff"
+                            );
+                        } else {
+                            tracing::debug!(%error, ?wait, "the outbox relay still cannot publish");
+                        }
+                        wait
+                    }
+                },
+            };
+            if Instant::now() >= next_purge {
+                next_purge = Instant::now() + purge_every;
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    purged = self.purge_all() => if let Err(error) = purged {
+                        tracing::debug!(%error, "purging published outbox events failed");
+                    },
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Spawns [`Relay::run`] on the current runtime.
+    pub fn spawn(self, shutdown: CancellationToken) -> JoinHandle<()> {
+        tokio::spawn(self.run(shutdown))
+    }
+}

@@ -1,0 +1,725 @@
+//! The outbox, the relay and the idempotent consumer, against the real brokers (RabbitMQ and
+//! Redis Streams) on both databases: every test runs as `<database>::<broker>::<name>`.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use idem_runtime::{
+    Backend, CancellationToken,
+    events::{
+        self, BrokerError, Delivery, Handler, Message, Pass, Processed, Publisher, Relay,
+        RelayOptions, Subscriber, Subscription,
+    },
+};
+use idem_tests::{AnySubscription, TcpProxy, TestBroker};
+use serde_json::json;
+use sqlx::{Pool, Postgres, Sqlite, Transaction};
+use tokio::time::Instant;
+
+/// How long a test waits for the brokers and the relay before it fails with a message.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+const CONSUMER: &str = "ledger";
+
+/// What the tests need of a database beyond [`Backend`]: their own table, and a look at
+/// idem's.
+trait TestDatabase: Backend {
+    async fn prepare(pool: &Pool<Self>);
+    async fn applied(pool: &Pool<Self>) -> Vec<String>;
+    async fn count(pool: &Pool<Self>, sql: &str) -> i64;
+    fn apply<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        message: &'a Message,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+}
+
+macro_rules! test_database {
+    ($db:ty) => {
+        impl TestDatabase for $db {
+            async fn prepare(pool: &Pool<Self>) {
+                idem_runtime::migrate(pool).await.expect("migrate");
+                // No unique constraint: a message applied twice shows as two rows.
+                sqlx::query(
+                    "CREATE TABLE test_applied (message_id TEXT NOT NULL, topic TEXT NOT NULL)",
+                )
+                .execute(pool)
+                .await
+                .expect("create test_applied");
+            }
+
+            async fn applied(pool: &Pool<Self>) -> Vec<String> {
+                sqlx::query_scalar("SELECT message_id FROM test_applied")
+                    .fetch_all(pool)
+                    .await
+                    .expect("read test_applied")
+            }
+
+            async fn count(pool: &Pool<Self>, sql: &str) -> i64 {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .fetch_one(pool)
+                    .await
+                    .expect("count")
+            }
+
+            async fn apply(
+                tx: &mut Transaction<'static, Self>,
+                message: &Message,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query("INSERT INTO test_applied (message_id, topic) VALUES ($1, $2)")
+                    .bind(message.id())
+                    .bind(message.topic())
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+        }
+    };
+}
+
+test_database!(Postgres);
+test_database!(Sqlite);
+
+/// The tests' consumer: records each message in `test_applied`, and fails every message whose
+/// topic is `poison`. Counts its calls per message id; one made with [`Applier::holding_until`]
+/// waits, after its write, until its token is cancelled.
+#[derive(Default, Clone)]
+struct Applier {
+    calls: Arc<Mutex<HashMap<String, usize>>>,
+    hold_until: Option<CancellationToken>,
+}
+
+impl Applier {
+    fn holding_until(token: CancellationToken) -> Self {
+        Self {
+            hold_until: Some(token),
+            ..Self::default()
+        }
+    }
+
+    fn calls(&self, id: &str) -> usize {
+        self.calls.lock().unwrap().get(id).copied().unwrap_or(0)
+    }
+}
+
+impl<DB: TestDatabase> Handler<DB> for Applier {
+    type Error = String;
+
+    async fn handle(
+        &self,
+        message: &Message,
+        tx: &mut Transaction<'static, DB>,
+    ) -> Result<(), String> {
+        *self
+            .calls
+            .lock()
+            .unwrap()
+            .entry(message.id().to_owned())
+            .or_default() += 1;
+        DB::apply(tx, message)
+            .await
+            .map_err(|error| error.to_string())?;
+        if let Some(token) = &self.hold_until {
+            token.cancelled().await;
+        }
+        if message.topic() == "poison" {
+            return Err("poison cannot be applied".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// A delivery whose acknowledgement is lost on the way: the broker is told nothing and
+/// delivers the message again.
+struct LoseAck<D>(D);
+
+impl<D: Delivery> Delivery for LoseAck<D> {
+    fn message(&self) -> &Message {
+        self.0.message()
+    }
+
+    fn redelivered(&self) -> bool {
+        self.0.redelivered()
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        self.0.retry().await
+    }
+
+    async fn retry(self) -> Result<(), BrokerError> {
+        self.0.retry().await
+    }
+
+    async fn dead_letter(self, reason: &str) -> Result<(), BrokerError> {
+        self.0.dead_letter(reason).await
+    }
+}
+
+/// The next delivery, or a failure that says what the test was waiting for.
+async fn next(subscription: &mut AnySubscription, waiting_for: &str) -> idem_tests::AnyDelivery {
+    tokio::time::timeout(DEADLINE, subscription.next())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("no message within {DEADLINE:?} while waiting for {waiting_for}")
+        })
+        .expect("the subscription broke")
+}
+
+/// Enqueues one event in a transaction of its own and commits; returns its id.
+async fn enqueue_committed<DB: TestDatabase>(pool: &Pool<DB>, topic: &str, seq: usize) -> String {
+    let mut tx = pool.begin().await.expect("begin");
+    let id = events::enqueue(&mut tx, topic, &json!({ "seq": seq }))
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    id.to_string()
+}
+
+/// Reads messages until every id in `expected` arrived; returns the ids in arrival order per
+/// topic, duplicates included.
+async fn receive_all(
+    subscription: &mut AnySubscription,
+    expected: &HashSet<String>,
+) -> HashMap<String, Vec<String>> {
+    let mut by_topic: HashMap<String, Vec<String>> = HashMap::new();
+    let mut seen = HashSet::new();
+    while !expected.is_subset(&seen) {
+        let delivery = next(
+            subscription,
+            &format!("{} more events", expected.difference(&seen).count()),
+        )
+        .await;
+        let message = delivery.message().clone();
+        delivery.ack().await.expect("ack");
+        seen.insert(message.id().to_owned());
+        by_topic
+            .entry(message.topic().to_owned())
+            .or_default()
+            .push(message.id().to_owned());
+    }
+    by_topic
+}
+
+/// Asserts that each topic's events arrived, first occurrences taken, in the order they were
+/// enqueued, and that nothing else arrived.
+fn assert_in_order(
+    arrived: &HashMap<String, Vec<String>>,
+    enqueued: &HashMap<String, Vec<String>>,
+) {
+    for (topic, sent) in enqueued {
+        let mut firsts = Vec::new();
+        for id in arrived.get(topic).map(Vec::as_slice).unwrap_or_default() {
+            if !firsts.contains(id) {
+                firsts.push(id.clone());
+            }
+        }
+        assert_eq!(&firsts, sent, "topic {topic}: events lost or out of order");
+    }
+    for topic in arrived.keys() {
+        assert!(
+            enqueued.contains_key(topic),
+            "events of an unknown topic {topic} arrived"
+        );
+    }
+}
+
+/// Waits until `done` holds, checking every 20 ms, or fails with `what` after [`DEADLINE`].
+async fn eventually<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    while !done().await {
+        assert!(Instant::now() < deadline, "not within {DEADLINE:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn a_rolled_back_transaction_enqueues_nothing<DB: TestDatabase>(
+    pool: Pool<DB>,
+    broker: TestBroker,
+) {
+    DB::prepare(&pool).await;
+    broker.declare(CONSUMER).await;
+
+    let mut tx = pool.begin().await.expect("begin");
+    events::enqueue(&mut tx, "payment.succeeded", &json!({ "n": 1 }))
+        .await
+        .expect("enqueue");
+    tx.rollback().await.expect("rollback");
+    let committed = enqueue_committed(&pool, "payment.succeeded", 2).await;
+
+    assert_eq!(
+        DB::count(&pool, "SELECT COUNT(*) FROM idem_outbox").await,
+        1
+    );
+    let mut relay = Relay::new(pool.clone(), broker.publisher());
+    assert_eq!(
+        relay.drain().await.expect("relay"),
+        1,
+        "only the committed event is published"
+    );
+    let mut subscription = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    let delivery = next(&mut subscription, "the committed event").await;
+    assert_eq!(delivery.message().id(), committed);
+    assert_eq!(
+        delivery.message().json::<serde_json::Value>().unwrap(),
+        json!({ "seq": 2 })
+    );
+    delivery.ack().await.expect("ack");
+    assert_eq!(
+        DB::count(
+            &pool,
+            "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL"
+        )
+        .await,
+        0,
+        "the event is marked published"
+    );
+    broker.remove(&[CONSUMER]).await;
+}
+
+async fn a_redelivered_message_is_applied_once<DB: TestDatabase>(
+    pool: Pool<DB>,
+    broker: TestBroker,
+) {
+    DB::prepare(&pool).await;
+    broker.declare(CONSUMER).await;
+    let message = Message::new("evt-1", "payment.succeeded", r#"{"amount":5}"#);
+    // Published twice, as a relay that stopped before marking it would.
+    let publisher = broker.publisher();
+    publisher
+        .publish(std::slice::from_ref(&message))
+        .await
+        .expect("publish");
+    publisher
+        .publish(std::slice::from_ref(&message))
+        .await
+        .expect("publish again");
+
+    let applier = Applier::default();
+    let consumer = events::Consumer::new(CONSUMER, pool.clone(), applier.clone());
+    let mut subscription = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    // The first delivery is applied, but its acknowledgement is lost: the broker delivers it
+    // once more, besides the second copy.
+    let first = next(&mut subscription, "the first delivery").await;
+    assert_eq!(
+        consumer.process(LoseAck(first)).await.expect("process"),
+        Processed::Applied
+    );
+    for copy in ["the redelivery after the lost ack", "the second copy"] {
+        let delivery = next(&mut subscription, copy).await;
+        assert_eq!(delivery.message().id(), "evt-1");
+        assert_eq!(
+            consumer.process(delivery).await.expect("process"),
+            Processed::Duplicate
+        );
+    }
+    assert_eq!(
+        DB::applied(&pool).await,
+        vec!["evt-1".to_owned()],
+        "applied once"
+    );
+    assert_eq!(applier.calls("evt-1"), 1, "the handler ran once");
+    broker.remove(&[CONSUMER]).await;
+}
+
+async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow<
+    DB: TestDatabase,
+>(
+    pool: Pool<DB>,
+    broker: TestBroker,
+) {
+    DB::prepare(&pool).await;
+    broker.declare(CONSUMER).await;
+    broker
+        .publisher()
+        .publish(&[
+            Message::new("bad", "poison", "{}"),
+            Message::new("good-1", "payment.succeeded", "{}"),
+            Message::new("good-2", "payment.succeeded", "{}"),
+        ])
+        .await
+        .expect("publish");
+
+    let applier = Applier::default();
+    let shutdown = CancellationToken::new();
+    let running = events::Consumer::new(CONSUMER, pool.clone(), applier.clone())
+        .spawn(broker.subscriber(CONSUMER), shutdown.clone());
+    eventually(
+        "both good messages applied and the poison one dead-lettered",
+        || async {
+            let applied = DB::applied(&pool).await;
+            applied.contains(&"good-1".to_owned())
+                && applied.contains(&"good-2".to_owned())
+                && broker.dead_letters(CONSUMER).await == ["bad"]
+        },
+    )
+    .await;
+    shutdown.cancel();
+    running.await.expect("the consumer stops");
+
+    assert_eq!(applier.calls("bad"), 5, "five attempts");
+    assert_eq!(
+        DB::count(
+            &pool,
+            "SELECT CAST(attempts AS BIGINT) FROM idem_consumer_failures WHERE message_id = 'bad'"
+        )
+        .await,
+        5
+    );
+    assert!(
+        !DB::applied(&pool).await.contains(&"bad".to_owned()),
+        "the failed attempts rolled back"
+    );
+    broker.remove(&[CONSUMER]).await;
+}
+
+async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broker_is_away<
+    DB: TestDatabase,
+>(
+    pool: Pool<DB>,
+    broker: TestBroker,
+) {
+    DB::prepare(&pool).await;
+    broker.declare(CONSUMER).await;
+    let proxy = TcpProxy::start(broker.address()).await;
+    let mut relay = Relay::new(pool.clone(), broker.through(&proxy).publisher())
+        .options(RelayOptions::default().batch(4));
+    let mut enqueued: HashMap<String, Vec<String>> = HashMap::new();
+    let enqueue = async |topic: &str, seq: usize, enqueued: &mut HashMap<String, Vec<String>>| {
+        let id = enqueue_committed(&pool, topic, seq).await;
+        enqueued.entry(topic.to_owned()).or_default().push(id);
+    };
+    for seq in 0..12 {
+        for topic in ["a", "b", "c"] {
+            enqueue(topic, seq, &mut enqueued).await;
+        }
+    }
+
+    // Connections cut between batches: the next pass finds its connection dead.
+    for _ in 0..4 {
+        let _ = relay.pass().await;
+        proxy.cut_all();
+    }
+    // The broker away: nothing is published, events keep arriving in the outbox.
+    proxy.refuse(true);
+    for seq in 12..18 {
+        enqueue("a", seq, &mut enqueued).await;
+    }
+    assert!(
+        matches!(relay.pass().await, Err(events::RelayError::Broker(_))),
+        "the relay cannot publish while the broker is away"
+    );
+    proxy.refuse(false);
+    // Connections cut in the middle of a batch, after a number of bytes.
+    for bytes in [400, 700, 1000, 1500, 2500] {
+        proxy.cut_after(bytes);
+        proxy.cut_all();
+        for _ in 0..3 {
+            let _ = relay.pass().await;
+        }
+    }
+    proxy.cut_after(0);
+    let deadline = Instant::now() + DEADLINE;
+    while let Err(error) = relay.drain().await {
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not recover: {error}"
+        );
+    }
+    assert!(
+        proxy.cuts() >= 5,
+        "the proxy cut {} connections",
+        proxy.cuts()
+    );
+    assert_eq!(
+        DB::count(
+            &pool,
+            "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL"
+        )
+        .await,
+        0
+    );
+
+    let expected = enqueued.values().flatten().cloned().collect();
+    let mut subscription = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    let arrived = receive_all(&mut subscription, &expected).await;
+    assert_in_order(&arrived, &enqueued);
+    broker.remove(&[CONSUMER]).await;
+}
+
+async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestDatabase>(
+    pool: Pool<DB>,
+    broker: TestBroker,
+) {
+    DB::prepare(&pool).await;
+    broker.declare(CONSUMER).await;
+    let shutdown = CancellationToken::new();
+    let options = RelayOptions::default()
+        .batch(3)
+        .poll(Duration::from_millis(5));
+    let relays: Vec<_> = (0..3)
+        .map(|_| {
+            Relay::new(pool.clone(), broker.publisher())
+                .options(options)
+                .spawn(shutdown.clone())
+        })
+        .collect();
+    // One producer per topic, each committing its events one after the other, all at once.
+    let producers: Vec<_> = ["a", "b", "c", "d"]
+        .into_iter()
+        .map(|topic| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for seq in 0..25 {
+                    ids.push(enqueue_committed(&pool, topic, seq).await);
+                }
+                (topic.to_owned(), ids)
+            })
+        })
+        .collect();
+    let mut enqueued = HashMap::new();
+    for producer in producers {
+        let (topic, ids) = producer.await.expect("the producer");
+        enqueued.insert(topic, ids);
+    }
+    let expected = enqueued.values().flatten().cloned().collect();
+    let mut subscription = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    let arrived = receive_all(&mut subscription, &expected).await;
+    shutdown.cancel();
+    for relay in relays {
+        relay.await.expect("the relay stops");
+    }
+    assert_in_order(&arrived, &enqueued);
+    broker.remove(&[CONSUMER]).await;
+}
+
+async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestDatabase>(
+    pool: Pool<DB>,
+    broker: TestBroker,
+) {
+    DB::prepare(&pool).await;
+    broker.declare(CONSUMER).await;
+    enqueue_committed(&pool, "a", 0).await;
+    enqueue_committed(&pool, "b", 0).await;
+    // A relay whose broker never confirms holds its topic for as long as it waits.
+    let stalled = Stalled::default();
+    let reached = Arc::clone(&stalled.reached);
+    let mut holding = Relay::new(pool.clone(), stalled)
+        .options(RelayOptions::default().publish_timeout(Duration::from_secs(3600)));
+    let held = tokio::spawn(async move { holding.pass().await });
+    eventually("the stalled relay holds a topic", || {
+        let reached = Arc::clone(&reached);
+        async move { reached.load(Ordering::SeqCst) > 0 }
+    })
+    .await;
+    let mut relay = Relay::new(pool.clone(), broker.publisher());
+    assert_eq!(
+        relay.pass().await.expect("relay"),
+        Pass::Published {
+            topic: "b".to_owned(),
+            count: 1
+        },
+        "the other relay holds topic a (the first in order), so this one publishes b"
+    );
+    assert_eq!(
+        relay.pass().await.expect("relay"),
+        Pass::Idle,
+        "topic a is held: skipped"
+    );
+    held.abort();
+    let _ = held.await;
+    broker.remove(&[CONSUMER]).await;
+}
+
+/// A publisher that never answers, and counts the batches it was given.
+#[derive(Default, Clone)]
+struct Stalled {
+    reached: Arc<AtomicUsize>,
+}
+
+impl Publisher for Stalled {
+    async fn publish(&self, _: &[Message]) -> Result<(), BrokerError> {
+        self.reached.fetch_add(1, Ordering::SeqCst);
+        std::future::pending().await
+    }
+}
+
+async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestDatabase>(
+    pool: Pool<DB>,
+    broker: TestBroker,
+) {
+    DB::prepare(&pool).await;
+    broker.declare(CONSUMER).await;
+    let shutdown = CancellationToken::new();
+    // The handler goes on only once the shutdown has come: the consumer must let it finish.
+    let applier = Applier::holding_until(shutdown.clone());
+    let running = events::Consumer::new(CONSUMER, pool.clone(), applier.clone())
+        .spawn(broker.subscriber(CONSUMER), shutdown.clone());
+    broker
+        .publisher()
+        .publish(&[Message::new("in-flight", "payment.succeeded", "{}")])
+        .await
+        .expect("publish");
+    eventually("the handler to start on the message", || async {
+        applier.calls("in-flight") == 1
+    })
+    .await;
+    shutdown.cancel();
+    running.await.expect("the consumer stops");
+    assert_eq!(DB::applied(&pool).await, vec!["in-flight".to_owned()]);
+    assert_eq!(
+        broker.waiting(CONSUMER).await,
+        0,
+        "the message was acknowledged before the consumer stopped"
+    );
+    broker.remove(&[CONSUMER]).await;
+}
+
+async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
+    pool: Pool<DB>,
+    broker: TestBroker,
+) {
+    DB::prepare(&pool).await;
+    broker.declare(CONSUMER).await;
+    let proxy = TcpProxy::start(broker.address()).await;
+    let shutdown = CancellationToken::new();
+    let running = events::Consumer::new(CONSUMER, pool.clone(), Applier::default()).spawn(
+        broker.through(&proxy).subscriber(CONSUMER),
+        shutdown.clone(),
+    );
+    let publisher = broker.publisher();
+    publisher
+        .publish(&[Message::new("before", "payment.succeeded", "{}")])
+        .await
+        .expect("publish");
+    eventually("the first message applied", || async {
+        DB::applied(&pool).await.contains(&"before".to_owned())
+    })
+    .await;
+    proxy.cut_all();
+    publisher
+        .publish(&[Message::new("after", "payment.succeeded", "{}")])
+        .await
+        .expect("publish");
+    eventually("the message sent after the cut applied", || async {
+        DB::applied(&pool).await.contains(&"after".to_owned())
+    })
+    .await;
+    shutdown.cancel();
+    running.await.expect("the consumer stops");
+    let mut applied = DB::applied(&pool).await;
+    applied.sort();
+    assert_eq!(applied, ["after", "before"], "each message once");
+    assert!(proxy.cuts() >= 1);
+    broker.remove(&[CONSUMER]).await;
+}
+
+macro_rules! on_both_databases_and_brokers {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            mod rabbitmq {
+                $(
+                    #[sqlx::test(migrations = false)]
+                    async fn $name(
+                        _: sqlx::postgres::PgPoolOptions,
+                        connect: sqlx::postgres::PgConnectOptions,
+                    ) {
+                        let pool = sqlx::postgres::PgPoolOptions::new()
+                            .max_connections(8)
+                            .connect_with(connect)
+                            .await
+                            .expect("connect to the test database");
+                        super::super::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::RabbitMq)).await;
+                    }
+                )*
+            }
+            mod redis {
+                $(
+                    #[sqlx::test(migrations = false)]
+                    async fn $name(
+                        _: sqlx::postgres::PgPoolOptions,
+                        connect: sqlx::postgres::PgConnectOptions,
+                    ) {
+                        let pool = sqlx::postgres::PgPoolOptions::new()
+                            .max_connections(8)
+                            .connect_with(connect)
+                            .await
+                            .expect("connect to the test database");
+                        super::super::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::Redis)).await;
+                    }
+                )*
+            }
+        }
+        mod sqlite {
+            mod rabbitmq {
+                $(
+                    #[tokio::test]
+                    async fn $name() {
+                        let dir = tempfile::tempdir().expect("a temporary directory");
+                        let pool = super::super::sqlite_pool(&dir).await;
+                        super::super::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::RabbitMq)).await;
+                    }
+                )*
+            }
+            mod redis {
+                $(
+                    #[tokio::test]
+                    async fn $name() {
+                        let dir = tempfile::tempdir().expect("a temporary directory");
+                        let pool = super::super::sqlite_pool(&dir).await;
+                        super::super::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::Redis)).await;
+                    }
+                )*
+            }
+        }
+    };
+}
+
+async fn sqlite_pool(dir: &tempfile::TempDir) -> Pool<Sqlite> {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(dir.path().join("events.db"))
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(30));
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .expect("open the SQLite file")
+}
+
+on_both_databases_and_brokers!(
+    a_rolled_back_transaction_enqueues_nothing,
+    a_redelivered_message_is_applied_once,
+    a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow,
+    the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broker_is_away,
+    relays_side_by_side_share_the_topics_and_keep_each_in_order,
+    a_relay_passes_over_a_topic_that_another_relay_holds,
+    a_shutdown_lets_the_message_in_flight_finish_and_settle,
+    a_consumer_receives_again_after_its_connection_drops,
+);

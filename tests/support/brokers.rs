@@ -1,0 +1,389 @@
+//! The real brokers the event tests run against, behind one type: RabbitMQ at `$AMQP_URL`
+//! (default `amqp://guest:guest@127.0.0.1:5672/%2f`) and Redis at `$REDIS_URL` (default
+//! `redis://127.0.0.1:6379`). Each test gets names of its own (an exchange or a stream), so
+//! tests run side by side on one broker, and removes them when done.
+
+use std::time::Duration;
+
+use idem_runtime::events::{
+    BrokerError, Delivery, Message, Publisher, Subscriber, Subscription,
+    rabbitmq::{
+        RabbitMq, RabbitMqDelivery, RabbitMqPublisher, RabbitMqSubscriber, RabbitMqSubscription,
+    },
+    redis::{RedisDelivery, RedisPublisher, RedisStreams, RedisSubscriber, RedisSubscription},
+};
+use reqwest::Url;
+
+use crate::TcpProxy;
+
+/// How long a Redis consumer in the tests leaves a message pending before it claims it again:
+/// the delay of a retry. Short, so that five attempts do not take minutes; the tests wait for
+/// outcomes, not for this time.
+pub const REDIS_CLAIM_IDLE: Duration = Duration::from_millis(200);
+
+/// Which broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerKind {
+    /// RabbitMQ, through lapin.
+    RabbitMq,
+    /// Redis Streams.
+    Redis,
+}
+
+/// A broker with names of the test's own.
+#[derive(Debug, Clone)]
+pub struct TestBroker {
+    kind: BrokerKind,
+    url: Url,
+    name: String,
+}
+
+/// The URL of `kind` from the environment, or the local default.
+pub fn broker_url(kind: BrokerKind) -> String {
+    match kind {
+        BrokerKind::RabbitMq => std::env::var("AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned()),
+        BrokerKind::Redis => {
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+        }
+    }
+}
+
+impl TestBroker {
+    /// `kind`, with a fresh exchange or stream name.
+    pub fn new(kind: BrokerKind) -> Self {
+        let url = Url::parse(&broker_url(kind)).expect("a broker URL");
+        let name = format!(
+            "idem.test.{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        Self { kind, url, name }
+    }
+
+    /// Which broker it is.
+    pub fn kind(&self) -> BrokerKind {
+        self.kind
+    }
+
+    /// The exchange (RabbitMQ) or stream (Redis) name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The broker's `host:port`, for a proxy in front of it.
+    pub fn address(&self) -> String {
+        format!(
+            "{}:{}",
+            self.url.host_str().expect("a broker host"),
+            self.url.port().unwrap_or(match self.kind {
+                BrokerKind::RabbitMq => 5672,
+                BrokerKind::Redis => 6379,
+            })
+        )
+    }
+
+    /// The same broker and names, reached through `proxy`.
+    pub fn through(&self, proxy: &TcpProxy) -> Self {
+        let mut url = self.url.clone();
+        url.set_host(Some("127.0.0.1")).expect("a host");
+        url.set_port(Some(proxy.port())).expect("a port");
+        Self {
+            kind: self.kind,
+            url,
+            name: self.name.clone(),
+        }
+    }
+
+    /// The publisher a relay uses.
+    pub fn publisher(&self) -> AnyPublisher {
+        match self.kind {
+            BrokerKind::RabbitMq => AnyPublisher::RabbitMq(self.rabbitmq().publisher()),
+            BrokerKind::Redis => AnyPublisher::Redis(self.redis().publisher()),
+        }
+    }
+
+    /// The subscriber of the consumer `consumer`, bound to every topic.
+    pub fn subscriber(&self, consumer: &str) -> AnySubscriber {
+        match self.kind {
+            BrokerKind::RabbitMq => {
+                AnySubscriber::RabbitMq(self.rabbitmq().subscriber(consumer).bind("#"))
+            }
+            BrokerKind::Redis => AnySubscriber::Redis(
+                self.redis()
+                    .subscriber(consumer)
+                    .claim_idle(REDIS_CLAIM_IDLE),
+            ),
+        }
+    }
+
+    /// Declares the consumer's queue (RabbitMQ) or group (Redis) without reading from it, so
+    /// that events published from now on reach it.
+    pub async fn declare(&self, consumer: &str) {
+        drop(
+            self.subscriber(consumer)
+                .subscribe()
+                .await
+                .expect("declare the consumer"),
+        );
+    }
+
+    fn rabbitmq(&self) -> RabbitMq {
+        RabbitMq::new(self.url.as_str(), &self.name)
+    }
+
+    fn redis(&self) -> RedisStreams {
+        RedisStreams::new(self.url.as_str(), &self.name).expect("a Redis URL")
+    }
+
+    /// The ids of the messages in the consumer's dead-letter place, oldest first (read
+    /// without taking them).
+    pub async fn dead_letters(&self, consumer: &str) -> Vec<String> {
+        match self.kind {
+            BrokerKind::RabbitMq => {
+                let queue = self.rabbitmq().dead_letter_queue(consumer);
+                rabbitmq_peek(self.url.as_str(), &queue).await
+            }
+            BrokerKind::Redis => {
+                let client = redis::Client::open(self.url.as_str()).expect("a Redis URL");
+                let mut conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to Redis");
+                let reply: redis::streams::StreamRangeReply =
+                    redis::AsyncCommands::xrange_all(&mut conn, self.redis().dead_letter_stream())
+                        .await
+                        .expect("read the dead-letter stream");
+                reply
+                    .ids
+                    .iter()
+                    .filter(|entry| entry.get::<String>("group").as_deref() == Some(consumer))
+                    .map(|entry| entry.get::<String>("id").unwrap_or_default())
+                    .collect()
+            }
+        }
+    }
+
+    /// How many messages of the consumer wait to be delivered or acknowledged: ready in its
+    /// queue (RabbitMQ, with no consumer connected), or pending in its group plus not yet read
+    /// (Redis).
+    pub async fn waiting(&self, consumer: &str) -> usize {
+        match self.kind {
+            BrokerKind::RabbitMq => {
+                let connection = lapin::Connection::connect(
+                    self.url.as_str(),
+                    lapin::ConnectionProperties::default(),
+                )
+                .await
+                .expect("connect to RabbitMQ");
+                let channel = connection.create_channel().await.expect("a channel");
+                let queue = channel
+                    .queue_declare(
+                        self.rabbitmq().queue(consumer).as_str().into(),
+                        lapin::options::QueueDeclareOptions {
+                            passive: true,
+                            ..Default::default()
+                        },
+                        Default::default(),
+                    )
+                    .await
+                    .expect("the consumer's queue");
+                queue.message_count() as usize
+            }
+            BrokerKind::Redis => {
+                let client = redis::Client::open(self.url.as_str()).expect("a Redis URL");
+                let mut conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to Redis");
+                let groups: redis::streams::StreamInfoGroupsReply =
+                    redis::AsyncCommands::xinfo_groups(&mut conn, &self.name)
+                        .await
+                        .expect("XINFO GROUPS");
+                groups
+                    .groups
+                    .iter()
+                    .filter(|group| group.name == consumer)
+                    .map(|group| group.pending + group.lag.unwrap_or(0))
+                    .sum()
+            }
+        }
+    }
+
+    /// Removes what the test created on the broker.
+    pub async fn remove(&self, consumers: &[&str]) {
+        match self.kind {
+            BrokerKind::RabbitMq => {
+                let Ok(connection) = lapin::Connection::connect(
+                    self.url.as_str(),
+                    lapin::ConnectionProperties::default(),
+                )
+                .await
+                else {
+                    return;
+                };
+                let Ok(channel) = connection.create_channel().await else {
+                    return;
+                };
+                for consumer in consumers {
+                    for queue in [
+                        self.rabbitmq().queue(consumer),
+                        self.rabbitmq().dead_letter_queue(consumer),
+                    ] {
+                        let _ = channel
+                            .queue_delete(queue.as_str().into(), Default::default())
+                            .await;
+                    }
+                }
+                let _ = channel
+                    .exchange_delete(self.name.as_str().into(), Default::default())
+                    .await;
+            }
+            BrokerKind::Redis => {
+                let client = redis::Client::open(self.url.as_str()).expect("a Redis URL");
+                if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                    let _: Result<(), _> = redis::AsyncCommands::del(
+                        &mut conn,
+                        &[self.name.clone(), self.redis().dead_letter_stream()],
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+}
+
+/// The message ids in `queue`, read with `basic.get` and given back (nothing is taken).
+async fn rabbitmq_peek(url: &str, queue: &str) -> Vec<String> {
+    let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .expect("connect to RabbitMQ");
+    let channel = connection.create_channel().await.expect("a channel");
+    let mut ids = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue.into(), lapin::options::BasicGetOptions::default())
+        .await
+        .expect("basic.get")
+    {
+        ids.push(
+            message
+                .delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+        );
+    }
+    // Closing the connection gives the unacknowledged messages back to the queue.
+    connection
+        .close(200, "peeked".into())
+        .await
+        .expect("close the connection");
+    ids
+}
+
+/// A [`Publisher`] on either broker.
+#[derive(Debug)]
+pub enum AnyPublisher {
+    /// RabbitMQ.
+    RabbitMq(RabbitMqPublisher),
+    /// Redis.
+    Redis(RedisPublisher),
+}
+
+impl Publisher for AnyPublisher {
+    async fn publish(&self, messages: &[Message]) -> Result<(), BrokerError> {
+        match self {
+            Self::RabbitMq(publisher) => publisher.publish(messages).await,
+            Self::Redis(publisher) => publisher.publish(messages).await,
+        }
+    }
+}
+
+/// A [`Subscriber`] on either broker.
+#[derive(Debug, Clone)]
+pub enum AnySubscriber {
+    /// RabbitMQ.
+    RabbitMq(RabbitMqSubscriber),
+    /// Redis.
+    Redis(RedisSubscriber),
+}
+
+impl Subscriber for AnySubscriber {
+    type Subscription = AnySubscription;
+
+    async fn subscribe(&self) -> Result<AnySubscription, BrokerError> {
+        Ok(match self {
+            Self::RabbitMq(subscriber) => AnySubscription::RabbitMq(subscriber.subscribe().await?),
+            Self::Redis(subscriber) => AnySubscription::Redis(subscriber.subscribe().await?),
+        })
+    }
+}
+
+/// A [`Subscription`] on either broker.
+#[derive(Debug)]
+pub enum AnySubscription {
+    /// RabbitMQ.
+    RabbitMq(RabbitMqSubscription),
+    /// Redis.
+    Redis(RedisSubscription),
+}
+
+impl Subscription for AnySubscription {
+    type Delivery = AnyDelivery;
+
+    async fn next(&mut self) -> Result<AnyDelivery, BrokerError> {
+        Ok(match self {
+            Self::RabbitMq(subscription) => {
+                AnyDelivery::RabbitMq(Box::new(subscription.next().await?))
+            }
+            Self::Redis(subscription) => AnyDelivery::Redis(subscription.next().await?),
+        })
+    }
+}
+
+/// A [`Delivery`] from either broker.
+#[derive(Debug)]
+pub enum AnyDelivery {
+    /// RabbitMQ.
+    RabbitMq(Box<RabbitMqDelivery>),
+    /// Redis.
+    Redis(RedisDelivery),
+}
+
+impl Delivery for AnyDelivery {
+    fn message(&self) -> &Message {
+        match self {
+            Self::RabbitMq(delivery) => delivery.message(),
+            Self::Redis(delivery) => delivery.message(),
+        }
+    }
+
+    fn redelivered(&self) -> bool {
+        match self {
+            Self::RabbitMq(delivery) => delivery.redelivered(),
+            Self::Redis(delivery) => delivery.redelivered(),
+        }
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        match self {
+            Self::RabbitMq(delivery) => (*delivery).ack().await,
+            Self::Redis(delivery) => delivery.ack().await,
+        }
+    }
+
+    async fn retry(self) -> Result<(), BrokerError> {
+        match self {
+            Self::RabbitMq(delivery) => (*delivery).retry().await,
+            Self::Redis(delivery) => delivery.retry().await,
+        }
+    }
+
+    async fn dead_letter(self, reason: &str) -> Result<(), BrokerError> {
+        match self {
+            Self::RabbitMq(delivery) => (*delivery).dead_letter(reason).await,
+            Self::Redis(delivery) => delivery.dead_letter(reason).await,
+        }
+    }
+}
