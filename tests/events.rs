@@ -17,7 +17,7 @@ use idem_runtime::{
         RelayOptions, Subscriber, Subscription,
     },
 };
-use idem_tests::{AnySubscription, TcpProxy, TestBroker};
+use idem_tests::{AnySubscription, BrokerKind, TcpProxy, TestBroker};
 use serde_json::json;
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
 use tokio::time::Instant;
@@ -639,65 +639,108 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
     broker.remove(&[CONSUMER]).await;
 }
 
+async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_place<
+    DB: TestDatabase,
+>(
+    pool: Pool<DB>,
+    broker: TestBroker,
+) {
+    DB::prepare(&pool).await;
+    broker.declare(CONSUMER).await;
+    broker
+        .publisher()
+        .publish(&[Message::new("killer", "payment.succeeded", "{}")])
+        .await
+        .expect("publish");
+    // The handler never returns: each attempt ends with its consumer stopped mid-message, as
+    // a process that an abort or the OOM killer stops.
+    let never = CancellationToken::new();
+    let applier = Applier::holding_until(never.clone());
+    let consumer = events::Consumer::new(CONSUMER, pool.clone(), applier.clone());
+    let mut outcome = None;
+    for delivery in 1..=10 {
+        let mut subscription = broker
+            .subscriber(CONSUMER)
+            .subscribe()
+            .await
+            .expect("subscribe");
+        let received = next(&mut subscription, "the killer message again").await;
+        let consumer = consumer.clone();
+        let processing = tokio::spawn(async move { consumer.process(received).await });
+        eventually(
+            "the handler to run, or the message to be settled",
+            || async { applier.calls("killer") == delivery || processing.is_finished() },
+        )
+        .await;
+        if processing.is_finished() {
+            outcome = Some(processing.await.expect("process").expect("settled"));
+            break;
+        }
+        processing.abort();
+        let _ = processing.await;
+        drop(subscription);
+    }
+    assert_eq!(outcome, Some(Processed::DeadLettered { attempts: 5 }));
+    assert_eq!(
+        applier.calls("killer"),
+        6,
+        "the first delivery and five counted ones"
+    );
+    eventually("the message in the dead-letter place", || async {
+        broker.dead_letters(CONSUMER).await == ["killer"]
+    })
+    .await;
+    assert!(
+        DB::applied(&pool).await.is_empty(),
+        "every attempt rolled back"
+    );
+    broker.remove(&[CONSUMER]).await;
+}
+
+/// Each test on one database and one broker, as `<database>::<broker>::<name>`.
 macro_rules! on_both_databases_and_brokers {
     ($($name:ident),* $(,)?) => {
         mod postgres {
-            mod rabbitmq {
-                $(
-                    #[sqlx::test(migrations = false)]
-                    async fn $name(
-                        _: sqlx::postgres::PgPoolOptions,
-                        connect: sqlx::postgres::PgConnectOptions,
-                    ) {
-                        let pool = sqlx::postgres::PgPoolOptions::new()
-                            .max_connections(8)
-                            .connect_with(connect)
-                            .await
-                            .expect("connect to the test database");
-                        super::super::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::RabbitMq)).await;
-                    }
-                )*
-            }
-            mod redis {
-                $(
-                    #[sqlx::test(migrations = false)]
-                    async fn $name(
-                        _: sqlx::postgres::PgPoolOptions,
-                        connect: sqlx::postgres::PgConnectOptions,
-                    ) {
-                        let pool = sqlx::postgres::PgPoolOptions::new()
-                            .max_connections(8)
-                            .connect_with(connect)
-                            .await
-                            .expect("connect to the test database");
-                        super::super::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::Redis)).await;
-                    }
-                )*
-            }
+            on_both_databases_and_brokers!(@brokers postgres; $($name),*);
         }
         mod sqlite {
-            mod rabbitmq {
-                $(
-                    #[tokio::test]
-                    async fn $name() {
-                        let dir = tempfile::tempdir().expect("a temporary directory");
-                        let pool = super::super::sqlite_pool(&dir).await;
-                        super::super::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::RabbitMq)).await;
-                    }
-                )*
-            }
-            mod redis {
-                $(
-                    #[tokio::test]
-                    async fn $name() {
-                        let dir = tempfile::tempdir().expect("a temporary directory");
-                        let pool = super::super::sqlite_pool(&dir).await;
-                        super::super::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::Redis)).await;
-                    }
-                )*
-            }
+            on_both_databases_and_brokers!(@brokers sqlite; $($name),*);
         }
     };
+    (@brokers $db:ident; $($name:ident),*) => {
+        mod rabbitmq {
+            on_both_databases_and_brokers!(@tests $db, RabbitMq; $($name),*);
+        }
+        mod redis {
+            on_both_databases_and_brokers!(@tests $db, Redis; $($name),*);
+        }
+    };
+    (@tests postgres, $broker:ident; $($name:ident),*) => {$(
+        #[sqlx::test(migrations = false)]
+        async fn $name(
+            _: sqlx::postgres::PgPoolOptions,
+            connect: sqlx::postgres::PgConnectOptions,
+        ) {
+            let pool = crate::postgres_pool(connect).await;
+            crate::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
+        }
+    )*};
+    (@tests sqlite, $broker:ident; $($name:ident),*) => {$(
+        #[tokio::test]
+        async fn $name() {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let pool = crate::sqlite_pool(&dir).await;
+            crate::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
+        }
+    )*};
+}
+
+async fn postgres_pool(connect: sqlx::postgres::PgConnectOptions) -> Pool<Postgres> {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(connect)
+        .await
+        .expect("connect to the test database")
 }
 
 async fn sqlite_pool(dir: &tempfile::TempDir) -> Pool<Sqlite> {
@@ -722,4 +765,88 @@ on_both_databases_and_brokers!(
     a_relay_passes_over_a_topic_that_another_relay_holds,
     a_shutdown_lets_the_message_in_flight_finish_and_settle,
     a_consumer_receives_again_after_its_connection_drops,
+    a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_place,
 );
+
+/// RabbitMQ only: Redis takes every entry, so it never refuses a topic.
+async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: TestDatabase>(pool: Pool<DB>) {
+    DB::prepare(&pool).await;
+    let broker = TestBroker::new(BrokerKind::RabbitMq);
+    broker
+        .rabbitmq_subscriber(CONSUMER, "b")
+        .declare()
+        .await
+        .expect("declare");
+    let a = enqueue_committed(&pool, "a", 0).await;
+    let b = [
+        enqueue_committed(&pool, "b", 0).await,
+        enqueue_committed(&pool, "b", 1).await,
+    ];
+    let mut relay = Relay::new(pool.clone(), broker.publisher());
+    assert!(matches!(relay.pass().await, Ok(Pass::Refused { topic, .. }) if topic == "a"));
+    assert_eq!(
+        relay.drain().await.expect("relay"),
+        2,
+        "topic b is published meanwhile"
+    );
+    let mut subscription = broker
+        .rabbitmq_subscriber(CONSUMER, "b")
+        .subscribe()
+        .await
+        .expect("subscribe");
+    for id in &b {
+        let delivery = subscription.next().await.expect("a message");
+        assert_eq!(delivery.message().id(), id);
+        delivery.ack().await.expect("ack");
+    }
+    drop(subscription);
+    assert_eq!(
+        DB::count(
+            &pool,
+            "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL"
+        )
+        .await,
+        1,
+        "topic a's event waits"
+    );
+
+    // A queue for topic a appears: once its backoff is over, the relay publishes it.
+    broker
+        .rabbitmq_subscriber(CONSUMER, "a")
+        .declare()
+        .await
+        .expect("bind topic a");
+    let deadline = Instant::now() + DEADLINE;
+    let waiting = "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL";
+    while DB::count(&pool, waiting).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "topic a not published within {DEADLINE:?}"
+        );
+        relay.drain().await.expect("relay");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut subscription = broker
+        .rabbitmq_subscriber(CONSUMER, "a")
+        .subscribe()
+        .await
+        .expect("subscribe");
+    let delivery = subscription.next().await.expect("a message");
+    assert_eq!(delivery.message().id(), a);
+    delivery.ack().await.expect("ack");
+    broker.remove(&[CONSUMER]).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_a_topic_no_queue_receives_waits_while_the_others_flow(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    a_topic_no_queue_receives_waits_while_the_others_flow(postgres_pool(connect).await).await;
+}
+
+#[tokio::test]
+async fn sqlite_a_topic_no_queue_receives_waits_while_the_others_flow() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    a_topic_no_queue_receives_waits_while_the_others_flow(sqlite_pool(&dir).await).await;
+}

@@ -106,6 +106,27 @@ pub fn broker() -> Result<Option<Broker>, Error> {
     }
 }
 
+/// Logs to stderr as `$RUST_LOG` says (default `info`), runs `run`, and turns its error into
+/// a line on stderr (`<binary>: <error>`) and a failure exit code.
+pub async fn main<F>(binary: &str, run: F) -> std::process::ExitCode
+where
+    F: Future<Output = Result<(), Error>>,
+{
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match run.await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{binary}: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Waits for Ctrl-C or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {

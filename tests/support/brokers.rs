@@ -106,7 +106,7 @@ impl TestBroker {
     pub fn subscriber(&self, consumer: &str) -> AnySubscriber {
         match self.kind {
             BrokerKind::RabbitMq => {
-                AnySubscriber::RabbitMq(self.rabbitmq().subscriber(consumer).bind("#"))
+                AnySubscriber::RabbitMq(self.rabbitmq_subscriber(consumer, "#"))
             }
             BrokerKind::Redis => AnySubscriber::Redis(
                 self.redis()
@@ -119,12 +119,16 @@ impl TestBroker {
     /// Declares the consumer's queue (RabbitMQ) or group (Redis) without reading from it, so
     /// that events published from now on reach it.
     pub async fn declare(&self, consumer: &str) {
-        drop(
-            self.subscriber(consumer)
-                .subscribe()
-                .await
-                .expect("declare the consumer"),
-        );
+        match self.kind {
+            BrokerKind::RabbitMq => self.rabbitmq_subscriber(consumer, "#").declare().await,
+            BrokerKind::Redis => self.redis().subscriber(consumer).declare().await,
+        }
+        .expect("declare the consumer");
+    }
+
+    /// The RabbitMQ subscriber of `consumer`, bound to `pattern` only.
+    pub fn rabbitmq_subscriber(&self, consumer: &str, pattern: &str) -> RabbitMqSubscriber {
+        self.rabbitmq().subscriber(consumer).bind(pattern)
     }
 
     fn rabbitmq(&self) -> RabbitMq {
@@ -144,11 +148,7 @@ impl TestBroker {
                 rabbitmq_peek(self.url.as_str(), &queue).await
             }
             BrokerKind::Redis => {
-                let client = redis::Client::open(self.url.as_str()).expect("a Redis URL");
-                let mut conn = client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect to Redis");
+                let mut conn = self.redis_connection().await;
                 let reply: redis::streams::StreamRangeReply =
                     redis::AsyncCommands::xrange_all(&mut conn, self.redis().dead_letter_stream())
                         .await
@@ -176,25 +176,33 @@ impl TestBroker {
                 .await
                 .expect("connect to RabbitMQ");
                 let channel = connection.create_channel().await.expect("a channel");
-                let queue = channel
-                    .queue_declare(
-                        self.rabbitmq().queue(consumer).as_str().into(),
-                        lapin::options::QueueDeclareOptions {
-                            passive: true,
-                            ..Default::default()
-                        },
-                        Default::default(),
-                    )
-                    .await
-                    .expect("the consumer's queue");
-                queue.message_count() as usize
+                // Unacknowledged messages count as ready only once their consumer's
+                // connection is gone, which the broker learns a moment after it closes.
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+                loop {
+                    let queue = channel
+                        .queue_declare(
+                            self.rabbitmq().queue(consumer).as_str().into(),
+                            lapin::options::QueueDeclareOptions {
+                                passive: true,
+                                ..Default::default()
+                            },
+                            Default::default(),
+                        )
+                        .await
+                        .expect("the consumer's queue");
+                    if queue.consumer_count() == 0 {
+                        break queue.message_count() as usize;
+                    }
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "the consumer's connection did not close within a minute"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
             BrokerKind::Redis => {
-                let client = redis::Client::open(self.url.as_str()).expect("a Redis URL");
-                let mut conn = client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("connect to Redis");
+                let mut conn = self.redis_connection().await;
                 let groups: redis::streams::StreamInfoGroupsReply =
                     redis::AsyncCommands::xinfo_groups(&mut conn, &self.name)
                         .await
@@ -207,6 +215,14 @@ impl TestBroker {
                     .sum()
             }
         }
+    }
+
+    async fn redis_connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url.as_str())
+            .expect("a Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to Redis")
     }
 
     /// Removes what the test created on the broker.

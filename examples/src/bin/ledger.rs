@@ -18,22 +18,10 @@ use idem_examples::{
 };
 use idem_runtime::{CancellationToken, events::Consumer};
 use sqlx::Pool;
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("ledger: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    setup::main("ledger", run()).await
 }
 
 async fn run() -> Result<(), Error> {

@@ -35,22 +35,10 @@ use idem_runtime::{
     tasks::{self, PurgeOptions},
 };
 use sqlx::{Pool, Postgres, Sqlite};
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("payments: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    setup::main("payments", run()).await
 }
 
 async fn run() -> Result<(), Error> {

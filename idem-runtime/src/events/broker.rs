@@ -61,8 +61,10 @@ pub trait Subscriber: Send + Sync + 'static {
     fn subscribe(&self) -> impl Future<Output = Result<Self::Subscription, BrokerError>> + Send;
 }
 
-/// An open subscription: the messages, one delivery at a time. Dropping it gives the
-/// unacknowledged ones back to the broker.
+/// An open subscription: the messages, one delivery at a time. Dropping it leaves the
+/// unacknowledged ones to the broker: RabbitMQ delivers them again at once, Redis once they
+/// are claimed (by the same consumer name subscribing again, or by another after
+/// [`claim_idle`](super::redis::RedisSubscriber::claim_idle)).
 pub trait Subscription: Send + 'static {
     /// One received message, to settle once.
     type Delivery: Delivery;

@@ -223,6 +223,10 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
             delivery.dead_letter("the message has no id").await?;
             return Ok(Processed::DeadLettered { attempts: 0 });
         }
+        // A message delivered again may have stopped the process that had it (an abort, an
+        // OOM kill): its attempt is counted before it runs, so that such a message too ends in
+        // the dead-letter place instead of stopping every process that takes it. A first
+        // delivery is not counted ahead: the common path writes nothing more.
         let redelivered = delivery.redelivered();
         if redelivered {
             let attempts = match DB::attempts(&self.pool, &self.name, id).await {
@@ -234,6 +238,9 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
                     .dead_letter(delivery, attempts, "it failed too often before")
                     .await;
             }
+            if let Err(error) = DB::count_failure(&self.pool, &self.name, id, UNFINISHED).await {
+                return self.give_back(delivery, error).await;
+            }
         }
         let failure = match self.apply(&message, redelivered).await {
             Ok(true) => {
@@ -244,13 +251,24 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
                 return Ok(Processed::Applied);
             }
             Ok(false) => {
+                if redelivered {
+                    // The attempt counted ahead was not one.
+                    if let Err(error) = DB::clear_failures_apart(&self.pool, &self.name, id).await {
+                        tracing::debug!(%error, "forgetting a duplicate's attempt failed");
+                    }
+                }
                 delivery.ack().await?;
                 return Ok(Processed::Duplicate);
             }
             Err(Failure::Store(error)) => return self.give_back(delivery, error).await,
             Err(Failure::Handler(reason)) => reason,
         };
-        let attempts = match DB::count_failure(&self.pool, &self.name, id, &failure).await {
+        let counted = if redelivered {
+            DB::note_failure(&self.pool, &self.name, id, &failure).await
+        } else {
+            DB::count_failure(&self.pool, &self.name, id, &failure).await
+        };
+        let attempts = match counted {
             Ok(attempts) => attempts,
             Err(error) => return self.give_back(delivery, error).await,
         };
@@ -264,6 +282,9 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
             error = %failure,
             "processing a message failed; it will be tried again"
         );
+        // A little later each time: a failure that passes (a deadlock, a service restarting)
+        // gets time to pass before the attempts run out.
+        tokio::time::sleep(retry_delay(attempts, self.max_backoff)).await;
         delivery.retry().await?;
         Ok(Processed::Failed { attempts })
     }
@@ -364,9 +385,6 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
                     continue 'subscribe;
                 }
             };
-            if broker.succeeded() {
-                tracing::info!(consumer = %self.name, "the consumer receives messages again");
-            }
             loop {
                 if Instant::now() >= next_purge {
                     next_purge = Instant::now() + purge_every;
@@ -377,7 +395,14 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
                     next = subscription.next() => next,
                 };
                 let delivery = match next {
-                    Ok(delivery) => delivery,
+                    Ok(delivery) => {
+                        // Only a delivery ends an outage: a subscription that opens and then
+                        // breaks every time stays one outage, with one warning.
+                        if broker.succeeded() {
+                            tracing::info!(consumer = %self.name, "the consumer receives messages again");
+                        }
+                        delivery
+                    }
                     Err(error) => {
                         if !self.pause(&mut broker, &error, &shutdown).await {
                             return;
@@ -457,6 +482,17 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
             }
         }
     }
+}
+
+/// The error recorded for an attempt counted before it runs, until it ends.
+const UNFINISHED: &str = "delivered again before an outcome was recorded: the consumer stopped, \
+     or lost its connection, while processing it";
+
+/// The wait before a failed message is given back: 100 ms after the first failure, doubling
+/// with each, at most `cap`.
+fn retry_delay(attempts: u32, cap: Duration) -> Duration {
+    let doublings = attempts.saturating_sub(1).min(16);
+    (Duration::from_millis(100) * 2u32.pow(doublings)).min(cap)
 }
 
 /// Why [`Consumer::apply`] did not commit.

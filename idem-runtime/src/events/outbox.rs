@@ -28,6 +28,12 @@ impl Default for EventId {
     }
 }
 
+impl From<uuid::Uuid> for EventId {
+    fn from(id: uuid::Uuid) -> Self {
+        Self(id)
+    }
+}
+
 impl fmt::Display for EventId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)

@@ -63,7 +63,7 @@ impl RabbitMq {
     pub fn publisher(&self) -> RabbitMqPublisher {
         RabbitMqPublisher {
             broker: self.clone(),
-            channel: Mutex::new(None),
+            channel: Mutex::new((None, false)),
         }
     }
 
@@ -118,7 +118,7 @@ impl RabbitMq {
 
 fn short(name: &str) -> Result<ShortString, BrokerError> {
     if name.len() > MAX_NAME {
-        return Err(BrokerError::Refused(format!(
+        return Err(BrokerError::Invalid(format!(
             "`{name}` is {} bytes long; AMQP names hold at most {MAX_NAME}",
             name.len()
         )));
@@ -131,7 +131,9 @@ fn short(name: &str) -> Result<ShortString, BrokerError> {
 /// consumers' queues exist wait in the outbox instead of being lost.
 pub struct RabbitMqPublisher {
     broker: RabbitMq,
-    channel: Mutex<Option<(Connection, Channel)>>,
+    /// The channel, and whether a publish on it was cut short (its caller stopped waiting):
+    /// such a channel is not used again.
+    channel: Mutex<(Option<(Connection, Channel)>, bool)>,
 }
 
 impl std::fmt::Debug for RabbitMqPublisher {
@@ -171,40 +173,44 @@ impl RabbitMqPublisher {
                 .map_err(BrokerError::unavailable)?;
             confirms.push((message, confirm));
         }
+        // Every confirm is awaited, the first failure kept: a confirm left behind would stay
+        // in the channel's books.
+        let mut outcome = Ok(());
         for (message, confirm) in confirms {
-            match confirm.await.map_err(BrokerError::unavailable)? {
-                Confirmation::Ack(None) => {}
-                Confirmation::Ack(Some(_)) => {
-                    return Err(BrokerError::Refused(format!(
-                        "no queue is bound to topic `{}` on exchange `{}`; the event waits \
-                         until a consumer declares its queue",
-                        message.topic(),
-                        exchange
-                    )));
+            let refused = match confirm.await {
+                Ok(Confirmation::Ack(None)) => continue,
+                Err(error) => BrokerError::unavailable(error),
+                Ok(Confirmation::Ack(Some(_))) => BrokerError::Refused(format!(
+                    "no queue is bound to topic `{}` on exchange `{}`; the event waits until a \
+                     consumer declares its queue",
+                    message.topic(),
+                    exchange
+                )),
+                Ok(Confirmation::Nack(_)) => BrokerError::Refused(format!(
+                    "RabbitMQ refused message {} (a negative confirm)",
+                    message.id()
+                )),
+                Ok(Confirmation::NotRequested) => {
+                    BrokerError::Refused("publisher confirms are off on the channel".to_owned())
                 }
-                Confirmation::Nack(_) => {
-                    return Err(BrokerError::Refused(format!(
-                        "RabbitMQ refused message {} (a negative confirm)",
-                        message.id()
-                    )));
-                }
-                Confirmation::NotRequested => {
-                    return Err(BrokerError::Refused(
-                        "publisher confirms are off on the channel".to_owned(),
-                    ));
-                }
+            };
+            if outcome.is_ok() {
+                outcome = Err(refused);
             }
         }
-        Ok(())
+        outcome
     }
 }
 
 impl Publisher for RabbitMqPublisher {
     async fn publish(&self, messages: &[Message]) -> Result<(), BrokerError> {
-        let mut held = self.channel.lock().await;
-        if held.as_ref().is_none_or(|(connection, channel)| {
-            !connection.status().connected() || !channel.status().connected()
-        }) {
+        let mut guard = self.channel.lock().await;
+        let (held, in_doubt) = &mut *guard;
+        let usable = !std::mem::replace(in_doubt, true)
+            && held.as_ref().is_some_and(|(connection, channel)| {
+                connection.status().connected() && channel.status().connected()
+            });
+        if !usable {
             *held = None;
             let (connection, channel) = self.broker.channel().await?;
             channel
@@ -221,6 +227,7 @@ impl Publisher for RabbitMqPublisher {
             // Start from a fresh connection next time.
             *held = None;
         }
+        *in_doubt = false;
         published
     }
 }
@@ -250,11 +257,24 @@ impl RabbitMqSubscriber {
     }
 }
 
-impl Subscriber for RabbitMqSubscriber {
-    type Subscription = RabbitMqSubscription;
-
-    async fn subscribe(&self) -> Result<RabbitMqSubscription, BrokerError> {
+impl RabbitMqSubscriber {
+    /// Declares the exchange, the queue, its dead-letter queue and the bindings, without
+    /// consuming: events published from then on reach the queue even before the consumer
+    /// first runs.
+    ///
+    /// # Errors
+    ///
+    /// When the broker cannot be reached or refuses a declaration (a queue that exists with
+    /// other settings).
+    pub async fn declare(&self) -> Result<(), BrokerError> {
         let (connection, channel) = self.broker.channel().await?;
+        self.declare_on(&channel).await?;
+        // The connection closes when dropped.
+        drop((channel, connection));
+        Ok(())
+    }
+
+    async fn declare_on(&self, channel: &Channel) -> Result<(), BrokerError> {
         let dead = format!("{}.dead", self.queue);
         let durable = QueueDeclareOptions {
             durable: true,
@@ -289,6 +309,16 @@ impl Subscriber for RabbitMqSubscriber {
                 .await
                 .map_err(BrokerError::unavailable)?;
         }
+        Ok(())
+    }
+}
+
+impl Subscriber for RabbitMqSubscriber {
+    type Subscription = RabbitMqSubscription;
+
+    async fn subscribe(&self) -> Result<RabbitMqSubscription, BrokerError> {
+        let (connection, channel) = self.broker.channel().await?;
+        self.declare_on(&channel).await?;
         channel
             .basic_qos(self.prefetch, BasicQosOptions::default())
             .await

@@ -42,6 +42,9 @@ use super::{BrokerError, Delivery, Message, Publisher, Subscriber, Subscription}
 /// How long connecting may take before it counts as a failure.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long Redis may take to answer a command (a blocking read: beyond its own wait).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A Redis server and the stream events go through.
 #[derive(Debug, Clone)]
 pub struct RedisStreams {
@@ -125,7 +128,7 @@ impl Publisher for RedisPublisher {
         let mut held = self.connection.lock().await;
         let connection = match held.as_mut() {
             Some(connection) => connection,
-            None => held.insert(self.broker.connect(Some(Duration::from_secs(10))).await?),
+            None => held.insert(self.broker.connect(Some(RESPONSE_TIMEOUT)).await?),
         };
         let mut pipe = redis::pipe();
         for message in messages {
@@ -186,22 +189,39 @@ impl RedisSubscriber {
     }
 }
 
+impl RedisSubscriber {
+    /// Creates the consumer group (and the stream) if they do not exist, without reading:
+    /// the group starts at the stream's first entry either way.
+    ///
+    /// # Errors
+    ///
+    /// When Redis cannot be reached or refuses the command.
+    pub async fn declare(&self) -> Result<(), BrokerError> {
+        let mut control = self.broker.connect(Some(RESPONSE_TIMEOUT)).await?;
+        self.declare_on(&mut control).await
+    }
+
+    async fn declare_on(&self, control: &mut MultiplexedConnection) -> Result<(), BrokerError> {
+        let created: Result<(), redis::RedisError> = control
+            .xgroup_create_mkstream(&*self.broker.stream, &*self.group, "0")
+            .await;
+        match created {
+            Ok(()) => Ok(()),
+            Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),
+            Err(error) => Err(BrokerError::unavailable(error)),
+        }
+    }
+}
+
 impl Subscriber for RedisSubscriber {
     type Subscription = RedisSubscription;
 
     async fn subscribe(&self) -> Result<RedisSubscription, BrokerError> {
         // Blocking reads wait longer than any response timeout: they get a connection of
-        // their own, without one.
+        // their own, whose reads are bounded one by one.
         let reads = self.broker.connect(None).await?;
-        let mut control = self.broker.connect(Some(Duration::from_secs(10))).await?;
-        let created: Result<(), redis::RedisError> = control
-            .xgroup_create_mkstream(&*self.broker.stream, &*self.group, "0")
-            .await;
-        match created {
-            Ok(()) => {}
-            Err(error) if error.code() == Some("BUSYGROUP") => {}
-            Err(error) => return Err(BrokerError::unavailable(error)),
-        }
+        let mut control = self.broker.connect(Some(RESPONSE_TIMEOUT)).await?;
+        self.declare_on(&mut control).await?;
         Ok(RedisSubscription {
             subscriber: self.clone(),
             reads,
@@ -325,11 +345,16 @@ impl Subscription for RedisSubscription {
                 .group(&*s.group, &s.consumer)
                 .count(s.batch)
                 .block(usize::try_from(wait.as_millis()).unwrap_or(usize::MAX));
-            let reply: Option<StreamReadReply> = self
-                .reads
-                .xread_options(&[&*s.broker.stream], &[">"], &options)
-                .await
-                .map_err(BrokerError::unavailable)?;
+            // Bounded, so that a connection that died without a word (a half-open TCP
+            // connection) is noticed.
+            let reply: Option<StreamReadReply> = tokio::time::timeout(
+                wait + RESPONSE_TIMEOUT,
+                self.reads
+                    .xread_options(&[&*s.broker.stream], &[">"], &options),
+            )
+            .await
+            .map_err(|_| BrokerError::unavailable("Redis did not answer a blocking read in time"))?
+            .map_err(BrokerError::unavailable)?;
             for key in reply.map(|reply| reply.keys).unwrap_or_default() {
                 for entry in key.ids {
                     let delivery = self.delivery(entry, false);

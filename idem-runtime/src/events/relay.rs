@@ -1,7 +1,11 @@
 //! The relay: publishes the outbox's events to a broker, each topic in order, and marks them
 //! published once the broker confirmed them.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use sqlx::Pool;
 use tokio::{task::JoinHandle, time::Instant};
@@ -127,6 +131,15 @@ pub struct Relay<DB: Backend, P> {
     id: String,
     last_topic: Option<String>,
     on_confirmed: Option<Arc<ConfirmedObserver>>,
+    /// Topics the broker refused, skipped until their wait is over.
+    refused: HashMap<String, Refused>,
+}
+
+/// A topic the broker refused: when to try it again, and its own backoff.
+#[derive(Debug)]
+struct Refused {
+    until: Instant,
+    backoff: Backoff,
 }
 
 /// What [`Relay::on_confirmed`] calls.
@@ -151,11 +164,19 @@ pub enum Pass {
         /// How many events.
         count: usize,
     },
-    /// The topic it took had no event ready yet (one whose transaction, or an older one, is
-    /// still running).
+    /// The topic it took had no event left: another relay published them in the meantime
+    /// (SQLite, after a lease ran out).
     NotReady {
         /// The topic.
         topic: String,
+    },
+    /// The broker refused the topic's batch (on RabbitMQ: no queue is bound to receive it).
+    /// The topic is skipped, with a backoff of its own, while the others go on.
+    Refused {
+        /// The topic.
+        topic: String,
+        /// What the broker said.
+        reason: String,
     },
     /// No topic with waiting events was free.
     Idle,
@@ -171,6 +192,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             id: uuid::Uuid::new_v4().to_string(),
             last_topic: None,
             on_confirmed: None,
+            refused: HashMap::new(),
         }
     }
 
@@ -204,13 +226,22 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// # Errors
     ///
     /// [`RelayError::Store`] when the database failed, [`RelayError::Broker`] when the broker
-    /// did not confirm the batch (or not within [`RelayOptions::publish_timeout`]); the batch's
-    /// events are still waiting either way.
+    /// cannot be reached or did not confirm the batch within
+    /// [`RelayOptions::publish_timeout`]; the batch's events are still waiting either way. A
+    /// batch the broker answered but refused is [`Pass::Refused`], not an error.
     pub async fn pass(&mut self) -> Result<Pass, RelayError> {
+        let now = Instant::now();
+        let skip: Vec<String> = self
+            .refused
+            .iter()
+            .filter(|(_, refused)| refused.until > now)
+            .map(|(topic, _)| topic.clone())
+            .collect();
         let Some(batch) = DB::take_batch(
             &self.pool,
             &self.id,
             self.last_topic.as_deref(),
+            &skip,
             i64::from(self.options.batch),
             self.options.lease,
         )
@@ -239,15 +270,50 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             if let Err(store) = DB::abandon(&self.pool, &self.id, batch).await {
                 tracing::debug!(error = %store, "letting go of an outbox topic failed");
             }
-            return Err(error.into());
+            return match error {
+                BrokerError::Refused(reason) | BrokerError::Invalid(reason) => {
+                    Ok(self.refuse(topic, reason))
+                }
+                unavailable => Err(unavailable.into()),
+            };
         }
         if let Some(observer) = &self.on_confirmed {
             observer(&batch.messages);
         }
         let count = batch.messages.len();
         DB::mark_published(&self.pool, &self.id, batch).await?;
+        if self.refused.remove(&topic).is_some() {
+            tracing::info!(%topic, "the broker takes the topic's events again");
+        }
         tracing::debug!(%topic, count, "published outbox events");
         Ok(Pass::Published { topic, count })
+    }
+
+    /// Skips `topic` for a while: one warning when the broker starts refusing it.
+    fn refuse(&mut self, topic: String, reason: String) -> Pass {
+        let refused = self
+            .refused
+            .entry(topic.clone())
+            .or_insert_with(|| Refused {
+                until: Instant::now(),
+                backoff: Backoff::new(
+                    self.options.poll.max(Duration::from_millis(50)),
+                    self.options.max_backoff,
+                ),
+            });
+        let (wait, started) = refused.backoff.failed();
+        refused.until = Instant::now() + wait;
+        if started {
+            tracing::warn!(
+                %topic,
+                %reason,
+                "the broker refuses the topic's events; they wait in the outbox and the relay \
+                 retries with backoff, publishing the other topics meanwhile"
+            );
+        } else {
+            tracing::debug!(%topic, %reason, ?wait, "the broker still refuses the topic's events");
+        }
+        Pass::Refused { topic, reason }
     }
 
     /// Publishes until no event is ready; returns how many it published.
@@ -257,15 +323,15 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// As [`Relay::pass`]; what was published before the error stays published.
     pub async fn drain(&mut self) -> Result<usize, RelayError> {
         let mut published = 0;
-        let mut not_ready = HashSet::new();
+        let mut passed_over = HashSet::new();
         loop {
             match self.pass().await? {
                 Pass::Published { count, .. } => {
                     published += count;
-                    not_ready.clear();
+                    passed_over.clear();
                 }
-                Pass::NotReady { topic } => {
-                    if !not_ready.insert(topic) {
+                Pass::NotReady { topic } | Pass::Refused { topic, .. } => {
+                    if !passed_over.insert(topic) {
                         return Ok(published);
                     }
                 }
@@ -296,13 +362,15 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         }
     }
 
-    /// Runs the relay until `shutdown` is cancelled: [`Relay::drain`], then a wait of
-    /// [`RelayOptions::poll`], again and again; published events are purged now and then.
+    /// Runs the relay until `shutdown` is cancelled: batch after batch while events wait,
+    /// then a look every [`RelayOptions::poll`]; published events past their retention are
+    /// purged now and then.
     ///
     /// While the broker or the database is away, events wait in the outbox and the relay
     /// retries with a capped backoff. It logs one warning when the trouble starts and one line
-    /// when it ends, not one per attempt. A cancellation stops it at once: a batch it was
-    /// publishing stays unmarked and is published again by the next relay.
+    /// when it ends, not one per attempt; a topic the broker refuses is skipped with a backoff
+    /// (and a warning) of its own. A cancellation stops it at once: a batch it was publishing
+    /// stays unmarked and is published again by the next relay.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(
             self.options.poll.max(Duration::from_millis(50)),
@@ -311,31 +379,50 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let purge_every =
             (self.options.retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600));
         let mut next_purge = Instant::now();
+        let mut passed_over = HashSet::new();
         loop {
-            let wait = tokio::select! {
+            let passed = tokio::select! {
                 () = shutdown.cancelled() => return,
-                drained = self.drain() => match drained {
-                    Ok(_) => {
-                        if backoff.succeeded() {
-                            tracing::info!("the outbox relay publishes again");
-                        }
-                        self.options.poll
-                    }
-                    Err(error) => {
-                        let (wait, started) = backoff.failed();
-                        if started {
-                            tracing::warn!(
-                                %error,
-                                "the outbox relay cannot publish; events wait in the outbox \
-                                 and the relay retries with backoff"
-                            );
-                        } else {
-                            tracing::debug!(%error, ?wait, "the outbox relay still cannot publish");
-                        }
-                        wait
-                    }
-                },
+                passed = self.pass() => passed,
             };
+            let wait = match passed {
+                Ok(pass) => {
+                    if backoff.succeeded() {
+                        tracing::info!("the outbox relay publishes again");
+                    }
+                    match pass {
+                        Pass::Published { .. } => {
+                            passed_over.clear();
+                            None
+                        }
+                        // Another topic may be ready: go on until one comes round again.
+                        Pass::NotReady { topic } | Pass::Refused { topic, .. }
+                            if passed_over.insert(topic.clone()) =>
+                        {
+                            None
+                        }
+                        _ => {
+                            passed_over.clear();
+                            Some(self.options.poll)
+                        }
+                    }
+                }
+                Err(error) => {
+                    let (wait, started) = backoff.failed();
+                    if started {
+                        tracing::warn!(
+                            %error,
+                            "the outbox relay cannot publish; events wait in the outbox \
+                             and the relay retries with backoff"
+                        );
+                    } else {
+                        tracing::debug!(%error, ?wait, "the outbox relay still cannot publish");
+                    }
+                    Some(wait)
+                }
+            };
+            // Checked after every pass, so that a relay that never runs out of events purges
+            // too.
             if Instant::now() >= next_purge {
                 next_purge = Instant::now() + purge_every;
                 tokio::select! {
@@ -345,9 +432,11 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                     },
                 }
             }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
+            if let Some(wait) = wait {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
             }
         }
     }

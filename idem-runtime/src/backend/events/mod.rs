@@ -24,6 +24,24 @@ pub struct Batch<DB: EventStorage> {
     pub(crate) held: DB::Held,
 }
 
+impl<DB: EventStorage> Batch<DB> {
+    /// The batch of `topic` from its rows `(id, event id, payload)`, in order.
+    pub(crate) fn new(topic: String, rows: Vec<(i64, String, String)>, held: DB::Held) -> Self {
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut messages = Vec::with_capacity(rows.len());
+        for (id, event_id, payload) in rows {
+            ids.push(id);
+            messages.push(Message::new(event_id, topic.clone(), payload));
+        }
+        Self {
+            topic,
+            messages,
+            rows: ids,
+            held,
+        }
+    }
+}
+
 /// The outbox's and the consumers' statements of one database. Not public API (hidden, like
 /// [`Storage`](super::Storage)).
 #[doc(hidden)]
@@ -39,13 +57,14 @@ pub trait EventStorage: sqlx::Database + Sized {
         payload: &'c str,
     ) -> impl Future<Output = Result<(), crate::Error>> + Send + 'c;
 
-    /// Takes a topic no other relay holds and up to `limit` of its events that are ready, in
-    /// order. The topics after `after` come first, so that every topic gets its turn. `None`
-    /// when no topic with waiting events is free.
+    /// Takes a topic with waiting events that no other relay holds and is not in `skip`, and
+    /// up to `limit` of its events, in order. The topics after `after` come first, so that
+    /// every topic gets its turn. `None` when there is no such topic; nothing is written then.
     fn take_batch<'p>(
         pool: &'p Pool<Self>,
         relay: &'p str,
         after: Option<&'p str>,
+        skip: &'p [String],
         limit: i64,
         lease: Duration,
     ) -> impl Future<Output = Result<Option<Batch<Self>>, crate::Error>> + Send + 'p;
@@ -87,6 +106,15 @@ pub trait EventStorage: sqlx::Database + Sized {
         message_id: &'p str,
     ) -> impl Future<Output = Result<u32, crate::Error>> + Send + 'p;
 
+    /// Records `error` as the last failure of `consumer` on `message_id`, counted before (see
+    /// [`EventStorage::count_failure`]); returns the count.
+    fn note_failure<'p>(
+        pool: &'p Pool<Self>,
+        consumer: &'p str,
+        message_id: &'p str,
+        error: &'p str,
+    ) -> impl Future<Output = Result<u32, crate::Error>> + Send + 'p;
+
     /// Counts one more failure of `consumer` on `message_id` and returns the count.
     fn count_failure<'p>(
         pool: &'p Pool<Self>,
@@ -102,6 +130,13 @@ pub trait EventStorage: sqlx::Database + Sized {
         message_id: &'c str,
     ) -> impl Future<Output = Result<(), crate::Error>> + Send + 'c;
 
+    /// Forgets the failures of `consumer` on `message_id`, in a statement of its own.
+    fn clear_failures_apart<'p>(
+        pool: &'p Pool<Self>,
+        consumer: &'p str,
+        message_id: &'p str,
+    ) -> impl Future<Output = Result<(), crate::Error>> + Send + 'p;
+
     /// Deletes up to `limit` records of `consumer` (processed ids and failure counts) older
     /// than `retention`.
     fn purge_consumed<'p>(
@@ -110,4 +145,145 @@ pub trait EventStorage: sqlx::Database + Sized {
         retention: Duration,
         limit: i64,
     ) -> impl Future<Output = Result<u64, crate::Error>> + Send + 'p;
+}
+
+/// The [`EventStorage`] methods whose statements bind alike on every database: each backend
+/// module provides the SQL constants `ENQUEUE`, `PURGE_PUBLISHED`, `CLAIM`, `ATTEMPTS`,
+/// `NOTE_FAILURE`, `COUNT_FAILURE`, `CLEAR_FAILURES`, `PURGE_CONSUMED` and `PURGE_FAILURES`
+/// (attempts read as a 64-bit integer, times computed by the database, retentions bound in
+/// milliseconds).
+macro_rules! shared_event_storage {
+    ($db:ty, $conn:ty) => {
+        async fn enqueue(
+            conn: &mut $conn,
+            id: &str,
+            topic: &str,
+            payload: &str,
+        ) -> Result<(), crate::Error> {
+            sqlx::query(ENQUEUE)
+                .bind(id)
+                .bind(topic)
+                .bind(payload)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn purge_published(
+            pool: &Pool<$db>,
+            retention: Duration,
+            limit: i64,
+        ) -> Result<u64, crate::Error> {
+            let done = sqlx::query(PURGE_PUBLISHED)
+                .bind(millis(retention))
+                .bind(limit)
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn claim_message(
+            conn: &mut $conn,
+            consumer: &str,
+            message_id: &str,
+        ) -> Result<bool, crate::Error> {
+            let done = sqlx::query(CLAIM)
+                .bind(consumer)
+                .bind(message_id)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn attempts(
+            pool: &Pool<$db>,
+            consumer: &str,
+            message_id: &str,
+        ) -> Result<u32, crate::Error> {
+            let attempts: Option<i64> = sqlx::query_scalar(ATTEMPTS)
+                .bind(consumer)
+                .bind(message_id)
+                .fetch_optional(pool)
+                .await?;
+            Ok(super::count(attempts))
+        }
+
+        async fn note_failure(
+            pool: &Pool<$db>,
+            consumer: &str,
+            message_id: &str,
+            error: &str,
+        ) -> Result<u32, crate::Error> {
+            let attempts: Option<i64> = sqlx::query_scalar(NOTE_FAILURE)
+                .bind(consumer)
+                .bind(message_id)
+                .bind(error)
+                .fetch_optional(pool)
+                .await?;
+            Ok(super::count(attempts))
+        }
+
+        async fn count_failure(
+            pool: &Pool<$db>,
+            consumer: &str,
+            message_id: &str,
+            error: &str,
+        ) -> Result<u32, crate::Error> {
+            let attempts: i64 = sqlx::query_scalar(COUNT_FAILURE)
+                .bind(consumer)
+                .bind(message_id)
+                .bind(error)
+                .fetch_one(pool)
+                .await?;
+            Ok(super::count(Some(attempts)))
+        }
+
+        async fn clear_failures(
+            conn: &mut $conn,
+            consumer: &str,
+            message_id: &str,
+        ) -> Result<(), crate::Error> {
+            sqlx::query(CLEAR_FAILURES)
+                .bind(consumer)
+                .bind(message_id)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn clear_failures_apart(
+            pool: &Pool<$db>,
+            consumer: &str,
+            message_id: &str,
+        ) -> Result<(), crate::Error> {
+            let mut conn = pool.acquire().await?;
+            Self::clear_failures(&mut conn, consumer, message_id).await
+        }
+
+        async fn purge_consumed(
+            pool: &Pool<$db>,
+            consumer: &str,
+            retention: Duration,
+            limit: i64,
+        ) -> Result<u64, crate::Error> {
+            let mut deleted = 0;
+            for statement in [PURGE_CONSUMED, PURGE_FAILURES] {
+                deleted += sqlx::query(statement)
+                    .bind(consumer)
+                    .bind(millis(retention))
+                    .bind(limit)
+                    .execute(pool)
+                    .await?
+                    .rows_affected();
+            }
+            Ok(deleted)
+        }
+    };
+}
+
+pub(super) use shared_event_storage;
+
+/// An attempt count as the database holds it (absent: none).
+fn count(attempts: Option<i64>) -> u32 {
+    attempts.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
 }
