@@ -17,7 +17,7 @@ use idem_runtime::{
         RelayOptions, Subscriber, Subscription,
     },
 };
-use idem_tests::{AnySubscription, BrokerKind, TcpProxy, TestBroker};
+use idem_tests::{AnySubscription, BrokerKind, RedisServer, TcpProxy, TestBroker};
 use serde_json::json;
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
 use tokio::time::Instant;
@@ -767,6 +767,80 @@ on_both_databases_and_brokers!(
     a_consumer_receives_again_after_its_connection_drops,
     a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_place,
 );
+
+/// A Redis of the test's own, killed with SIGKILL and started again on the same port while a
+/// relay and a consumer run: both carry on, and what was enqueued meanwhile arrives. (This Redis
+/// keeps nothing on disk: what the stream held before is gone, as the events that were already
+/// applied.)
+async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: TestDatabase>(
+    pool: Pool<DB>,
+) {
+    DB::prepare(&pool).await;
+    let mut server = RedisServer::start().await;
+    let broker = TestBroker::at(BrokerKind::Redis, &server.url());
+    broker.declare(CONSUMER).await;
+    let shutdown = CancellationToken::new();
+    let options = RelayOptions::default()
+        .poll(Duration::from_millis(10))
+        .max_backoff(Duration::from_millis(500));
+    let relay = Relay::new(pool.clone(), broker.publisher())
+        .options(options)
+        .spawn(shutdown.clone());
+    let consumer = events::Consumer::new(CONSUMER, pool.clone(), Applier::default())
+        .max_backoff(Duration::from_millis(500))
+        .spawn(broker.subscriber(CONSUMER), shutdown.clone());
+    let before = enqueue_committed(&pool, "payment.succeeded", 0).await;
+    eventually("the first event applied", || async {
+        DB::applied(&pool).await.contains(&before)
+    })
+    .await;
+
+    server.kill();
+    let during = [
+        enqueue_committed(&pool, "payment.succeeded", 1).await,
+        enqueue_committed(&pool, "payment.succeeded", 2).await,
+    ];
+    assert_eq!(
+        DB::count(
+            &pool,
+            "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL"
+        )
+        .await,
+        2,
+        "with the broker down, the events wait in the outbox"
+    );
+    server.restart().await;
+    eventually(
+        "the events enqueued while Redis was down applied",
+        || async {
+            let applied = DB::applied(&pool).await;
+            during.iter().all(|id| applied.contains(id))
+        },
+    )
+    .await;
+    shutdown.cancel();
+    relay.await.expect("the relay stops");
+    consumer.await.expect("the consumer stops");
+    let mut applied = DB::applied(&pool).await;
+    applied.sort();
+    let mut expected = vec![before, during[0].clone(), during[1].clone()];
+    expected.sort();
+    assert_eq!(applied, expected, "each event applied once");
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_the_relay_and_the_consumer_carry_on_after_a_redis_restart(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    the_relay_and_the_consumer_carry_on_after_a_redis_restart(postgres_pool(connect).await).await;
+}
+
+#[tokio::test]
+async fn sqlite_the_relay_and_the_consumer_carry_on_after_a_redis_restart() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    the_relay_and_the_consumer_carry_on_after_a_redis_restart(sqlite_pool(&dir).await).await;
+}
 
 /// RabbitMQ only: Redis takes every entry, so it never refuses a topic.
 async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: TestDatabase>(pool: Pool<DB>) {

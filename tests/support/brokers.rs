@@ -60,6 +60,14 @@ impl TestBroker {
         Self { kind, url, name }
     }
 
+    /// `kind` at `url`, with a fresh exchange or stream name.
+    pub fn at(kind: BrokerKind, url: &str) -> Self {
+        Self {
+            url: Url::parse(url).expect("a broker URL"),
+            ..Self::new(kind)
+        }
+    }
+
     /// Which broker it is.
     pub fn kind(&self) -> BrokerKind {
         self.kind
