@@ -1,5 +1,10 @@
 //! The payments service's client of the card processor ([`crate::processor`]): refunds and
-//! charges, each sent with the idempotency key the caller derived for it.
+//! charges, each sent with the idempotency key the caller derived for it, through idem's
+//! client middleware, which retries network errors, 409, 429 and 5xx under that same key.
+
+use std::time::Duration;
+
+use idem_client::{IdempotencyKey, IdempotentRetry, RetryPolicy, reqwest_middleware};
 
 use crate::{
     error::ApiError,
@@ -10,7 +15,7 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct ProcessorClient {
     url: String,
-    http: reqwest::Client,
+    http: reqwest_middleware::ClientWithMiddleware,
 }
 
 impl ProcessorClient {
@@ -18,7 +23,15 @@ impl ProcessorClient {
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into().trim_end_matches('/').to_owned(),
-            http: reqwest::Client::new(),
+            // A few quick retries: the request that waits for them holds its key's lease (5 s).
+            http: reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+                .with(IdempotentRetry::new(
+                    RetryPolicy::default()
+                        .max_attempts(3)
+                        .budget(Duration::from_secs(2))
+                        .backoff(Duration::from_millis(50), Duration::from_millis(500)),
+                ))
+                .build(),
         }
     }
 
@@ -84,7 +97,7 @@ impl ProcessorClient {
     ) -> Result<reqwest::Response, ApiError> {
         self.http
             .post(format!("{}/v1/{resource}", self.url))
-            .header("idempotency-key", key)
+            .with_extension(IdempotencyKey(key.to_owned()))
             .json(body)
             .send()
             .await

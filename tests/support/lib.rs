@@ -14,6 +14,7 @@ mod app;
 mod brokers;
 mod downstream;
 mod entries;
+mod fault_proxy;
 mod handlers;
 mod http;
 mod orders;
@@ -31,6 +32,7 @@ pub use brokers::{
     TestBroker, broker_url,
 };
 pub use downstream::{Downstream, unreachable_url};
+pub use fault_proxy::{Fault, FaultProxy, Seen};
 pub use handlers::{Account, Calls};
 pub use http::{Reply, Req, entry};
 pub use proxy::CommitCutter;

@@ -1,0 +1,62 @@
+//! # idem-client: retries that are safe
+//!
+//! A [`reqwest_middleware`] middleware that follows the client's side of the `Idempotency-Key`
+//! rules:
+//!
+//! - one key per logical request (a UUID v4), made before the first attempt and sent by every
+//!   retry of it, never with another request;
+//! - retries on network errors, `409`, `429` and `5xx` only, with exponential backoff and full
+//!   jitter, honouring `Retry-After`, within a number of attempts and a total time budget;
+//! - never a retry of `400`, `401`, `402`, `404`, `422` or any other final answer;
+//! - keys of user actions kept in a [`KeyStore`] until the action has a final answer, across
+//!   restarts of the client.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), idem_client::Error> {
+//! use idem_client::{IdempotentRetry, RetryPolicy};
+//!
+//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(IdempotentRetry::new(RetryPolicy::default()))
+//!     .build();
+//! let answer = client
+//!     .post("http://127.0.0.1:3000/v1/payments")
+//!     .bearer_auth("tenant_1")
+//!     .json(&serde_json::json!({"amount": 4200, "currency": "usd", "customer": "cus_123"}))
+//!     .send()
+//!     .await?;
+//! let answer = idem_client::check(answer).await?; // a problem+json error becomes Error::Problem
+//! println!("replayed: {}", idem_client::replayed(&answer));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! To keep a key across restarts, give the middleware a store and the request an [`Action`]:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), idem_client::Error> {
+//! use idem_client::{Action, FileKeyStore, IdempotentRetry, RetryPolicy};
+//!
+//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(IdempotentRetry::new(RetryPolicy::default()).with_store(FileKeyStore::new("pay.key")))
+//!     .build();
+//! let answer = client
+//!     .post("http://127.0.0.1:3000/v1/payments")
+//!     .json(&serde_json::json!({"amount": 4200}))
+//!     .with_extension(Action("pay".into()))
+//!     .send()
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod key_store;
+mod middleware;
+mod policy;
+mod problem;
+mod retry_after;
+
+pub use key_store::{FileKeyStore, KeyStore, KeyStoreError, StoredKey};
+pub use middleware::{Action, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetry, KeyReused};
+pub use policy::RetryPolicy;
+pub use problem::{Error, IDEMPOTENT_REPLAYED, Problem, check, replayed};
+pub use reqwest_middleware;

@@ -1,0 +1,123 @@
+//! When to retry, and how long to wait.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+
+/// The retry rules: which requests get a key, how many attempts, and how long they may take.
+///
+/// Retried: network errors (the request may or may not have arrived: the key makes the retry
+/// safe), `409 Conflict` (the first attempt is still running), `429 Too Many Requests` and
+/// every `5xx`. Never retried: every other answer, `400`, `401`, `402`, `404` and `422`
+/// included: the same request would get the same answer.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) budget: Duration,
+    pub(crate) base: Duration,
+    pub(crate) cap: Duration,
+    pub(crate) methods: Vec<Method>,
+}
+
+impl Default for RetryPolicy {
+    /// 5 attempts within 30 s, waits from 200 ms doubling up to 10 s with full jitter; keys
+    /// on `POST` and `PATCH`.
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            budget: Duration::from_secs(30),
+            base: Duration::from_millis(200),
+            cap: Duration::from_secs(10),
+            methods: vec![Method::POST, Method::PATCH],
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// At most `max_attempts` attempts per logical request, the first included (at least 1).
+    #[must_use]
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts.max(1);
+        self
+    }
+
+    /// No attempt starts later than `budget` after the first: a wait that would end past it
+    /// is not made, and the last answer is returned.
+    #[must_use]
+    pub fn budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The backoff: before retry `n` (from 1), a random wait between zero and
+    /// `min(cap, base × 2^(n−1))` ("full jitter"), or the server's `Retry-After` if longer.
+    #[must_use]
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.base = base;
+        self.cap = cap;
+        self
+    }
+
+    /// The methods that get an `Idempotency-Key` and are retried (default `POST` and
+    /// `PATCH`). Methods idempotent by definition (`GET`, `PUT`, `DELETE`, ...) are retried
+    /// without a key.
+    #[must_use]
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether `method` gets a key.
+    pub(crate) fn keyed(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+
+    /// The wait before retry `retry` (from 1), before the server's `Retry-After`.
+    pub(crate) fn delay(&self, retry: u32) -> Duration {
+        let doublings = retry.saturating_sub(1).min(30);
+        let ceiling = self
+            .base
+            .saturating_mul(2u32.saturating_pow(doublings))
+            .min(self.cap);
+        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(fastrand::u64(0..=nanos))
+    }
+}
+
+/// Whether an answer with `status` is worth another attempt.
+pub(crate) fn retryable(status: StatusCode) -> bool {
+    status == StatusCode::CONFLICT
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status.is_server_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_409_429_and_5xx_are_retried() {
+        for status in [409, 429, 500, 502, 503, 504] {
+            assert!(retryable(StatusCode::from_u16(status).unwrap()), "{status}");
+        }
+        for status in [200, 201, 301, 400, 401, 402, 403, 404, 410, 412, 422] {
+            assert!(
+                !retryable(StatusCode::from_u16(status).unwrap()),
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn waits_are_full_jitter_under_a_doubling_ceiling_and_the_cap() {
+        let policy =
+            RetryPolicy::default().backoff(Duration::from_millis(100), Duration::from_millis(700));
+        for retry in 1..=10 {
+            let ceiling =
+                Duration::from_millis(100 * 2u64.pow(retry - 1)).min(Duration::from_millis(700));
+            for _ in 0..100 {
+                assert!(policy.delay(retry) <= ceiling, "retry {retry}");
+            }
+        }
+    }
+}
