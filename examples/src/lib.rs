@@ -18,3 +18,4 @@ pub mod refunds;
 pub mod schema;
 pub mod setup;
 pub mod sql;
+pub mod telemetry;

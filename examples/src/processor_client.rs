@@ -24,14 +24,20 @@ impl ProcessorClient {
         Self {
             url: url.into().trim_end_matches('/').to_owned(),
             // A few quick retries: the request that waits for them holds its key's lease (5 s).
-            http: reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-                .with(IdempotentRetry::new(
-                    RetryPolicy::default()
-                        .max_attempts(3)
-                        .budget(Duration::from_secs(2))
-                        .backoff(Duration::from_millis(50), Duration::from_millis(500)),
-                ))
-                .build(),
+            http: reqwest_middleware::ClientBuilder::new(
+                // Each attempt bounded too: the last may start at the end of the budget.
+                reqwest::Client::builder()
+                    .timeout(Duration::from_secs(2))
+                    .build()
+                    .unwrap_or_default(),
+            )
+            .with(IdempotentRetry::new(
+                RetryPolicy::default()
+                    .max_attempts(3)
+                    .budget(Duration::from_secs(2))
+                    .backoff(Duration::from_millis(50), Duration::from_millis(500)),
+            ))
+            .build(),
         }
     }
 

@@ -19,6 +19,23 @@ use idem_tests::{App, Fault, FaultProxy, backend_tests};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+/// A middleware inside the retrying one: notes when each attempt starts.
+#[derive(Clone, Default)]
+struct Attempts(std::sync::Arc<std::sync::Mutex<Vec<std::time::Instant>>>);
+
+#[async_trait::async_trait]
+impl idem_client::reqwest_middleware::Middleware for Attempts {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: idem_client::reqwest_middleware::Next<'_>,
+    ) -> idem_client::reqwest_middleware::Result<reqwest::Response> {
+        self.0.lock().unwrap().push(std::time::Instant::now());
+        next.run(request, extensions).await
+    }
+}
+
 /// Retries that come quickly: the tests wait for outcomes, not for backoffs.
 fn quick() -> RetryPolicy {
     RetryPolicy::default()
@@ -124,17 +141,28 @@ backend_tests! {
         let proxy = proxied(&app).await;
         proxy.otherwise(Fault::Answer(503, None));
         let budget = Duration::from_millis(400);
-        let client = client(
-            RetryPolicy::default()
-                .max_attempts(1000)
-                .budget(budget)
-                .backoff(Duration::from_millis(20), Duration::from_millis(100)),
-        );
-        let answer = pay(&client, &proxy, &json!({"amount": 100, "currency": "EUR", "customer": "cus_1"})).await;
-        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE, "the last answer is returned");
-        let seen = proxy.seen();
-        assert!(seen.len() >= 2, "it retried: {} attempts", seen.len());
-        let last = seen.last().expect("attempts").at - seen[0].at;
+        let attempts = Attempts::default();
+        let client = ClientBuilder::new(reqwest::Client::new())
+            .with(IdempotentRetry::new(
+                RetryPolicy::default()
+                    .max_attempts(1000)
+                    .budget(budget)
+                    .backoff(Duration::from_millis(20), Duration::from_millis(100)),
+            ))
+            .with(attempts.clone())
+            .build();
+        let answer = client
+            .post(format!("{}/v1/payments", proxy.url()))
+            .bearer_auth("t1")
+            .json(&json!({"amount": 100, "currency": "EUR", "customer": "cus_1"}))
+            .send()
+            .await;
+        if let Ok(answer) = &answer {
+            assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE, "the last answer");
+        }
+        let started = attempts.0.lock().unwrap().clone();
+        assert!(started.len() >= 2, "it retried: {} attempts", started.len());
+        let last = *started.last().expect("attempts") - started[0];
         assert!(last <= budget, "an attempt started {last:?} after the first, past the {budget:?} budget");
         assert_eq!(payments(&app).await, 0);
     }

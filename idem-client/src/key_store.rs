@@ -22,7 +22,7 @@ pub struct StoredKey {
 
 /// Why a [`KeyStore`] failed.
 #[derive(Debug, thiserror::Error)]
-#[error("the key store failed: {0}")]
+#[error("the key store failed")]
 pub struct KeyStoreError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
 
 /// Where keys of user actions are kept between attempts, across restarts of the client.
@@ -54,8 +54,11 @@ pub trait KeyStore: Send + Sync + 'static {
     fn remove(&self, action: &str) -> Result<(), KeyStoreError>;
 }
 
-/// A [`KeyStore`] in one JSON file (`{"<action>": {"key": ..., "fingerprint": ...}}`),
-/// written to a temporary file, synced and renamed into place; removed when empty.
+/// A [`KeyStore`] in one JSON file. One process at a time: two processes acting on one file
+/// may each make a key for the same action.
+///
+/// Stored as `{"<action>": {"key": ..., "fingerprint": ...}}`, written to a temporary file,
+/// synced and renamed into place (the directory synced after); removed when empty.
 #[derive(Debug)]
 pub struct FileKeyStore {
     path: PathBuf,
@@ -95,13 +98,20 @@ impl FileKeyStore {
             };
         }
         let mut temporary = self.path.clone().into_os_string();
-        temporary.push(".tmp");
+        temporary.push(format!(".{}.tmp", uuid::Uuid::new_v4().simple()));
         let temporary = PathBuf::from(temporary);
         let mut file = std::fs::File::create(&temporary).map_err(io)?;
         file.write_all(&serde_json::to_vec_pretty(keys).map_err(|e| KeyStoreError(Box::new(e)))?)
             .map_err(io)?;
         file.sync_all().map_err(io)?;
-        std::fs::rename(&temporary, &self.path).map_err(io)
+        std::fs::rename(&temporary, &self.path).map_err(io)?;
+        // The rename is durable once the directory is synced.
+        if let Some(directory) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::File::open(directory)
+                .and_then(|directory| directory.sync_all())
+                .map_err(io)?;
+        }
+        Ok(())
     }
 }
 

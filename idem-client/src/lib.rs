@@ -30,6 +30,13 @@
 //! # }
 //! ```
 //!
+//! Errors of the middleware itself ([`KeyReused`], [`StreamedAction`], [`BudgetSpent`],
+//! [`KeyStoreError`]) arrive as `reqwest_middleware::Error::Middleware`; find them with
+//! `error.downcast_ref::<KeyReused>()` on its `anyhow::Error`. Place this middleware last in
+//! the stack, nearest the network: a retry of an outer middleware then sends the same key.
+//! Each attempt is bounded by the client's own timeout (set one); the budget bounds when the
+//! last attempt may start.
+//!
 //! To keep a key across restarts, give the middleware a store and the request an [`Action`]:
 //!
 //! ```no_run
@@ -56,7 +63,10 @@ mod problem;
 mod retry_after;
 
 pub use key_store::{FileKeyStore, KeyStore, KeyStoreError, StoredKey};
-pub use middleware::{Action, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetry, KeyReused};
+pub use middleware::{
+    Action, BudgetSpent, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetry, KeyReused,
+    StreamedAction,
+};
 pub use policy::RetryPolicy;
 pub use problem::{Error, IDEMPOTENT_REPLAYED, Problem, check, replayed};
 pub use reqwest_middleware;

@@ -26,6 +26,22 @@ pub struct Action(pub String);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyKey(pub String);
 
+/// An [`Action`] on a request whose body is a stream: it cannot be fingerprinted, so its key
+/// cannot be kept safely.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "a request with a streamed body cannot be kept under an action: its body cannot be compared"
+)]
+pub struct StreamedAction;
+
+/// The time budget ran out while waiting for the next attempt (the timer woke past it).
+#[derive(Debug, thiserror::Error)]
+#[error("the retry budget ran out after {attempts} attempts without a final answer")]
+pub struct BudgetSpent {
+    /// Attempts made.
+    pub attempts: u32,
+}
+
 /// A key store's key belongs to another request: same action, other method, URL or body.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -48,6 +64,7 @@ pub struct KeyReused {
 pub struct IdempotentRetry {
     policy: RetryPolicy,
     store: Option<Arc<dyn KeyStore>>,
+    forget_on_final: bool,
 }
 
 impl std::fmt::Debug for IdempotentRetry {
@@ -65,13 +82,31 @@ impl IdempotentRetry {
         Self {
             policy,
             store: None,
+            forget_on_final: true,
         }
     }
 
-    /// Keeps the keys of requests that carry an [`Action`] in `store`.
+    /// Keeps the keys of requests that carry an [`Action`] in `store`. Without a store, an
+    /// [`Action`] is ignored. With one, the action's key wins over an [`IdempotencyKey`].
     #[must_use]
-    pub fn with_store(mut self, store: impl KeyStore) -> Self {
-        self.store = Some(Arc::new(store));
+    pub fn with_store(self, store: impl KeyStore) -> Self {
+        self.with_shared_store(Arc::new(store))
+    }
+
+    /// [`IdempotentRetry::with_store`] with a store the caller keeps a handle on, to forget an
+    /// action's key itself (see [`IdempotentRetry::forget_on_final`]).
+    #[must_use]
+    pub fn with_shared_store(mut self, store: Arc<dyn KeyStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Whether an action's key is forgotten as soon as a final answer's head arrives (default
+    /// `true`). Turn it off to forget it yourself once the answer's body is read, so that a
+    /// connection cut in the middle of the body leaves the key for the next run.
+    #[must_use]
+    pub fn forget_on_final(mut self, forget: bool) -> Self {
+        self.forget_on_final = forget;
         self
     }
 
@@ -159,11 +194,18 @@ impl Middleware for IdempotentRetry {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let keyed = self.policy.keyed(request.method());
+        let streamed = request.body().is_some_and(|body| body.as_bytes().is_none());
+        if streamed && extensions.get::<Action>().is_some() && self.store.is_some() {
+            // Its body cannot be fingerprinted: a kept key could go out with another body.
+            return Err(reqwest_middleware::Error::middleware(StreamedAction));
+        }
         if keyed && !request.headers().contains_key(IDEMPOTENCY_KEY) {
             let key = self.key_for(&request, extensions)?;
             let value =
                 HeaderValue::from_str(&key).map_err(reqwest_middleware::Error::middleware)?;
             request.headers_mut().insert(IDEMPOTENCY_KEY, value);
+            // A retry made by a middleware in front of this one sends the same key.
+            extensions.insert(IdempotencyKey(key));
         }
         if !keyed && !request.method().is_idempotent() {
             // A request the server cannot deduplicate is sent once.
@@ -178,8 +220,12 @@ impl Middleware for IdempotentRetry {
             let outcome = next.clone().run(copy, extensions).await;
             let (again, asked) = assess(&outcome);
             if !again {
-                if outcome.is_ok() {
-                    self.finished(extensions)?;
+                if outcome.is_ok() && self.forget_on_final {
+                    // The answer is the caller's whatever the store does: an action that got
+                    // its answer must not look unanswered.
+                    if let Err(error) = self.finished(extensions) {
+                        tracing::warn!(%error, "forgetting a finished action's key failed");
+                    }
                 }
                 return outcome;
             }
@@ -187,10 +233,20 @@ impl Middleware for IdempotentRetry {
                 return outcome;
             }
             let wait = self.policy.delay(attempt).max(asked.unwrap_or_default());
-            if started.elapsed() + wait > self.policy.budget {
+            let ends = started.elapsed().checked_add(wait);
+            if ends.is_none_or(|ends| ends > self.policy.budget) {
                 return outcome;
             }
+            // Not kept through the wait: its connection goes back or away now.
+            drop(outcome);
             tokio::time::sleep(wait).await;
+            if started.elapsed() > self.policy.budget {
+                // The timer woke late: no attempt starts past the budget. The last answer
+                // was let go; say what happened.
+                return Err(reqwest_middleware::Error::middleware(BudgetSpent {
+                    attempts: attempt,
+                }));
+            }
             attempt += 1;
         }
     }

@@ -8,7 +8,8 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
+        // Beyond a day is no retry worth waiting for; the budget refuses it either way.
+        return Some(Duration::from_secs(seconds.min(86_400)));
     }
     let date = httpdate::parse_http_date(value).ok()?;
     Some(

@@ -254,15 +254,25 @@ impl<DB: Backend> Store<DB> {
         key: &KeyRef,
         statement_timeout: Option<Duration>,
     ) -> Result<Begun<DB>, crate::Error> {
+        let started = std::time::Instant::now();
         let conn = self.connection().await?;
         let key = key.clone();
-        RunToEnd::new(async move { DB::begin_claim(conn, &key, statement_timeout).await }).await
+        let begun =
+            RunToEnd::new(async move { DB::begin_claim(conn, &key, statement_timeout).await })
+                .await;
+        metrics::histogram!("idem_claim_duration_seconds", "mode" => "transactional")
+            .record(started.elapsed());
+        begun
     }
 
     /// Takes an external-mode claim (see `Storage::start`); the caller holds its turn to write.
     pub(crate) async fn start(&self, start: &Start<'_>) -> Result<Started, crate::Error> {
+        let started = std::time::Instant::now();
         let mut conn = self.connection().await?;
-        DB::start(&mut conn, start).await
+        let outcome = DB::start(&mut conn, start).await;
+        metrics::histogram!("idem_claim_duration_seconds", "mode" => "external")
+            .record(started.elapsed());
+        outcome
     }
 
     /// Deletes the `started` row of `key` owned by `token` (an external claim), in this

@@ -185,6 +185,7 @@ impl<DB: Backend> Store<DB> {
                 DB::purge_batch(self.pool(), batch).await?
             };
             report.rows += rows;
+            metrics::counter!("idem_purge_deleted_total").increment(rows);
             report.batches += 1;
             if rows < batch as u64 {
                 break;
@@ -253,6 +254,8 @@ impl<DB: Backend> Store<DB> {
                     // A claim taken over meanwhile is no longer the recovery's to release.
                     if self.release(&key, token).await? {
                         report.released += 1;
+                        metrics::counter!("idem_recovered_total", "result" => "released")
+                            .increment(1);
                     }
                 }
                 Recovery::Complete(response) => {
@@ -267,9 +270,14 @@ impl<DB: Backend> Store<DB> {
                     // The row keeps the expiry its claim was given.
                     if self.finish(&completion, token, None).await? {
                         report.completed += 1;
+                        metrics::counter!("idem_recovered_total", "result" => "completed")
+                            .increment(1);
                     }
                 }
-                Recovery::Keep => report.kept += 1,
+                Recovery::Keep => {
+                    report.kept += 1;
+                    metrics::counter!("idem_recovered_total", "result" => "kept").increment(1);
+                }
             }
         }
         if report.found > 0 {

@@ -138,6 +138,7 @@ async fn handle(
     upstream: String,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Dropped> {
+    let at = Instant::now();
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map_err(|_| Dropped)?.to_bytes();
     let fault = {
@@ -148,7 +149,7 @@ async fn handle(
             .or_else(|| state.otherwise.clone())
             .unwrap_or(Fault::Pass);
         state.seen.push(Seen {
-            at: Instant::now(),
+            at,
             key: parts
                 .headers
                 .get("idempotency-key")

@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use idem_examples::{
     ledger::{self, CONSUMER, Ledger, LedgerSql, TOPIC},
     setup::{self, Broker, Database, Error},
+    telemetry,
 };
 use idem_runtime::{CancellationToken, events::Consumer};
 use sqlx::Pool;
@@ -66,15 +67,19 @@ async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Erro
         }
     };
     tracing::info!(addr = %listener.local_addr()?, "ledger listening");
-    axum::serve(listener, ledger::router(pool))
-        .with_graceful_shutdown({
-            let stop = stop.clone();
-            async move {
-                setup::shutdown_signal().await;
-                stop.cancel();
-            }
-        })
-        .await?;
+    let metrics = telemetry::install()?;
+    axum::serve(
+        listener,
+        ledger::router(pool).merge(telemetry::router(metrics)),
+    )
+    .with_graceful_shutdown({
+        let stop = stop.clone();
+        async move {
+            setup::shutdown_signal().await;
+            stop.cancel();
+        }
+    })
+    .await?;
     stop.cancel();
     // The message in flight is finished and settled before the consumer stops.
     let _ = consuming.await;

@@ -8,11 +8,12 @@
 //! not get a final answer), written there before the first attempt, and removed after a final
 //! answer: run the same command again after a crash, and the payment is made once.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use idem_client::{
-    Action, FileKeyStore, IdempotentRetry, RetryPolicy, reqwest_middleware::ClientBuilder,
+    Action, FileKeyStore, IdempotentRetry, KeyReused, KeyStore, RetryPolicy,
+    reqwest_middleware::ClientBuilder,
 };
 
 /// One payment, retried safely.
@@ -41,14 +42,29 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     let base = std::env::var("PAYMENTS_URL").unwrap_or_else(|_| "http://127.0.0.1:3000".into());
     let tenant = std::env::var("TENANT").unwrap_or_else(|_| "tenant_1".into());
+    // The key is forgotten here, once the answer's body is read: a connection cut in the
+    // middle of it leaves the key for the next run.
     let mut retry =
-        IdempotentRetry::new(RetryPolicy::default().budget(Duration::from_secs(args.budget_secs)));
-    if let Some(path) = &args.key_file {
-        retry = retry.with_store(FileKeyStore::new(path));
+        IdempotentRetry::new(RetryPolicy::default().budget(Duration::from_secs(args.budget_secs)))
+            .forget_on_final(false);
+    let store: Option<Arc<dyn KeyStore>> = args
+        .key_file
+        .as_ref()
+        .map(|path| Arc::new(FileKeyStore::new(path)) as Arc<dyn KeyStore>);
+    if let Some(store) = &store {
+        retry = retry.with_shared_store(Arc::clone(store));
     }
-    let client = ClientBuilder::new(reqwest::Client::new())
-        .with(retry)
-        .build();
+    let http = match reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+    {
+        Ok(http) => http,
+        Err(error) => {
+            eprintln!("pay: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let client = ClientBuilder::new(http).with(retry).build();
     let mut request = client
         .post(format!("{}/v1/payments", base.trim_end_matches('/')))
         .bearer_auth(&tenant)
@@ -57,30 +73,52 @@ async fn main() -> ExitCode {
             "currency": args.currency,
             "customer": args.customer,
         }));
-    if args.key_file.is_some() {
+    if store.is_some() {
         request = request.with_extension(Action("pay".into()));
     }
     let answer = match request.send().await {
         Ok(answer) => answer,
         Err(error) => {
+            if let idem_client::reqwest_middleware::Error::Middleware(cause) = &error
+                && cause.downcast_ref::<KeyReused>().is_some()
+            {
+                eprintln!("pay: {error}");
+                return ExitCode::FAILURE;
+            }
             eprintln!("pay: no answer: {error}");
             return ExitCode::from(2);
         }
     };
     let replayed = idem_client::replayed(&answer);
+    let forget = || {
+        if let Some(store) = &store
+            && let Err(error) = store.remove("pay")
+        {
+            eprintln!("pay: the answer is final, but the key file could not be removed: {error}");
+        }
+    };
     match idem_client::check(answer).await {
+        Ok(answer) if !answer.status().is_success() => {
+            forget();
+            eprintln!("pay: unexpected answer {}", answer.status());
+            ExitCode::FAILURE
+        }
         Ok(answer) => match answer.json::<serde_json::Value>().await {
             Ok(payment) => {
+                forget();
                 println!("{payment}");
                 println!("replayed: {replayed}");
                 ExitCode::SUCCESS
             }
             Err(error) => {
-                eprintln!("pay: the answer is not JSON: {error}");
+                eprintln!(
+                    "pay: the answer could not be read ({error}); run the same command again: the key is kept"
+                );
                 ExitCode::FAILURE
             }
         },
         Err(idem_client::Error::Problem { status, problem }) => {
+            forget();
             eprintln!(
                 "pay: {status} {}: {}",
                 problem.title.as_deref().unwrap_or("error"),
@@ -88,8 +126,13 @@ async fn main() -> ExitCode {
             );
             ExitCode::FAILURE
         }
-        Err(error) => {
+        Err(error @ idem_client::Error::Status { .. }) => {
+            forget();
             eprintln!("pay: {error}");
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("pay: {error}; run the same command again: the key is kept");
             ExitCode::FAILURE
         }
     }

@@ -28,6 +28,7 @@ use idem_examples::{
     schema,
     setup::{self, Broker, Database, Error},
     sql::Sql,
+    telemetry,
 };
 use idem_runtime::{
     CancellationToken, Store,
@@ -54,6 +55,8 @@ async fn serve<DB: Sql>(
     routes: Router<AppState<DB>>,
     broker: Option<Broker>,
 ) -> Result<(), Error> {
+    // First, so that what the tasks count from their first pass on is recorded.
+    let metrics = telemetry::install()?;
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     schema::create(&pool)
         .await
@@ -115,15 +118,18 @@ async fn serve<DB: Sql>(
         crash_after,
     };
     tracing::info!(addr = %listener.local_addr()?, "payments service listening");
-    axum::serve(listener, routes.with_state(state))
-        .with_graceful_shutdown({
-            let stop = stop.clone();
-            async move {
-                setup::shutdown_signal().await;
-                stop.cancel();
-            }
-        })
-        .await?;
+    axum::serve(
+        listener,
+        routes.with_state(state).merge(telemetry::router(metrics)),
+    )
+    .with_graceful_shutdown({
+        let stop = stop.clone();
+        async move {
+            setup::shutdown_signal().await;
+            stop.cancel();
+        }
+    })
+    .await?;
     stop.cancel();
     let _ = tokio::join!(purge, recovery, relay);
     Ok(())

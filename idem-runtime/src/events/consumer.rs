@@ -212,6 +212,24 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
     /// is not counted. [`ConsumeError::Broker`] when the broker was not told: it delivers the
     /// message again, and a message that was applied is then skipped as a duplicate.
     pub async fn process<D: Delivery>(&self, delivery: D) -> Result<Processed, ConsumeError> {
+        let processed = self.settle(delivery).await;
+        let outcome = match &processed {
+            Ok(Processed::Applied) => "applied",
+            Ok(Processed::Duplicate) => "duplicate",
+            Ok(Processed::Failed { .. }) => "failed",
+            Ok(Processed::DeadLettered { .. }) => "dead_lettered",
+            Err(_) => "unsettled",
+        };
+        metrics::counter!(
+            "idem_messages_total",
+            "consumer" => self.name.to_string(),
+            "outcome" => outcome,
+        )
+        .increment(1);
+        processed
+    }
+
+    async fn settle<D: Delivery>(&self, delivery: D) -> Result<Processed, ConsumeError> {
         let message = delivery.message().clone();
         let id = message.id();
         if id.is_empty() {

@@ -282,6 +282,8 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         }
         let count = batch.messages.len();
         DB::mark_published(&self.pool, &self.id, batch).await?;
+        metrics::counter!("idem_outbox_published_total", "topic" => topic.clone())
+            .increment(count as u64);
         if self.refused.remove(&topic).is_some() {
             tracing::info!(%topic, "the broker takes the topic's events again");
         }
@@ -303,6 +305,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             });
         let (wait, started) = refused.backoff.failed();
         refused.until = Instant::now() + wait;
+        metrics::counter!("idem_outbox_refused_total", "topic" => topic.clone()).increment(1);
         if started {
             tracing::warn!(
                 %topic,
@@ -408,6 +411,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                     }
                 }
                 Err(error) => {
+                    metrics::counter!("idem_outbox_pass_failures_total").increment(1);
                     let (wait, started) = backoff.failed();
                     if started {
                         tracing::warn!(

@@ -72,6 +72,7 @@ impl<DB: Backend> ExternalClaim<DB> {
         match outcome {
             Ok(Started::Acquired { taken_over }) => {
                 if taken_over {
+                    metrics::counter!("idem_takeovers_total").increment(1);
                     tracing::info!(parent: &claim.request.span, "took over an abandoned or expired claim");
                     // A lapsed claim of this same request keeps what its steps recorded.
                     match claim

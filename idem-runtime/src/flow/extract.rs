@@ -2,6 +2,8 @@
 //! validated (400), the body buffered up to the limit (413) and the request fingerprinted
 //! before the wrapped extractor runs on the buffered request.
 
+use std::sync::Arc;
+
 use axum::{
     body::Body,
     extract::{FromRef, FromRequest, FromRequestParts, Request},
@@ -49,6 +51,9 @@ pub struct IdemRequest<DB: Backend> {
     pub(super) path: String,
     pub(super) fingerprint: Fingerprint,
     pub(super) span: Span,
+    /// The route's template (`/v1/payments/{id}`), the only label metrics get: never the
+    /// path, key or scope.
+    pub(super) route: Arc<str>,
 }
 
 impl<DB: Backend> std::fmt::Debug for IdemRequest<DB> {
@@ -121,6 +126,10 @@ where
     let path = uri
         .path_and_query()
         .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    let route: Arc<str> = parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".into(), |matched| matched.as_str().into());
     let span = tracing::info_span!(
         "idempotency",
         method = %parts.method,
@@ -133,7 +142,7 @@ where
         Ok(key) => key,
         Err(error) => {
             let problem = key_problem(&error, &store.settings().problem_type_base);
-            return Err(finish(&span, Outcome::Rejected, problem));
+            return Err(finish(&span, &route, Outcome::Rejected, problem));
         }
     };
     let limit = store.settings().max_request_body;
@@ -148,7 +157,12 @@ where
             } else {
                 axum_problem_bad_body(&error.to_string())
             };
-            return Err(finish(&span, Outcome::Rejected, problem.into_response()));
+            return Err(finish(
+                &span,
+                &route,
+                Outcome::Rejected,
+                problem.into_response(),
+            ));
         }
     };
     let fingerprint = Fingerprint::of(&parts.method, &path, &parts.headers, &bytes);
@@ -163,6 +177,7 @@ where
             path,
             fingerprint,
             span,
+            route,
         },
     ))
 }

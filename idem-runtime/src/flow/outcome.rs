@@ -52,11 +52,17 @@ impl Outcome {
     }
 }
 
-pub(super) fn finish(span: &Span, outcome: Outcome, response: Response) -> Response {
+pub(super) fn finish(span: &Span, route: &str, outcome: Outcome, response: Response) -> Response {
     let status = response.status().as_u16();
     span.record("outcome", outcome.as_str());
     span.record("status", status);
     tracing::info!(parent: span, outcome = outcome.as_str(), status, "idempotent request");
+    metrics::counter!(
+        "idem_requests_total",
+        "route" => route.to_owned(),
+        "outcome" => outcome.as_str(),
+    )
+    .increment(1);
     response
 }
 
@@ -79,7 +85,7 @@ impl<DB: Backend> IdemRequest<DB> {
     }
 
     pub(super) fn finish(&self, outcome: Outcome, response: Response) -> Response {
-        finish(&self.span, outcome, response)
+        finish(&self.span, &self.route, outcome, response)
     }
 
     pub(super) fn store_failed(&self, error: &crate::Error) -> Response {
