@@ -1,0 +1,136 @@
+//! `idem`: idem's operator command. Looks at the idempotency keys of a service's database,
+//! releases a stuck claim, purges expired keys, on PostgreSQL or SQLite.
+//!
+//! ```text
+//! idem [--database-url URL] [--json] stats
+//! idem inspect --scope S --key K [--body]
+//! idem in-flight [--older-than 1m]
+//! idem release --scope S --key K
+//! idem purge [--dry-run]
+//! ```
+//!
+//! The URL is `--database-url` or `$DATABASE_URL` (`postgres://...`, or `sqlite:<path>`).
+//! Output is a table for people, JSON with `--json`. A stored response's body is printed only
+//! with `inspect --body`. Exit codes: 0 done, 1 refused or not found, 2 the database failed.
+
+mod db;
+mod output;
+
+use std::{process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+use db::{Db, Release};
+
+/// idem's operator command.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about)]
+struct Cli {
+    /// The service's database: `postgres://...` or `sqlite:<path>`.
+    #[arg(long, env = "DATABASE_URL", global = true)]
+    database_url: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Keys by status, the oldest claim in flight, expired rows the purge has not deleted yet.
+    Stats,
+    /// One key: status, route, ages, recovery point (the body only with --body).
+    Inspect {
+        /// The key's scope (the caller).
+        #[arg(long)]
+        scope: String,
+        /// The Idempotency-Key.
+        #[arg(long)]
+        key: String,
+        /// Also print the stored response's body.
+        #[arg(long)]
+        body: bool,
+    },
+    /// Claims in flight (external mode), oldest first.
+    InFlight {
+        /// Only claims taken at least this long ago (`30s`, `5m`, `1h`).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+        older_than: Duration,
+    },
+    /// Deletes a started claim, so that a retry runs the handler again. Refuses a completed
+    /// key.
+    Release {
+        /// The key's scope.
+        #[arg(long)]
+        scope: String,
+        /// The Idempotency-Key.
+        #[arg(long)]
+        key: String,
+    },
+    /// Deletes the expired keys now (with --dry-run, only counts them).
+    Purge {
+        /// Count, do not delete.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Some(url) = cli.database_url.as_deref() else {
+        eprintln!("idem: give the database with --database-url or $DATABASE_URL");
+        return ExitCode::from(2);
+    };
+    let db = match Db::open(url).await {
+        Ok(db) => db,
+        Err(error) => {
+            eprintln!("idem: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&db, cli.command, cli.json).await {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("idem: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(db: &Db, command: Command, json: bool) -> Result<ExitCode, db::Error> {
+    match command {
+        Command::Stats => output::stats(&db.stats().await?, json),
+        Command::Inspect { scope, key, body } => {
+            let Some(found) = db.inspect(&scope, &key, body).await? else {
+                eprintln!("idem: no key {key:?} in scope {scope:?}");
+                return Ok(ExitCode::FAILURE);
+            };
+            output::key(&found, json);
+        }
+        Command::InFlight { older_than } => output::keys(&db.in_flight(older_than).await?, json),
+        Command::Release { scope, key } => match db.release(&scope, &key).await? {
+            Release::Done => output::message(json, "released", &scope, &key),
+            Release::Completed => {
+                eprintln!(
+                    "idem: key {key:?} in scope {scope:?} is completed: its response is stored \
+                     and replayed; release only deletes a claim in flight"
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+            Release::Missing => {
+                eprintln!("idem: no key {key:?} in scope {scope:?}");
+                return Ok(ExitCode::FAILURE);
+            }
+        },
+        Command::Purge { dry_run } => {
+            let rows = if dry_run {
+                u64::try_from(db.stats().await?.expired).unwrap_or(0)
+            } else {
+                db.purge().await?
+            };
+            output::purged(rows, dry_run, json);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

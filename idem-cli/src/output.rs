@@ -1,0 +1,146 @@
+//! How the command prints: tables for people, JSON for scripts.
+
+use comfy_table::Table;
+use serde_json::json;
+
+use crate::db::{Key, Stats};
+
+fn ago(ms: Option<i64>) -> String {
+    ms.map_or_else(String::new, |ms| {
+        humantime::format_duration(std::time::Duration::from_millis(ms.unsigned_abs())).to_string()
+    })
+}
+
+fn signed(ms: Option<i64>) -> String {
+    match ms {
+        Some(ms) if ms < 0 => format!("-{}", ago(Some(ms))),
+        other => ago(other),
+    }
+}
+
+/// The recovery point: the last recorded step and how many there are.
+fn recovery_point(steps: Option<&str>) -> String {
+    let Some(steps) = steps.and_then(|s| serde_json::from_str::<Vec<serde_json::Value>>(s).ok())
+    else {
+        return String::new();
+    };
+    steps.last().map_or_else(String::new, |last| {
+        format!(
+            "{} ({} recorded)",
+            last["step"].as_str().unwrap_or("?"),
+            steps.len()
+        )
+    })
+}
+
+pub fn stats(stats: &Stats, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(stats).unwrap_or_default()
+        );
+        return;
+    }
+    let mut table = Table::new();
+    table.set_header([
+        "completed",
+        "in flight",
+        "oldest in flight",
+        "expired, not purged",
+    ]);
+    table.add_row([
+        stats.completed.to_string(),
+        stats.started.to_string(),
+        ago(stats.oldest_started_ms),
+        stats.expired.to_string(),
+    ]);
+    println!("{table}");
+}
+
+pub fn key(key: &Key, json: bool) {
+    let body = key
+        .response_body
+        .as_deref()
+        .map(|body| String::from_utf8_lossy(body).into_owned());
+    if json {
+        let mut value = serde_json::to_value(key).unwrap_or_default();
+        if let Some(body) = body {
+            value["response_body"] = json!(body);
+        }
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+        return;
+    }
+    let mut table = Table::new();
+    let rows = [
+        ("scope", key.scope.clone()),
+        ("key", key.key.clone()),
+        ("status", key.status.clone()),
+        ("route", format!("{} {}", key.method, key.path)),
+        (
+            "response status",
+            key.response_status
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+        ),
+        ("age", ago(Some(key.age_ms))),
+        ("expires in", signed(Some(key.expires_in_ms))),
+        ("claimed", ago(key.claimed_ms)),
+        ("lease left", signed(key.lease_left_ms)),
+        ("recovery point", recovery_point(key.steps.as_deref())),
+    ];
+    for (name, value) in rows {
+        table.add_row([name.to_owned(), value]);
+    }
+    if let Some(body) = body {
+        table.add_row(["body".to_owned(), body]);
+    }
+    println!("{table}");
+}
+
+pub fn keys(keys: &[Key], json: bool) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(keys).unwrap_or_default());
+        return;
+    }
+    let mut table = Table::new();
+    table.set_header([
+        "scope",
+        "key",
+        "route",
+        "claimed",
+        "lease left",
+        "recovery point",
+    ]);
+    for key in keys {
+        table.add_row([
+            key.scope.clone(),
+            key.key.clone(),
+            format!("{} {}", key.method, key.path),
+            ago(key.claimed_ms),
+            signed(key.lease_left_ms),
+            recovery_point(key.steps.as_deref()),
+        ]);
+    }
+    println!("{table}");
+}
+
+pub fn message(json: bool, done: &str, scope: &str, key: &str) {
+    if json {
+        println!("{}", json!({ "result": done, "scope": scope, "key": key }));
+    } else {
+        println!("{done}: key {key:?} in scope {scope:?}");
+    }
+}
+
+pub fn purged(rows: u64, dry_run: bool, json: bool) {
+    if json {
+        println!("{}", json!({ "expired": rows, "deleted": !dry_run }));
+    } else if dry_run {
+        println!("{rows} expired keys would be deleted");
+    } else {
+        println!("deleted {rows} expired keys");
+    }
+}

@@ -1,0 +1,224 @@
+//! The `idem` command against real databases (PostgreSQL and a SQLite file), on a key table
+//! that holds a completed key, a claim stuck in flight with a recorded step, and an expired
+//! key.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+const BODY: &str = "SECRET-BODY-7f3a";
+
+const POSTGRES_ROWS: &str = r#"
+INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, response_status,
+                       response_headers, response_body, created_at, expires_at)
+VALUES ('t1', 'done', 'POST', '/v1/payments', '\x00', 'completed', 201, '[]',
+        convert_to('SECRET-BODY-7f3a', 'UTF8'), now(), now() + interval '1 day'),
+       ('t2', 'old', 'POST', '/v1/payments', '\x00', 'completed', 201, '[]', '\x00',
+        now() - interval '2 days', now() - interval '1 hour');
+INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at, expires_at,
+                       locked_at, lease_until, claim_token, steps)
+VALUES ('t1', 'stuck', 'POST', '/v1/orders', '\x00', 'started', now() - interval '10 minutes',
+        now() + interval '1 day', now() - interval '10 minutes', now() - interval '9 minutes',
+        1, '[{"step": "reserve", "output": 1}, {"step": "charge", "output": "ch_1"}]');
+"#;
+
+const SQLITE_ROWS: &str = r#"
+INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, response_status,
+                       response_headers, response_body, created_at, expires_at)
+VALUES ('t1', 'done', 'POST', '/v1/payments', x'00', 'completed', 201, '[]',
+        CAST('SECRET-BODY-7f3a' AS BLOB), unixepoch() * 1000, unixepoch() * 1000 + 86400000),
+       ('t2', 'old', 'POST', '/v1/payments', x'00', 'completed', 201, '[]', x'00',
+        unixepoch() * 1000 - 172800000, unixepoch() * 1000 - 3600000);
+INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at, expires_at,
+                       locked_at, lease_until, claim_token, steps)
+VALUES ('t1', 'stuck', 'POST', '/v1/orders', x'00', 'started', unixepoch() * 1000 - 600000,
+        unixepoch() * 1000 + 86400000, unixepoch() * 1000 - 600000, unixepoch() * 1000 - 540000,
+        1, '[{"step": "reserve", "output": 1}, {"step": "charge", "output": "ch_1"}]');
+"#;
+
+fn idem(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .env_remove("DATABASE_URL")
+        .arg("--database-url")
+        .arg(url)
+        .args(args)
+        .output()
+        .expect("run idem")
+}
+
+fn json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "idem failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Every check, on the database at `url` that `count` looks into.
+async fn the_command_does_what_it_says<F, Fut>(url: &str, count: F)
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = i64>,
+{
+    // stats
+    let stats = json(&idem(url, &["--json", "stats"]));
+    assert_eq!(stats["completed"], 2);
+    assert_eq!(stats["started"], 1);
+    assert_eq!(stats["expired"], 1);
+    assert!(
+        stats["oldest_started_ms"].as_i64().unwrap() >= 600_000,
+        "{stats}"
+    );
+    let table = idem(url, &["stats"]);
+    assert!(table.status.success());
+    assert!(
+        text(&table.stdout).contains("in flight"),
+        "a table: {}",
+        text(&table.stdout)
+    );
+
+    // inspect: the body only when asked
+    let plain = idem(url, &["inspect", "--scope", "t1", "--key", "done"]);
+    assert!(plain.status.success());
+    assert!(text(&plain.stdout).contains("completed"));
+    assert!(!text(&plain.stdout).contains(BODY), "no body unless asked");
+    let as_json = json(&idem(
+        url,
+        &["--json", "inspect", "--scope", "t1", "--key", "done"],
+    ));
+    assert!(
+        !as_json.to_string().contains(BODY),
+        "no body unless asked: {as_json}"
+    );
+    assert_eq!(as_json["response_status"], 201);
+    let with_body = idem(
+        url,
+        &["inspect", "--scope", "t1", "--key", "done", "--body"],
+    );
+    assert!(text(&with_body.stdout).contains(BODY));
+    let stuck = idem(url, &["inspect", "--scope", "t1", "--key", "stuck"]);
+    assert!(
+        text(&stuck.stdout).contains("charge (2 recorded)"),
+        "{}",
+        text(&stuck.stdout)
+    );
+    let missing = idem(url, &["inspect", "--scope", "t1", "--key", "nope"]);
+    assert_eq!(missing.status.code(), Some(1));
+
+    // in-flight
+    let flying = json(&idem(url, &["--json", "in-flight", "--older-than", "5m"]));
+    assert_eq!(flying.as_array().unwrap().len(), 1, "{flying}");
+    assert_eq!(flying[0]["key"], "stuck");
+    let none = json(&idem(url, &["--json", "in-flight", "--older-than", "1h"]));
+    assert_eq!(none.as_array().unwrap().len(), 0);
+
+    // release: never a completed key
+    let refused = idem(url, &["release", "--scope", "t1", "--key", "done"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("completed"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM idem_keys WHERE key = 'done'").await,
+        1
+    );
+    let released = idem(url, &["release", "--scope", "t1", "--key", "stuck"]);
+    assert!(released.status.success(), "{}", text(&released.stderr));
+    assert_eq!(
+        count("SELECT COUNT(*) FROM idem_keys WHERE key = 'stuck'").await,
+        0
+    );
+    let again = idem(url, &["release", "--scope", "t1", "--key", "stuck"]);
+    assert_eq!(again.status.code(), Some(1), "nothing left to release");
+
+    // purge
+    let dry = json(&idem(url, &["--json", "purge", "--dry-run"]));
+    assert_eq!(dry["expired"], 1);
+    assert_eq!(
+        count("SELECT COUNT(*) FROM idem_keys WHERE key = 'old'").await,
+        1,
+        "a dry run"
+    );
+    let purged = json(&idem(url, &["--json", "purge"]));
+    assert_eq!(purged["expired"], 1);
+    assert_eq!(
+        count("SELECT COUNT(*) FROM idem_keys WHERE key = 'old'").await,
+        0
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM idem_keys").await,
+        1,
+        "only the live key is left"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_the_command_does_what_it_says(_: PgPoolOptions, connect: PgConnectOptions) {
+    let name = connect.get_database().expect("a test database").to_owned();
+    let pool = PgPoolOptions::new()
+        .connect_with(connect)
+        .await
+        .expect("connect");
+    idem_runtime::migrate(&pool).await.expect("migrate");
+    sqlx::raw_sql(POSTGRES_ROWS)
+        .execute(&pool)
+        .await
+        .expect("rows");
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set by scripts/test");
+    let (server, _) = base
+        .split('?')
+        .next()
+        .unwrap()
+        .rsplit_once('/')
+        .expect("a database path");
+    let url = format!("{server}/{name}");
+    the_command_does_what_it_says(&url, |sql| {
+        let pool = pool.clone();
+        async move { sqlx::query_scalar(sql).fetch_one(&pool).await.expect(sql) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite_the_command_does_what_it_says() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("keys.db");
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
+    let pool = sqlx::SqlitePool::connect_with(options).await.expect("open");
+    idem_runtime::migrate(&pool).await.expect("migrate");
+    sqlx::raw_sql(SQLITE_ROWS)
+        .execute(&pool)
+        .await
+        .expect("rows");
+    let url = format!("sqlite:{}", path.display());
+    the_command_does_what_it_says(&url, |sql| {
+        let pool = pool.clone();
+        async move { sqlx::query_scalar(sql).fetch_one(&pool).await.expect(sql) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_database_without_the_key_table_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("empty.db");
+    std::fs::File::create(&path).expect("an empty file");
+    let output = idem(&format!("sqlite:{}", path.display()), &["stats"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("no idem_keys table"),
+        "{}",
+        text(&output.stderr)
+    );
+}
