@@ -14,7 +14,7 @@ use idem_runtime::{
     Backend, CancellationToken,
     events::{
         self, BrokerError, Delivery, Handler, Message, Pass, Processed, Publisher, Relay,
-        RelayOptions, Subscriber, Subscription,
+        RelayOptions, Subscriber, Subscription, Waiting,
     },
 };
 use idem_tests::{AnySubscription, BrokerKind, RedisServer, TcpProxy, TestBroker};
@@ -697,6 +697,32 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
     broker.remove(&[CONSUMER]).await;
 }
 
+async fn the_relay_reports_its_backlog<DB: TestDatabase>(pool: Pool<DB>, broker: TestBroker) {
+    DB::prepare(&pool).await;
+    broker.declare(CONSUMER).await;
+    let mut relay = Relay::new(pool.clone(), broker.publisher());
+    let empty = Waiting {
+        events: 0,
+        oldest: None,
+    };
+    assert_eq!(relay.waiting().await.expect("waiting"), empty);
+    enqueue_committed(&pool, "a", 0).await;
+    enqueue_committed(&pool, "b", 0).await;
+    let waiting = relay.waiting().await.expect("waiting");
+    assert_eq!(waiting.events, 2);
+    assert!(
+        waiting.oldest.is_some(),
+        "the oldest event's age: {waiting:?}"
+    );
+    assert_eq!(relay.drain().await.expect("relay"), 2);
+    assert_eq!(
+        relay.waiting().await.expect("waiting"),
+        empty,
+        "published events do not wait"
+    );
+    broker.remove(&[CONSUMER]).await;
+}
+
 /// Each test on one database and one broker, as `<database>::<broker>::<name>`.
 macro_rules! on_both_databases_and_brokers {
     ($($name:ident),* $(,)?) => {
@@ -766,6 +792,7 @@ on_both_databases_and_brokers!(
     a_shutdown_lets_the_message_in_flight_finish_and_settle,
     a_consumer_receives_again_after_its_connection_drops,
     a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_place,
+    the_relay_reports_its_backlog,
 );
 
 /// A Redis of the test's own, killed with SIGKILL and started again on the same port while a

@@ -36,4 +36,4 @@ pub use broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription};
 pub use consumer::{ConsumeError, Consumer, DEFAULT_MAX_ATTEMPTS, Handler, Processed};
 pub use message::Message;
 pub use outbox::{EventId, MAX_TOPIC_LEN, enqueue, enqueue_with_id};
-pub use relay::{Pass, Relay, RelayError, RelayOptions};
+pub use relay::{Pass, Relay, RelayError, RelayOptions, Waiting};

@@ -154,6 +154,15 @@ impl<DB: Backend, P> std::fmt::Debug for Relay<DB, P> {
     }
 }
 
+/// The outbox's backlog, as [`Relay::waiting`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    /// Events not published yet.
+    pub events: u64,
+    /// How long the oldest of them has waited.
+    pub oldest: Option<Duration>,
+}
+
 /// What one [`Relay::pass`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pass {
@@ -343,6 +352,20 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         }
     }
 
+    /// How many events wait in the outbox, and how long the oldest has waited: the relay's
+    /// lag.
+    ///
+    /// # Errors
+    ///
+    /// When the database failed.
+    pub async fn waiting(&self) -> Result<Waiting, crate::Error> {
+        let (events, oldest_ms) = DB::waiting(&self.pool).await?;
+        Ok(Waiting {
+            events: u64::try_from(events).unwrap_or(0),
+            oldest: oldest_ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        })
+    }
+
     /// Deletes up to `limit` events published more than [`RelayOptions::retention`] ago.
     ///
     /// # Errors
@@ -437,6 +460,12 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                 }
             }
             if let Some(wait) = wait {
+                // Idle or held up: a good time to report the backlog.
+                if let Ok(waiting) = self.waiting().await {
+                    metrics::gauge!("idem_outbox_waiting_events").set(waiting.events as f64);
+                    metrics::gauge!("idem_outbox_oldest_waiting_seconds")
+                        .set(waiting.oldest.unwrap_or_default().as_secs_f64());
+                }
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(wait) => {}

@@ -83,6 +83,11 @@ pub trait EventStorage: sqlx::Database + Sized {
         batch: Batch<Self>,
     ) -> impl Future<Output = Result<(), crate::Error>> + Send;
 
+    /// How many events wait to be published, and the age of the oldest in milliseconds.
+    fn waiting(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<(i64, Option<i64>), crate::Error>> + Send + '_;
+
     /// Deletes up to `limit` events published more than `retention` ago.
     fn purge_published(
         pool: &Pool<Self>,
@@ -148,7 +153,7 @@ pub trait EventStorage: sqlx::Database + Sized {
 }
 
 /// The [`EventStorage`] methods whose statements bind alike on every database: each backend
-/// module provides the SQL constants `ENQUEUE`, `PURGE_PUBLISHED`, `CLAIM`, `ATTEMPTS`,
+/// module provides the SQL constants `ENQUEUE`, `WAITING`, `PURGE_PUBLISHED`, `CLAIM`, `ATTEMPTS`,
 /// `NOTE_FAILURE`, `COUNT_FAILURE`, `CLEAR_FAILURES`, `PURGE_CONSUMED` and `PURGE_FAILURES`
 /// (attempts read as a 64-bit integer, times computed by the database, retentions bound in
 /// milliseconds).
@@ -167,6 +172,10 @@ macro_rules! shared_event_storage {
                 .execute(conn)
                 .await?;
             Ok(())
+        }
+
+        async fn waiting(pool: &Pool<$db>) -> Result<(i64, Option<i64>), crate::Error> {
+            Ok(sqlx::query_as(WAITING).fetch_one(pool).await?)
         }
 
         async fn purge_published(

@@ -38,6 +38,10 @@ const READY: &str = "SELECT id, event_id, payload FROM idem_outbox \
 
 const MARK: &str = "UPDATE idem_outbox SET published_at = now() WHERE id = ANY($1)";
 
+const WAITING: &str = "SELECT COUNT(*), \
+     CAST(EXTRACT(EPOCH FROM now() - MIN(created_at)) * 1000 AS BIGINT) \
+     FROM idem_outbox WHERE published_at IS NULL";
+
 const PURGE_PUBLISHED: &str = "DELETE FROM idem_outbox WHERE id IN ( \
      SELECT id FROM idem_outbox \
      WHERE published_at < now() - $1 * interval '1 millisecond' LIMIT $2)";

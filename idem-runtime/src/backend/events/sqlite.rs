@@ -48,6 +48,10 @@ const MARK: &str = "UPDATE idem_outbox SET published_at = $1 \
 const LET_GO: &str = "UPDATE idem_outbox_topics SET relay = NULL, leased_until = NULL \
      WHERE topic = $1 AND relay = $2";
 
+const WAITING: &str = "SELECT COUNT(*), \
+     CAST(unixepoch('subsec') * 1000 AS INTEGER) - MIN(created_at) \
+     FROM idem_outbox WHERE published_at IS NULL";
+
 const PURGE_PUBLISHED: &str = "DELETE FROM idem_outbox WHERE id IN ( \
      SELECT id FROM idem_outbox WHERE published_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1 LIMIT $2)";
 
