@@ -127,6 +127,30 @@ where
     }
 }
 
+/// Serves `router` on `listener` until Ctrl-C or SIGTERM, then cancels `stop` (the
+/// binary's background tasks) and returns once the open requests are answered.
+///
+/// # Errors
+///
+/// When serving fails.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    stop: idem_runtime::CancellationToken,
+) -> Result<(), Error> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown({
+            let stop = stop.clone();
+            async move {
+                shutdown_signal().await;
+                stop.cancel();
+            }
+        })
+        .await?;
+    stop.cancel();
+    Ok(())
+}
+
 /// Waits for Ctrl-C or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {

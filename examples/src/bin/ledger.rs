@@ -42,6 +42,8 @@ async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Erro
     DB::create_tables(&pool)
         .await
         .map_err(|e| format!("cannot create the ledger's tables: {e}"))?;
+    // First, so that what the consumer counts from its first message on is recorded.
+    let metrics = telemetry::install()?;
     let addr = std::env::var("LEDGER_ADDR").unwrap_or_else(|_| "127.0.0.1:3002".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -67,20 +69,12 @@ async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Erro
         }
     };
     tracing::info!(addr = %listener.local_addr()?, "ledger listening");
-    let metrics = telemetry::install()?;
-    axum::serve(
+    setup::serve(
         listener,
         ledger::router(pool).merge(telemetry::router(metrics)),
+        stop,
     )
-    .with_graceful_shutdown({
-        let stop = stop.clone();
-        async move {
-            setup::shutdown_signal().await;
-            stop.cancel();
-        }
-    })
     .await?;
-    stop.cancel();
     // The message in flight is finished and settled before the consumer stops.
     let _ = consuming.await;
     Ok(())

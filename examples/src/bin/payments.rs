@@ -118,19 +118,8 @@ async fn serve<DB: Sql>(
         crash_after,
     };
     tracing::info!(addr = %listener.local_addr()?, "payments service listening");
-    axum::serve(
-        listener,
-        routes.with_state(state).merge(telemetry::router(metrics)),
-    )
-    .with_graceful_shutdown({
-        let stop = stop.clone();
-        async move {
-            setup::shutdown_signal().await;
-            stop.cancel();
-        }
-    })
-    .await?;
-    stop.cancel();
+    let router = routes.with_state(state).merge(telemetry::router(metrics));
+    setup::serve(listener, router, stop).await?;
     let _ = tokio::join!(purge, recovery, relay);
     Ok(())
 }
