@@ -6,6 +6,7 @@
 //! - `cargo run --bin processor` serves [`processor::router`]: a simulated card processor in its
 //!   own process, so that it outlives a crash of the payments service.
 
+pub mod api_doc;
 pub mod auth;
 pub mod card;
 pub mod error;

@@ -34,7 +34,7 @@ pub const UNIT_PRICE: i64 = 1000;
 const MAX_SKU: usize = 64;
 
 /// The body of `POST /v1/orders`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct NewOrder {
     /// The article.
     pub sku: String,
@@ -85,7 +85,7 @@ pub struct Reservation {
 }
 
 /// An order, as answered.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Order {
     /// `ord_...`.
     pub id: String,
@@ -109,6 +109,20 @@ type OrderCreated = (StatusCode, [(header::HeaderName, String); 1], Json<Order>)
 /// this step), `ship` (database), each recorded on the key; a declined charge gives the stock
 /// back (a step too) and answers 402, stored; an unavailable processor answers 503, not stored,
 /// and the retry resumes at `charge`.
+#[utoipa::path(
+    post,
+    path = "/v1/orders",
+    tag = "orders",
+    summary = "Order an article: reserve stock, charge, ship",
+    request_body = NewOrder,
+    responses(
+        (status = 201, description = "Reserved, charged and shipped.", body = Order,
+            headers(("Location" = String, description = "`/v1/orders/{id}`"))),
+        (status = 400, description = "`sku`, `quantity` or `customer` invalid, not enough stock, or the body not JSON.", body = crate::api_doc::Problem, content_type = "application/problem+json"),
+        (status = 402, description = "The card was declined; the stock was given back.", body = crate::api_doc::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The processor did not answer; a retry with the same key resumes at the charge.", body = crate::api_doc::Problem, content_type = "application/problem+json"),
+    )
+)]
 #[idempotent(scope = "tenant", retention = "24h", lease = "5s", state = AppState<DB>)]
 pub async fn create_order<DB: Sql>(
     tenant: Tenant,
@@ -338,6 +352,8 @@ impl From<StepError> for Lookup {
 }
 
 /// `GET /v1/orders`: the caller's orders, newest first.
+#[utoipa::path(get, path = "/v1/orders", tag = "orders", summary = "The caller's orders, newest first",
+    responses((status = 200, description = "The caller's orders.", body = Vec<Order>)))]
 pub async fn list_orders<DB: Sql>(
     tenant: Tenant,
     State(state): State<AppState<DB>>,
@@ -348,6 +364,10 @@ pub async fn list_orders<DB: Sql>(
 }
 
 /// `GET /v1/orders/{id}`: one of the caller's orders.
+#[utoipa::path(get, path = "/v1/orders/{id}", tag = "orders", summary = "One of the caller's orders",
+    params(("id" = String, Path, description = "The order's id, `ord_…`.")),
+    responses((status = 200, description = "The order.", body = Order),
+        (status = 404, description = "No such order for this caller.", body = crate::api_doc::Problem, content_type = "application/problem+json")))]
 pub async fn get_order<DB: Sql>(
     tenant: Tenant,
     State(state): State<AppState<DB>>,
@@ -366,7 +386,7 @@ const ORDER_COLUMNS: &str =
     "SELECT id, sku, quantity, customer, amount, charge, status FROM orders";
 
 /// A SKU's stock, as answered.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Stock {
     /// The article.
     pub sku: String,
@@ -375,6 +395,9 @@ pub struct Stock {
 }
 
 /// `GET /v1/inventory/{sku}`: any tenant may read it; an unseen SKU has its initial stock.
+#[utoipa::path(get, path = "/v1/inventory/{sku}", tag = "orders", summary = "An article's stock",
+    params(("sku" = String, Path, description = "The article.")),
+    responses((status = 200, description = "Units left (an article never ordered has its initial stock).", body = Stock)))]
 pub async fn get_stock<DB: Sql>(
     _tenant: Tenant,
     State(state): State<AppState<DB>>,

@@ -65,7 +65,7 @@ impl<DB: Backend> FromRef<AppState<DB>> for Store<DB> {
 }
 
 /// The body of `POST /v1/payments` and `POST /v1/payouts`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct NewTransfer {
     /// Positive, in minor units.
     pub amount: i64,
@@ -118,7 +118,7 @@ pub(crate) fn check_id(noun: &str, id: &str) -> Result<(), ApiError> {
 }
 
 /// A payment or a payout, as answered.
-#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Transfer {
     /// `pay_...` or `po_...`.
     pub id: String,
@@ -226,6 +226,18 @@ pub fn routes<DB: Sql>() -> Router<AppState<DB>> {
 }
 
 /// `POST /v1/payments`: a 5xx is rolled back and not stored, so a retry charges again.
+#[utoipa::path(
+    post,
+    path = "/v1/payments",
+    tag = "payments",
+    summary = "Charge a customer",
+    request_body = NewTransfer,
+    responses(
+        (status = 201, description = "The payment succeeded.", body = Transfer,
+            headers(("Location" = String, description = "`/v1/payments/{id}`"))),
+        crate::api_doc::TransferProblems,
+    )
+)]
 #[idempotent(scope = "tenant", retention = "24h", replay_5xx = false, state = AppState<DB>)]
 pub async fn create_payment<DB: Sql>(
     tenant: Tenant,
@@ -236,6 +248,18 @@ pub async fn create_payment<DB: Sql>(
 }
 
 /// `POST /v1/payouts`: a 5xx is stored and replayed (Stripe v1), its writes undone.
+#[utoipa::path(
+    post,
+    path = "/v1/payouts",
+    tag = "payouts",
+    summary = "Pay a customer out",
+    request_body = NewTransfer,
+    responses(
+        (status = 201, description = "The payout was paid.", body = Transfer,
+            headers(("Location" = String, description = "`/v1/payouts/{id}`"))),
+        crate::api_doc::TransferProblems,
+    )
+)]
 #[idempotent(scope = "tenant", retention = "7d", replay_5xx = true, state = AppState<DB>)]
 pub async fn create_payout<DB: Sql>(
     tenant: Tenant,
@@ -331,6 +355,8 @@ async fn create<DB: Sql>(
 }
 
 /// `GET /v1/payments`.
+#[utoipa::path(get, path = "/v1/payments", tag = "payments", summary = "The caller's payments, newest first",
+    responses((status = 200, description = "The caller's payments.", body = Vec<Transfer>)))]
 pub async fn list_payments<DB: Sql>(
     tenant: Tenant,
     State(state): State<AppState<DB>>,
@@ -339,6 +365,8 @@ pub async fn list_payments<DB: Sql>(
 }
 
 /// `GET /v1/payouts`.
+#[utoipa::path(get, path = "/v1/payouts", tag = "payouts", summary = "The caller's payouts, newest first",
+    responses((status = 200, description = "The caller's payouts.", body = Vec<Transfer>)))]
 pub async fn list_payouts<DB: Sql>(
     tenant: Tenant,
     State(state): State<AppState<DB>>,
@@ -347,6 +375,10 @@ pub async fn list_payouts<DB: Sql>(
 }
 
 /// `GET /v1/payments/{id}`.
+#[utoipa::path(get, path = "/v1/payments/{id}", tag = "payments", summary = "One of the caller's payments",
+    params(("id" = String, Path, description = "The payment's id, `pay_…`.")),
+    responses((status = 200, description = "The payment.", body = Transfer),
+        (status = 404, description = "No such payment for this caller.", body = crate::api_doc::Problem, content_type = "application/problem+json")))]
 pub async fn get_payment<DB: Sql>(
     tenant: Tenant,
     State(state): State<AppState<DB>>,
@@ -356,6 +388,10 @@ pub async fn get_payment<DB: Sql>(
 }
 
 /// `GET /v1/payouts/{id}`.
+#[utoipa::path(get, path = "/v1/payouts/{id}", tag = "payouts", summary = "One of the caller's payouts",
+    params(("id" = String, Path, description = "The payout's id, `po_…`.")),
+    responses((status = 200, description = "The payout.", body = Transfer),
+        (status = 404, description = "No such payout for this caller.", body = crate::api_doc::Problem, content_type = "application/problem+json")))]
 pub async fn get_payout<DB: Sql>(
     tenant: Tenant,
     State(state): State<AppState<DB>>,
@@ -390,6 +426,20 @@ async fn fetch<DB: Sql>(
 
 /// `POST /v1/refunds`, in external mode: no transaction; the processor call happens between a
 /// committed claim and the stored outcome, protected by a key derived from the client's.
+#[utoipa::path(
+    post,
+    path = "/v1/refunds",
+    tag = "refunds",
+    summary = "Refund a payment",
+    request_body = NewRefund,
+    responses(
+        (status = 201, description = "The processor refunded the payment.", body = Refund,
+            headers(("Location" = String, description = "`/v1/refunds/{id}`"))),
+        (status = 400, description = "`amount` not positive, or the body not JSON.", body = crate::api_doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such payment for this caller.", body = crate::api_doc::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The processor could not be reached or refused; nothing was refunded.", body = crate::api_doc::Problem, content_type = "application/problem+json"),
+    )
+)]
 #[idempotent(
     scope = "tenant",
     retention = "24h",
@@ -443,6 +493,8 @@ pub async fn create_refund<DB: Sql>(
 }
 
 /// `GET /v1/refunds`: the caller's refunds, newest first.
+#[utoipa::path(get, path = "/v1/refunds", tag = "refunds", summary = "The caller's refunds, newest first",
+    responses((status = 200, description = "The caller's refunds.", body = Vec<Refund>)))]
 pub async fn list_refunds<DB: Sql>(
     tenant: Tenant,
     State(state): State<AppState<DB>>,
@@ -456,6 +508,10 @@ pub async fn list_refunds<DB: Sql>(
 }
 
 /// `GET /v1/refunds/{id}`: one of the caller's refunds.
+#[utoipa::path(get, path = "/v1/refunds/{id}", tag = "refunds", summary = "One of the caller's refunds",
+    params(("id" = String, Path, description = "The refund's id.")),
+    responses((status = 200, description = "The refund.", body = Refund),
+        (status = 404, description = "No such refund for this caller.", body = crate::api_doc::Problem, content_type = "application/problem+json")))]
 pub async fn get_refund<DB: Sql>(
     tenant: Tenant,
     State(state): State<AppState<DB>>,

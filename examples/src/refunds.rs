@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::processor_client::ProcessorClient;
 
 /// The body of `POST /v1/refunds`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct NewRefund {
     /// The payment to refund, one of the caller's.
     pub payment: String,
@@ -16,7 +16,7 @@ pub struct NewRefund {
 }
 
 /// A refund, as answered.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Refund {
     /// The processor's refund id.
     pub id: String,

@@ -1,7 +1,7 @@
 //! `GET /metrics`: the library's metrics (through the `metrics` facade) in Prometheus's text
 //! format, from the recorder the binaries install.
 
-use axum::{Router, routing::get};
+use axum::{Router, extract::State, response::IntoResponse, routing::get};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Installs the Prometheus recorder for the whole process; returns what renders it.
@@ -27,19 +27,22 @@ pub fn install() -> Result<PrometheusHandle, Box<dyn std::error::Error + Send + 
 
 /// `GET /metrics` rendering `handle`.
 pub fn router(handle: PrometheusHandle) -> Router {
-    Router::new().route(
-        "/metrics",
-        get(move || {
-            let handle = handle.clone();
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    handle.render(),
-                )
-            }
-        }),
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(handle)
+}
+
+/// `GET /metrics`.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    summary = "The idempotency layer's metrics",
+    responses((status = 200, description = "Counters and histograms, in Prometheus's text format.",
+        body = String, content_type = "text/plain; version=0.0.4")))]
+pub async fn metrics(State(handle): State<PrometheusHandle>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        handle.render(),
     )
 }

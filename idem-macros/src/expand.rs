@@ -76,6 +76,18 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
     let (generics, _, where_clause) = sig.generics.split_for_impl();
     let extractors = extractors.iter().map(|arg| quote!(#arg));
 
+    let key_scope = match &scope {
+        Scope::Global => quote!(#private::KeyScope::Global),
+        Scope::Binding { ident, .. } => {
+            let name = ident.to_string();
+            quote!(#private::KeyScope::Parameter(#name))
+        }
+    };
+    let mode = match (&tx, &steps) {
+        (Some(_), _) => quote!(#private::Mode::Transactional),
+        (None, Some(_)) => quote!(#private::Mode::Steps),
+        (None, None) => quote!(#private::Mode::External),
+    };
     let scope = match scope {
         Scope::Global => quote!(#private::Scope::Global),
         Scope::Binding { mut ident, span } => {
@@ -89,10 +101,25 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
     let replay_5xx = args.replay_5xx;
     let lease = args.lease_secs;
     let timeout = match args.timeout {
-        Some((secs, _)) => {
-            quote!(::core::option::Option::Some(::core::time::Duration::from_secs(#secs)))
-        }
+        Some((secs, _)) => quote!(::core::option::Option::Some(#secs)),
         None => quote!(::core::option::Option::None),
+    };
+    let name = ident.to_string();
+    // The handler's settings, in a static that both drives each request and is registered for
+    // the published policy and the OpenAPI document: they cannot disagree. (Reading it from the
+    // handler also links it, with its registration, into any program that routes to it.)
+    let policy = quote! {
+        static __IDEM_POLICY: #private::HandlerPolicy = #private::HandlerPolicy::__new(
+            #name,
+            ::core::module_path!(),
+            #key_scope,
+            #mode,
+            #retention,
+            #replay_5xx,
+            #lease,
+            #timeout,
+        );
+        #private::inventory::submit! { #private::Registered(&__IDEM_POLICY) }
     };
 
     // Transactional mode lends the transaction to the body; external mode has none.
@@ -172,16 +199,12 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         #(#attrs)*
         #vis async fn #ident #generics (#(#extractors,)* #input) -> #private::Response #where_clause {
             #state_checks
+            #policy
             let __idem_span = __idem_request.span();
             #private::Instrument::instrument(
                 async move {
                     let __idem_scope = #scope;
-                    let __idem_options = #private::Options {
-                        retention: ::core::time::Duration::from_secs(#retention),
-                        replay_5xx: #replay_5xx,
-                        lease: ::core::time::Duration::from_secs(#lease),
-                        timeout: #timeout,
-                    };
+                    let __idem_options = __IDEM_POLICY.__options();
                     #[allow(unused_mut)]
                     let mut __idem_claim = match #claim::acquire(
                         __idem_request,

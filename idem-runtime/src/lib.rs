@@ -43,6 +43,9 @@
 //! [`events`] module adds a transactional outbox and idempotent queue consumers.
 
 pub mod events;
+#[cfg(feature = "openapi")]
+pub mod openapi;
+pub mod policy;
 pub mod tasks;
 
 mod backend;
@@ -88,6 +91,8 @@ pub mod __private {
         Claim, ExternalClaim, IdemRequest, Input, Options, Scope, ViaBody, ViaParts, hint,
         scope_of, within,
     };
+    pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
+    pub use inventory;
     /// The backend of handlers that have no transaction parameter to name one: PostgreSQL
     /// when its feature is on, else SQLite.
     #[cfg(feature = "postgres")]

@@ -22,6 +22,7 @@ use std::{process::ExitCode, time::Duration};
 
 use axum::Router;
 use idem_examples::{
+    api_doc,
     orders::SettleAbandoned,
     payments::{self, AppState},
     refunds::ProcessorClient,
@@ -118,7 +119,10 @@ async fn serve<DB: Sql>(
         crash_after,
     };
     tracing::info!(addr = %listener.local_addr()?, "payments service listening");
-    let router = routes.with_state(state).merge(telemetry::router(metrics));
+    let router = routes
+        .with_state(state)
+        .merge(telemetry::router(metrics))
+        .merge(api_doc::router()?);
     setup::serve(listener, router, stop).await?;
     let _ = tokio::join!(purge, recovery, relay);
     Ok(())

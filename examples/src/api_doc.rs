@@ -1,0 +1,199 @@
+//! `GET /openapi.json` and `GET /idempotency-policy`: the service's OpenAPI 3.1 document,
+//! generated from the handlers' `#[utoipa::path]` attributes, and its idempotency policy,
+//! generated from their `#[idempotent]` attributes.
+//!
+//! The idempotency part (the `Idempotency-Key` header, the layer's problem responses, each
+//! operation's retention) is not written here: the library's [`Idempotency`] modifier adds it
+//! to every operation served by an `#[idempotent]` handler.
+
+use std::sync::Arc;
+
+use axum::{
+    Router,
+    extract::State,
+    http::header,
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use idem_runtime::openapi::{Idempotency, retention_policy};
+use utoipa::{
+    Modify, OpenApi, ToSchema,
+    openapi::{
+        ContentBuilder, Ref, RefOr, ResponseBuilder,
+        security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme},
+    },
+};
+
+use crate::{orders, payments, telemetry};
+
+/// The service's OpenAPI document: every route, the idempotency of the idempotent ones
+/// ([`Idempotency`]), and the demo's bearer authentication ([`BearerAuth`]).
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "idem example: payments",
+        description = "Payments, payouts, refunds and orders, safe to retry with an \
+                       `Idempotency-Key` header. Every `/v1` route needs \
+                       `Authorization: Bearer <tenant>` (the token is the tenant's id)."
+    ),
+    paths(
+        payments::create_payment,
+        payments::list_payments,
+        payments::get_payment,
+        payments::create_payout,
+        payments::list_payouts,
+        payments::get_payout,
+        payments::create_refund,
+        payments::list_refunds,
+        payments::get_refund,
+        orders::create_order,
+        orders::list_orders,
+        orders::get_order,
+        orders::get_stock,
+        telemetry::metrics,
+        openapi_json,
+        idempotency_policy,
+    ),
+    components(schemas(Problem)),
+    modifiers(&BearerAuth, &Idempotency),
+    tags(
+        (name = "payments", description = "Card payments (transactional mode)."),
+        (name = "payouts", description = "Payouts: a 5xx outcome is stored and replayed."),
+        (name = "refunds", description = "Refunds at the processor (external mode)."),
+        (name = "orders", description = "Orders in steps: stock, charge, shipping."),
+        (name = "operations", description = "For operators and tools."),
+    )
+)]
+pub struct ApiDoc;
+
+/// An RFC 9457 problem details document, as every error of this service is answered
+/// (`application/problem+json`).
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)] // Only its schema is used: `Problem` of idem-runtime is what is sent.
+pub struct Problem {
+    /// A URI naming the kind of problem.
+    #[schema(rename = "type")]
+    type_uri: String,
+    /// A short summary of the kind of problem.
+    title: String,
+    /// The HTTP status.
+    status: u16,
+    /// What went wrong with this request.
+    detail: Option<String>,
+}
+
+/// The problems `POST /v1/payments` and `POST /v1/payouts` answer themselves (the
+/// idempotency layer's own are added by [`Idempotency`]).
+#[derive(Debug, utoipa::IntoResponses)]
+#[allow(dead_code)] // Only its responses are used.
+pub enum TransferProblems {
+    /// `amount` not positive, or `currency` not 3 letters, or the body not JSON.
+    #[response(status = 400, content_type = "application/problem+json")]
+    Invalid(Problem),
+    /// The card was declined; the record is kept with `"status": "declined"`.
+    #[response(status = 402, content_type = "application/problem+json")]
+    Declined(Problem),
+    /// The processor did not answer; nothing was recorded.
+    #[response(status = 503, content_type = "application/problem+json")]
+    Unavailable(Problem),
+}
+
+/// The demo's authentication: `Authorization: Bearer <tenant>` on every `/v1` route, answered
+/// with 401 when missing.
+#[derive(Debug, Clone, Copy)]
+pub struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("The token is the tenant's id (demo authentication)."))
+                    .build(),
+            ),
+        );
+        for (path, item) in &mut openapi.paths.paths {
+            if !path.starts_with("/v1/") {
+                continue;
+            }
+            for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
+                operation
+                    .security
+                    .get_or_insert_with(Vec::new)
+                    .push(SecurityRequirement::new("bearer", Vec::<String>::new()));
+                operation.responses.responses.insert(
+                    "401".to_owned(),
+                    RefOr::T(
+                        ResponseBuilder::new()
+                            .description("No `Authorization: Bearer <tenant>` header.")
+                            .content(
+                                "application/problem+json",
+                                ContentBuilder::new()
+                                    .schema(Some(Ref::from_schema_name("Problem")))
+                                    .build(),
+                            )
+                            .build(),
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// The document and the policy, rendered once.
+#[derive(Debug)]
+struct Rendered {
+    json: String,
+    policy: String,
+}
+
+/// The policy text of this service: what `GET /idempotency-policy` answers and the README
+/// quotes.
+pub fn policy() -> String {
+    retention_policy(&ApiDoc::openapi()).to_string()
+}
+
+/// `GET /openapi.json` and `GET /idempotency-policy`.
+///
+/// # Errors
+///
+/// When the document does not serialize, which a correct build never sees.
+pub fn router() -> Result<Router, serde_json::Error> {
+    let document = ApiDoc::openapi();
+    let rendered = Rendered {
+        json: document.to_json()?,
+        policy: retention_policy(&document).to_string(),
+    };
+    Ok(Router::new()
+        .route("/openapi.json", get(openapi_json))
+        .route("/idempotency-policy", get(idempotency_policy))
+        .with_state(Arc::new(rendered)))
+}
+
+/// `GET /openapi.json`.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations",
+    summary = "This document (OpenAPI 3.1)",
+    responses((status = 200, description = "The OpenAPI document.", content_type = "application/json")))]
+async fn openapi_json(State(rendered): State<Arc<Rendered>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        rendered.json.clone(),
+    )
+        .into_response()
+}
+
+/// `GET /idempotency-policy`: how long keys live, per operation, from the handlers'
+/// attributes (the IETF draft asks servers to publish it).
+#[utoipa::path(get, path = "/idempotency-policy", tag = "operations",
+    summary = "The idempotency policy: how long keys live, per operation",
+    responses((status = 200, description = "The policy, in Markdown.", body = String, content_type = "text/markdown")))]
+async fn idempotency_policy(State(rendered): State<Arc<Rendered>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+        rendered.policy.clone(),
+    )
+        .into_response()
+}

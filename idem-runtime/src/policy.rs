@@ -1,0 +1,327 @@
+//! What each `#[idempotent]` handler promises its clients, as its attribute says, and the
+//! retention policy a service publishes from them.
+//!
+//! Every handler the attribute expands registers its [`HandlerPolicy`] at link time (through
+//! `inventory`), so [`handlers`] lists all of them without a list kept by hand. The same value
+//! drives the handler at run time, so the published policy cannot drift from the behaviour.
+//! [`RetentionPolicy`] renders the policy document of a set of routes; the `openapi` feature
+//! builds it from an OpenAPI document (`crate::openapi`).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::flow::Options;
+
+/// How an `#[idempotent]` handler runs, as its signature chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The handler takes the transaction: its writes and the stored outcome commit together,
+    /// and an interrupted request leaves nothing behind.
+    Transactional,
+    /// No transaction: the claim is committed first, with a lease, and the outcome is stored
+    /// after the body (a call to another system) ran.
+    External,
+    /// External, with recovery points (`Steps`): a retry after an interruption resumes after
+    /// the last recorded step.
+    Steps,
+}
+
+/// Whose keys a handler's keys are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyScope {
+    /// Keys are separate for each caller, identified by the handler parameter of this name.
+    Parameter(&'static str),
+    /// Keys are shared by all callers (`global`).
+    Global,
+}
+
+/// One `#[idempotent]` handler's settings, exactly as its attribute gave them (defaults
+/// filled in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandlerPolicy {
+    name: &'static str,
+    module: &'static str,
+    scope: KeyScope,
+    mode: Mode,
+    retention_secs: u64,
+    replay_5xx: bool,
+    lease_secs: u64,
+    timeout_secs: Option<u64>,
+}
+
+impl HandlerPolicy {
+    /// What the macro writes; not an API.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub const fn __new(
+        name: &'static str,
+        module: &'static str,
+        scope: KeyScope,
+        mode: Mode,
+        retention_secs: u64,
+        replay_5xx: bool,
+        lease_secs: u64,
+        timeout_secs: Option<u64>,
+    ) -> Self {
+        Self {
+            name,
+            module,
+            scope,
+            mode,
+            retention_secs,
+            replay_5xx,
+            lease_secs,
+            timeout_secs,
+        }
+    }
+
+    /// The handler function's name, which is also the default `operationId` of utoipa's
+    /// `#[utoipa::path]`.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The module the handler is defined in (`module_path!()`).
+    pub fn module(&self) -> &'static str {
+        self.module
+    }
+
+    /// Whose keys these are.
+    pub fn scope(&self) -> KeyScope {
+        self.scope
+    }
+
+    /// How the handler runs.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// How long a completed outcome is replayed, counted from its completion (`retention`).
+    pub fn retention(&self) -> Duration {
+        Duration::from_secs(self.retention_secs)
+    }
+
+    /// Whether a 5xx outcome is stored and replayed (`replay_5xx`).
+    pub fn replay_5xx(&self) -> bool {
+        self.replay_5xx
+    }
+
+    /// External and multi-step handlers: how long a claim is exclusive before a retry may take
+    /// it over (`lease`). `None` for a transactional handler, whose claim ends with its
+    /// transaction.
+    pub fn lease(&self) -> Option<Duration> {
+        (self.mode != Mode::Transactional).then(|| Duration::from_secs(self.lease_secs))
+    }
+
+    /// How long the body may run before it is stopped (`timeout`), if bounded.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout_secs.map(Duration::from_secs)
+    }
+
+    /// The settings the request flow runs with.
+    #[doc(hidden)]
+    pub fn __options(&self) -> Options {
+        Options {
+            retention: self.retention(),
+            replay_5xx: self.replay_5xx,
+            lease: Duration::from_secs(self.lease_secs),
+            timeout: self.timeout(),
+        }
+    }
+
+    /// One paragraph for an API's users: what a retry with the same key gets from this
+    /// handler, and for how long (Markdown).
+    pub fn describe(&self) -> String {
+        let retention = human(self.retention_secs);
+        let mut text = format!(
+            "**Idempotent.** Send an `Idempotency-Key` header (a new UUID for each operation, \
+             the same on each retry of it). A retry with the same key and the same request gets \
+             the first outcome again, marked `Idempotent-Replayed: true`, for {retention} after \
+             the first request completed; after that the key is forgotten. "
+        );
+        text.push_str(&format!("{} ", self.server_errors()));
+        text.push_str(&format!("{} ", self.interrupted()));
+        text.push_str(match self.scope {
+            KeyScope::Parameter(_) => "Keys are separate for each caller.",
+            KeyScope::Global => "Keys are shared by all callers.",
+        });
+        text
+    }
+
+    fn server_errors(&self) -> &'static str {
+        if self.replay_5xx {
+            "A 5xx outcome is kept and replayed too."
+        } else {
+            "A 5xx outcome is not kept: a retry with the same key runs the request again."
+        }
+    }
+
+    fn interrupted(&self) -> String {
+        match self.mode {
+            Mode::Transactional => "A request interrupted before it answered left nothing \
+                                    behind; its retry runs it."
+                .to_owned(),
+            Mode::External => format!(
+                "If a request stops before it answers, a retry with the same key runs it again \
+                 once its lease of {} has run out.",
+                human(self.lease_secs)
+            ),
+            Mode::Steps => format!(
+                "If a request stops before it answers, a retry with the same key resumes it \
+                 after its last completed step once its lease of {} has run out.",
+                human(self.lease_secs)
+            ),
+        }
+    }
+}
+
+/// Linked in by each expansion of `#[idempotent]`; see [`handlers`].
+#[doc(hidden)]
+pub struct Registered(pub &'static HandlerPolicy);
+
+inventory::collect!(Registered);
+
+/// Every `#[idempotent]` handler linked into this program, in no particular order.
+///
+/// A handler in a library crate is listed once the program calls it or routes to it (which
+/// links its code in).
+pub fn handlers() -> impl Iterator<Item = &'static HandlerPolicy> {
+    inventory::iter::<Registered>.into_iter().map(|r| r.0)
+}
+
+/// The idempotency policy of a service: one row per idempotent operation. Its `Display` is
+/// the Markdown document to publish (the IETF draft asks servers to publish how long keys
+/// live).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    operations: Vec<(String, HandlerPolicy)>,
+}
+
+impl RetentionPolicy {
+    /// An empty policy.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an operation, `"POST /v1/payments"` say, served by a handler with `policy`.
+    #[must_use]
+    pub fn with(mut self, operation: impl Into<String>, policy: HandlerPolicy) -> Self {
+        self.operations.push((operation.into(), policy));
+        self
+    }
+
+    /// The operations, in the order given.
+    pub fn operations(&self) -> impl Iterator<Item = (&str, &HandlerPolicy)> {
+        self.operations
+            .iter()
+            .map(|(op, policy)| (op.as_str(), policy))
+    }
+}
+
+impl fmt::Display for RetentionPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "The operations below accept an `Idempotency-Key` header: at most 255 visible ASCII \
+             characters, best a new UUID for each operation, sent again unchanged on each retry \
+             of it. A retry with the same key and the same request gets the first outcome \
+             again, marked `Idempotent-Replayed: true`, instead of running the operation twice."
+        )?;
+        writeln!(f)?;
+        writeln!(
+            f,
+            "| Operation | Outcome kept for | 5xx outcome | Interrupted request | Keys |"
+        )?;
+        writeln!(f, "|---|---|---|---|---|")?;
+        for (operation, policy) in &self.operations {
+            let server_errors = if policy.replay_5xx {
+                "kept and replayed"
+            } else {
+                "not kept: a retry runs it again"
+            };
+            let interrupted = match policy.mode {
+                Mode::Transactional => "nothing kept: a retry runs it again".to_owned(),
+                Mode::External => format!(
+                    "a retry runs it again once its lease of {} has run out",
+                    human(policy.lease_secs)
+                ),
+                Mode::Steps => format!(
+                    "a retry resumes it after its last completed step once its lease of {} has \
+                     run out",
+                    human(policy.lease_secs)
+                ),
+            };
+            let keys = match policy.scope {
+                KeyScope::Parameter(_) => "per caller",
+                KeyScope::Global => "shared by all callers",
+            };
+            writeln!(
+                f,
+                "| `{operation}` | {} | {server_errors} | {interrupted} | {keys} |",
+                human(policy.retention_secs)
+            )?;
+        }
+        writeln!(f)?;
+        writeln!(
+            f,
+            "- The time an outcome is kept counts from when the first request completed. After \
+             it the key is forgotten: a request that reuses it is a new request."
+        )?;
+        writeln!(
+            f,
+            "- A retry while the first request is still running gets 409 with `Retry-After`: \
+             wait that long and retry with the same key."
+        )?;
+        writeln!(
+            f,
+            "- A key reused with a different request (method, path, query or body) gets 422: \
+             a new operation needs a new key."
+        )?;
+        write!(
+            f,
+            "- A missing or malformed key gets 400, and a request body over the service's \
+             limit 413; neither runs the operation."
+        )
+    }
+}
+
+/// `90061` → `"1 day 1 hour 1 minute 1 second"`; `86400` → `"24 hours"` (whole days under
+/// two are said in hours, as retention periods usually are).
+pub(crate) fn human(secs: u64) -> String {
+    if secs == 0 {
+        return "0 seconds".to_owned();
+    }
+    let (days, hours) = if secs.is_multiple_of(86_400) && secs < 2 * 86_400 {
+        (0, secs / 3600)
+    } else {
+        (secs / 86_400, secs % 86_400 / 3600)
+    };
+    let parts = [
+        (days, "day"),
+        (hours, "hour"),
+        (secs % 3600 / 60, "minute"),
+        (secs % 60, "second"),
+    ];
+    parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n} {unit}{}", if *n == 1 { "" } else { "s" }))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(human(5), "5 seconds");
+        assert_eq!(human(90 * 60), "1 hour 30 minutes");
+        assert_eq!(human(86_400), "24 hours");
+        assert_eq!(human(7 * 86_400), "7 days");
+        assert_eq!(human(2 * 86_400 + 3600), "2 days 1 hour");
+        assert_eq!(human(90_061), "1 day 1 hour 1 minute 1 second");
+        assert_eq!(human(60), "1 minute");
+    }
+}

@@ -1,0 +1,281 @@
+//! `idem_runtime::openapi::Idempotency` on documents of its own: what it adds to an idempotent
+//! operation (and merges with what the operation says itself), what it leaves alone, and the
+//! policy text it derives from each handler's attribute.
+
+use axum::{extract::Path, http::StatusCode};
+use idem_runtime::{
+    idempotent,
+    openapi::{Idempotency, PROBLEM_SCHEMA, retention_policy, undocumented_handlers},
+    policy::{KeyScope, Mode, handlers},
+};
+use serde_json::Value;
+use sqlx::{Sqlite, Transaction};
+use utoipa::OpenApi;
+
+/// Creates a thing.
+///
+/// The handler's own words come first.
+#[utoipa::path(
+    post,
+    path = "/things/{account}",
+    params(("account" = String, Path)),
+    responses(
+        (status = 201, description = "Created."),
+        (status = 400, description = "The thing is invalid."),
+    )
+)]
+#[idempotent(scope = "account", retention = "90m", replay_5xx = true)]
+async fn create_thing(
+    Path(account): Path<String>,
+    _tx: &mut Transaction<'_, Sqlite>,
+) -> StatusCode {
+    let _ = account;
+    StatusCode::CREATED
+}
+
+/// Keys shared by everyone, in external mode.
+#[utoipa::path(post, path = "/global", responses((status = 202, description = "Accepted.")))]
+#[idempotent(global, retention = "7d", lease = "45s", backend = Sqlite)]
+async fn global_job() -> StatusCode {
+    StatusCode::ACCEPTED
+}
+
+/// Renamed in the document: not recognised (the README says to keep the default id).
+#[utoipa::path(post, path = "/renamed", operation_id = "somethingElse",
+    responses((status = 201, description = "Created.")))]
+#[idempotent(global, retention = "1h")]
+async fn renamed(_tx: &mut Transaction<'_, Sqlite>) -> StatusCode {
+    StatusCode::CREATED
+}
+
+/// Not idempotent.
+#[utoipa::path(get, path = "/things", responses((status = 200, description = "The things.")))]
+#[allow(dead_code)]
+async fn list_things() -> StatusCode {
+    StatusCode::OK
+}
+
+mod elsewhere {
+    use super::*;
+
+    /// Same name as the one below, other settings.
+    #[idempotent(global, retention = "2h")]
+    pub async fn clash(_tx: &mut Transaction<'_, Sqlite>) -> StatusCode {
+        StatusCode::CREATED
+    }
+
+    /// Same name and settings as `same_settings::twin`.
+    #[idempotent(global, retention = "3h")]
+    pub async fn twin(_tx: &mut Transaction<'_, Sqlite>) -> StatusCode {
+        StatusCode::CREATED
+    }
+}
+
+mod elsewhere_too {
+    use super::*;
+
+    /// Same name as the one above, other settings.
+    #[idempotent(global, retention = "4h")]
+    pub async fn clash(_tx: &mut Transaction<'_, Sqlite>) -> StatusCode {
+        StatusCode::CREATED
+    }
+
+    /// Same name and settings as `elsewhere::twin`.
+    #[idempotent(global, retention = "3h")]
+    pub async fn twin(_tx: &mut Transaction<'_, Sqlite>) -> StatusCode {
+        StatusCode::CREATED
+    }
+}
+
+#[utoipa::path(post, path = "/clash", responses((status = 201, description = "Created.")))]
+#[allow(dead_code)]
+fn clash() {}
+
+#[utoipa::path(post, path = "/twin", responses((status = 201, description = "Created.")))]
+#[allow(dead_code)]
+fn twin() {}
+
+#[derive(OpenApi)]
+#[openapi(
+    paths(create_thing, global_job, renamed, list_things),
+    modifiers(&Idempotency)
+)]
+struct Doc;
+
+#[derive(OpenApi)]
+#[openapi(paths(list_things), modifiers(&Idempotency))]
+struct PlainDoc;
+
+#[derive(OpenApi)]
+#[openapi(paths(clash), modifiers(&Idempotency))]
+struct ClashDoc;
+
+#[derive(OpenApi)]
+#[openapi(paths(twin), modifiers(&Idempotency))]
+struct TwinDoc;
+
+fn json(doc: &utoipa::openapi::OpenApi) -> Value {
+    serde_json::to_value(doc).expect("the document serializes")
+}
+
+#[test]
+fn the_attribute_registers_its_settings() {
+    let thing = handlers()
+        .find(|h| h.name() == "create_thing")
+        .expect("create_thing is registered");
+    assert_eq!(thing.scope(), KeyScope::Parameter("account"));
+    assert_eq!(thing.mode(), Mode::Transactional);
+    assert_eq!(thing.retention().as_secs(), 90 * 60);
+    assert!(thing.replay_5xx());
+    assert_eq!(thing.lease(), None, "a transactional claim has no lease");
+    assert!(thing.module().ends_with("openapi"), "{}", thing.module());
+
+    let job = handlers()
+        .find(|h| h.name() == "global_job")
+        .expect("global_job is registered");
+    assert_eq!(job.scope(), KeyScope::Global);
+    assert_eq!(job.mode(), Mode::External);
+    assert_eq!(job.lease().map(|l| l.as_secs()), Some(45));
+    assert!(!job.replay_5xx(), "the default");
+}
+
+#[test]
+fn an_idempotent_operation_gets_the_header_the_problems_and_its_policy() {
+    let doc = json(&Doc::openapi());
+    let op = &doc["paths"]["/things/{account}"]["post"];
+
+    let key = op["parameters"]
+        .as_array()
+        .expect("parameters")
+        .iter()
+        .find(|p| p["name"] == "Idempotency-Key")
+        .expect("the key parameter");
+    assert_eq!(key["in"], "header");
+    assert_eq!(key["required"], true);
+
+    let description = op["description"].as_str().expect("a description");
+    assert!(
+        description.starts_with("The handler's own words come first."),
+        "{description}"
+    );
+    assert!(
+        description.contains("for 1 hour 30 minutes after"),
+        "{description}"
+    );
+    assert!(
+        description.contains("A 5xx outcome is kept"),
+        "{description}"
+    );
+    assert!(
+        description.contains("separate for each caller"),
+        "{description}"
+    );
+
+    let problem = format!("#/components/schemas/{PROBLEM_SCHEMA}");
+    for status in ["409", "413", "422", "503"] {
+        let response = &op["responses"][status];
+        assert_eq!(
+            response["content"]["application/problem+json"]["schema"]["$ref"], problem,
+            "{status}"
+        );
+    }
+    assert!(op["responses"]["409"]["headers"]["Retry-After"].is_object());
+    // The operation's own 400 keeps its words and gains the layer's case.
+    let bad = &op["responses"]["400"];
+    let text = bad["description"].as_str().expect("a description");
+    assert!(text.starts_with("The thing is invalid."), "{text}");
+    assert!(text.contains("Idempotency-Key header is missing"), "{text}");
+    assert!(bad["content"]["application/problem+json"].is_object());
+    assert!(op["responses"]["201"]["headers"]["Idempotent-Replayed"].is_object());
+    assert!(doc["components"]["schemas"][PROBLEM_SCHEMA].is_object());
+
+    let global = &doc["paths"]["/global"]["post"]["description"];
+    let global = global.as_str().expect("a description");
+    assert!(global.contains("shared by all callers"), "{global}");
+    assert!(global.contains("lease of 45 seconds"), "{global}");
+}
+
+#[test]
+fn other_operations_are_left_alone() {
+    let doc = json(&Doc::openapi());
+    let list = &doc["paths"]["/things"]["get"];
+    assert!(list["parameters"].is_null(), "{list}");
+    assert!(list["responses"]["409"].is_null(), "{list}");
+    assert!(
+        list["description"]
+            .as_str()
+            .is_none_or(|d| !d.contains("Idempotent"))
+    );
+
+    // A renamed operation is not recognised, and the check for tests says so.
+    let renamed = &doc["paths"]["/renamed"]["post"];
+    assert!(renamed["parameters"].is_null(), "{renamed}");
+    let missing: Vec<&str> = undocumented_handlers(&Doc::openapi())
+        .iter()
+        .map(|h| h.name())
+        .collect();
+    assert!(missing.contains(&"renamed"), "{missing:?}");
+    assert!(!missing.contains(&"create_thing"), "{missing:?}");
+
+    // A document with no idempotent operation is not touched at all.
+    let plain = json(&PlainDoc::openapi());
+    assert!(plain["components"]["schemas"][PROBLEM_SCHEMA].is_null());
+    assert!(
+        plain["info"]["description"]
+            .as_str()
+            .is_none_or(|d| !d.contains("Idempotency"))
+    );
+}
+
+#[test]
+fn the_policy_lists_each_idempotent_operation_with_its_attribute() {
+    let policy = retention_policy(&Doc::openapi()).to_string();
+    assert!(
+        policy.contains(
+            "| `POST /things/{account}` | 1 hour 30 minutes | kept and replayed | nothing kept: \
+             a retry runs it again | per caller |"
+        ),
+        "{policy}"
+    );
+    assert!(
+        policy.contains(
+            "| `POST /global` | 7 days | not kept: a retry runs it again | a retry runs it \
+             again once its lease of 45 seconds has run out | shared by all callers |"
+        ),
+        "{policy}"
+    );
+    assert!(
+        !policy.contains("/things` |"),
+        "GET /things is not idempotent:\n{policy}"
+    );
+    let info = Doc::openapi().info.description.unwrap_or_default();
+    assert!(
+        info.contains(&policy),
+        "the document's description holds it"
+    );
+}
+
+#[test]
+#[should_panic(expected = "give the handlers distinct names")]
+fn two_handlers_of_one_name_with_different_settings_are_refused() {
+    let _ = ClashDoc::openapi();
+}
+
+#[test]
+fn two_handlers_of_one_name_with_the_same_settings_are_one_policy() {
+    let doc = json(&TwinDoc::openapi());
+    let description = doc["paths"]["/twin"]["post"]["description"]
+        .as_str()
+        .expect("documented");
+    assert!(description.contains("for 3 hours after"), "{description}");
+}
+
+#[test]
+fn handlers_that_are_never_routed_still_register() {
+    // Nothing in this test binary calls `elsewhere::clash`: it is listed all the same.
+    let modules: Vec<&str> = handlers()
+        .filter(|h| h.name() == "clash")
+        .map(|h| h.module())
+        .collect();
+    assert_eq!(modules.len(), 2, "{modules:?}");
+}
