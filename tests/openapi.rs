@@ -106,6 +106,11 @@ struct Doc;
 #[openapi(paths(list_things), modifiers(&Idempotency))]
 struct PlainDoc;
 
+/// The same operations, before the modifier.
+#[derive(OpenApi)]
+#[openapi(paths(create_thing, global_job))]
+struct RawDoc;
+
 #[derive(OpenApi)]
 #[openapi(paths(clash), modifiers(&Idempotency))]
 struct ClashDoc;
@@ -159,7 +164,7 @@ fn an_idempotent_operation_gets_the_header_the_problems_and_its_policy() {
         "{description}"
     );
     assert!(
-        description.contains("for 1 hour 30 minutes after"),
+        description.contains("for at least 1 hour 30 minutes after"),
         "{description}"
     );
     assert!(
@@ -172,7 +177,7 @@ fn an_idempotent_operation_gets_the_header_the_problems_and_its_policy() {
     );
 
     let problem = format!("#/components/schemas/{PROBLEM_SCHEMA}");
-    for status in ["409", "413", "422", "503"] {
+    for status in ["409", "413", "422", "500", "503"] {
         let response = &op["responses"][status];
         assert_eq!(
             response["content"]["application/problem+json"]["schema"]["$ref"], problem,
@@ -232,15 +237,16 @@ fn the_policy_lists_each_idempotent_operation_with_its_attribute() {
     let policy = retention_policy(&Doc::openapi()).to_string();
     assert!(
         policy.contains(
-            "| `POST /things/{account}` | 1 hour 30 minutes | kept and replayed | nothing kept: \
-             a retry runs it again | per caller |"
+            "| `POST /things/{account}` | 1 hour 30 minutes | kept and replayed | committed \
+             with its outcome, or nothing kept | per caller |"
         ),
         "{policy}"
     );
     assert!(
         policy.contains(
-            "| `POST /global` | 7 days | not kept: a retry runs it again | a retry runs it \
-             again once its lease of 45 seconds has run out | shared by all callers |"
+            "| `POST /global` | 7 days | not kept: a retry runs the request again | 409 until \
+             its lease of 45 seconds has run out, then a retry runs the request again | shared \
+             by all callers |"
         ),
         "{policy}"
     );
@@ -267,7 +273,10 @@ fn two_handlers_of_one_name_with_the_same_settings_are_one_policy() {
     let description = doc["paths"]["/twin"]["post"]["description"]
         .as_str()
         .expect("documented");
-    assert!(description.contains("for 3 hours after"), "{description}");
+    assert!(
+        description.contains("for at least 3 hours after"),
+        "{description}"
+    );
 }
 
 #[test]
@@ -278,4 +287,76 @@ fn handlers_that_are_never_routed_still_register() {
         .map(|h| h.module())
         .collect();
     assert_eq!(modules.len(), 2, "{modules:?}");
+}
+
+#[test]
+fn each_operation_documents_only_the_problems_its_mode_can_answer() {
+    let doc = json(&Doc::openapi());
+    let text = |path: &str, status: &str| {
+        doc["paths"][path]["post"]["responses"][status]["description"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{path} documents {status}"))
+            .to_owned()
+    };
+    // Transactional: the commit can be refused or its outcome unknown.
+    assert!(text("/things/{account}", "500").contains("could not be committed"));
+    assert!(text("/things/{account}", "503").contains("outcome of the commit is unknown"));
+    assert!(text("/things/{account}", "400").contains("scope is invalid"));
+    // External, global keys: neither of those, and no scope to be invalid.
+    assert!(!text("/global", "500").contains("could not be committed"));
+    assert!(!text("/global", "503").contains("outcome of the commit is unknown"));
+    assert!(!text("/global", "400").contains("scope is invalid"));
+    // No `timeout`: never timed out.
+    assert!(!text("/global", "503").contains("did not finish in time"));
+    // A 5xx is replayed only with `replay_5xx`: the header is on the handler's own answers.
+    let created = &doc["paths"]["/things/{account}"]["post"]["responses"]["201"];
+    assert!(created["headers"]["Idempotent-Replayed"].is_object());
+}
+
+#[test]
+fn a_key_parameter_declared_through_components_is_required_and_not_repeated() {
+    use utoipa::Modify;
+    use utoipa::openapi::{
+        Ref, RefOr,
+        path::{ParameterBuilder, ParameterIn},
+    };
+    let mut doc = RawDoc::openapi();
+    let components = doc.components.get_or_insert_with(Default::default);
+    components.parameters.insert(
+        "Key".to_owned(),
+        RefOr::T(
+            ParameterBuilder::new()
+                .name("Idempotency-Key")
+                .parameter_in(ParameterIn::Header)
+                .build(),
+        ),
+    );
+    let op = doc
+        .paths
+        .paths
+        .get_mut("/global")
+        .and_then(|item| item.post.as_mut())
+        .expect("POST /global");
+    op.parameters = Some(vec![RefOr::Ref(Ref::new("#/components/parameters/Key"))]);
+    Idempotency.modify(&mut doc);
+
+    let value = json(&doc);
+    let parameters = value["paths"]["/global"]["post"]["parameters"]
+        .as_array()
+        .expect("parameters");
+    let keys: Vec<&Value> = parameters
+        .iter()
+        .filter(|p| p["name"] == "Idempotency-Key")
+        .collect();
+    assert_eq!(keys.len(), 1, "{parameters:?}");
+    assert_eq!(keys[0]["required"], true, "{parameters:?}");
+}
+
+#[test]
+fn applying_the_modifier_twice_changes_nothing_more() {
+    use utoipa::Modify;
+    let mut doc = Doc::openapi();
+    let once = json(&doc);
+    Idempotency.modify(&mut doc);
+    assert_eq!(json(&doc), once);
 }

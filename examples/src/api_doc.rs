@@ -152,6 +152,11 @@ struct Rendered {
 
 /// The policy text of this service: what `GET /idempotency-policy` answers and the README
 /// quotes.
+///
+/// # Panics
+///
+/// As [`Idempotency`] does: when an operation id names two differing `#[idempotent]`
+/// handlers, which this crate's tests rule out.
 pub fn policy() -> String {
     retention_policy(&ApiDoc::openapi()).to_string()
 }
@@ -161,6 +166,10 @@ pub fn policy() -> String {
 /// # Errors
 ///
 /// When the document does not serialize, which a correct build never sees.
+///
+/// # Panics
+///
+/// As [`policy`] does.
 pub fn router() -> Result<Router, serde_json::Error> {
     let document = ApiDoc::openapi();
     let rendered = Rendered {

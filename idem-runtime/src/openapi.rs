@@ -4,14 +4,24 @@
 //! Add [`Idempotency`] to a document's modifiers. Every operation whose `operationId` is the
 //! name of an `#[idempotent]` handler (utoipa's default for `#[utoipa::path]`) then gets:
 //!
-//! - the required `Idempotency-Key` header parameter;
-//! - the problem responses of the idempotency layer: 400 (key missing or malformed), 409 (a
-//!   request with this key is in progress, with `Retry-After`), 413 (body over the limit), 422
-//!   (key reused with another request) and 503 (store unavailable, retry with the same key);
-//!   a response the operation declares already keeps its description and gains a sentence;
-//! - the `Idempotent-Replayed` header on its 2xx responses;
+//! - the required `Idempotency-Key` header parameter (one the operation declares, inline or
+//!   through `components`, is made required);
+//! - the problem responses of the idempotency layer that its mode and settings can give: 400
+//!   (key missing or malformed, scope invalid), 409 (in progress, with `Retry-After`), 413 (body
+//!   over the limit), 422 (key reused with another request), 500 (outcome too large to store,
+//!   commit refused, step not recorded) and 503 (store unavailable, commit outcome unknown,
+//!   timed out: retry with the same key). A response the operation declares inline keeps its
+//!   description and gains the layer's case; one it takes from `components` is left alone;
+//! - the `Idempotent-Replayed` header on each response it declares that can be a replay (all
+//!   but 5xx, which only with `replay_5xx`);
 //! - a paragraph of its description saying what a retry gets, and for how long, from the
 //!   handler's attribute ([`HandlerPolicy::describe`]).
+//!
+//! Operation ids are unique within a document, but the modifier knows handlers only by
+//! function name: an operation whose id is the name of any `#[idempotent]` handler linked into
+//! the program is documented as that handler. Give a non-idempotent operation of the same name
+//! another `operation_id`, and keep the default id on idempotent ones (a renamed one is not
+//! recognised; [`undocumented_handlers`] finds it in a test).
 //!
 //! The document's description gains the service's [`RetentionPolicy`]; [`retention_policy`]
 //! gives the same for serving elsewhere.
@@ -28,17 +38,17 @@
 //! # assert!(json.contains("\"openapi\":\"3.1.0\""));
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, btree_map::Entry};
 
 use utoipa::openapi::{
     ComponentsBuilder, ContentBuilder, HeaderBuilder, ObjectBuilder, OpenApi, Ref, RefOr, Required,
     ResponseBuilder, Type,
-    path::{Operation, ParameterBuilder, ParameterIn, PathItem},
+    path::{Operation, Parameter, ParameterBuilder, ParameterIn, PathItem},
     response::Response,
 };
 
 use crate::ProblemKind;
-use crate::policy::{HandlerPolicy, RetentionPolicy, handlers};
+use crate::policy::{HandlerPolicy, KeyScope, Mode, RetentionPolicy, handlers};
 use crate::problem::PROBLEM_JSON;
 
 /// The name of the problem details schema this modifier adds to `components.schemas`.
@@ -58,11 +68,16 @@ pub struct Idempotency;
 impl utoipa::Modify for Idempotency {
     fn modify(&self, openapi: &mut OpenApi) {
         let registry = Registry::collect();
+        let shared_parameters = openapi
+            .components
+            .as_ref()
+            .map(|c| c.parameters.clone())
+            .unwrap_or_default();
         let mut documented = false;
         for (_, item) in openapi.paths.paths.iter_mut() {
             for (_, operation) in operations_mut(item) {
                 if let Some(policy) = registry.policy_of(operation) {
-                    document(operation, &policy);
+                    document(operation, &policy, &shared_parameters);
                     documented = true;
                 }
             }
@@ -80,11 +95,14 @@ impl utoipa::Modify for Idempotency {
         let policy = retention_policy(openapi);
         let info = &mut openapi.info;
         let mut description = info.description.take().unwrap_or_default();
-        if !description.is_empty() {
-            description.push_str("\n\n");
+        let section = format!("## Idempotency\n\n{policy}");
+        // Applied twice, the modifier adds nothing the second time.
+        if !description.contains(&section) {
+            if !description.is_empty() {
+                description.push_str("\n\n");
+            }
+            description.push_str(&section);
         }
-        description.push_str("## Idempotency\n\n");
-        description.push_str(&policy.to_string());
         info.description = Some(description);
     }
 }
@@ -172,104 +190,165 @@ fn same_settings(a: &HandlerPolicy, b: &HandlerPolicy) -> bool {
     )
 }
 
-fn document(operation: &mut Operation, policy: &HandlerPolicy) {
-    let parameters = operation.parameters.get_or_insert_with(Vec::new);
-    let has_key = parameters.iter().any(|p| {
-        matches!(p, RefOr::T(p) if p.name.eq_ignore_ascii_case("Idempotency-Key")
-            && p.parameter_in == ParameterIn::Header)
-    });
-    if !has_key {
-        parameters.push(RefOr::T(key_parameter()));
-    }
+fn document(
+    operation: &mut Operation,
+    policy: &HandlerPolicy,
+    shared_parameters: &BTreeMap<String, RefOr<Parameter>>,
+) {
+    require_key(
+        operation.parameters.get_or_insert_with(Vec::new),
+        shared_parameters,
+    );
 
     let paragraph = policy.describe();
+    if operation
+        .description
+        .as_deref()
+        .is_some_and(|text| text.contains(&paragraph))
+    {
+        // Documented already, by an earlier application of the modifier.
+        return;
+    }
     operation.description = Some(match operation.description.take() {
         Some(text) if !text.is_empty() => format!("{text}\n\n{paragraph}"),
         _ => paragraph,
     });
 
+    // Any outcome the handler answers may come back as a replay; a 5xx only when it is kept.
     for (status, response) in &mut operation.responses.responses {
-        if status.starts_with('2')
-            && let RefOr::T(response) = response
-        {
+        let kept = !status.starts_with('5') || policy.replay_5xx();
+        if kept && let RefOr::T(response) = response {
             response
                 .headers
                 .entry("Idempotent-Replayed".to_owned())
                 .or_insert_with(|| RefOr::T(replayed_header()));
         }
     }
-    for (status, description, retry_after) in problem_responses() {
-        let entry = operation.responses.responses.entry(status.to_owned());
-        match entry {
-            std::collections::btree_map::Entry::Vacant(slot) => {
-                slot.insert(RefOr::T(problem_response(description, retry_after)));
+    for problem in layer_problems(policy) {
+        match operation
+            .responses
+            .responses
+            .entry(problem.status.to_owned())
+        {
+            Entry::Vacant(slot) => {
+                slot.insert(RefOr::T(problem_response(&problem)));
             }
-            std::collections::btree_map::Entry::Occupied(mut slot) => {
+            // A response shared through `components` is left as it is: changing it would
+            // change every operation that refers to it.
+            Entry::Occupied(mut slot) => {
                 if let RefOr::T(existing) = slot.get_mut() {
-                    merge_problem(existing, description, retry_after);
+                    merge_problem(existing, &problem);
                 }
             }
         }
     }
 }
 
-/// `(status, description, has Retry-After)` of the layer's own answers.
-fn problem_responses() -> [(&'static str, String, bool); 5] {
-    let kinds = |kinds: &[ProblemKind]| {
+/// Adds the `Idempotency-Key` header parameter, or makes the one the operation declares
+/// (inline or through `components`) required.
+fn require_key(
+    parameters: &mut Vec<RefOr<Parameter>>,
+    shared: &BTreeMap<String, RefOr<Parameter>>,
+) {
+    let is_key = |p: &Parameter| {
+        p.name.eq_ignore_ascii_case("Idempotency-Key") && p.parameter_in == ParameterIn::Header
+    };
+    for parameter in parameters.iter_mut() {
+        let resolved = match parameter {
+            RefOr::T(inline) => Some(inline.clone()),
+            RefOr::Ref(reference) => reference
+                .ref_location
+                .strip_prefix("#/components/parameters/")
+                .and_then(|name| shared.get(name))
+                .and_then(|target| match target {
+                    RefOr::T(target) => Some(target.clone()),
+                    RefOr::Ref(_) => None,
+                }),
+        };
+        if let Some(mut declared) = resolved.filter(|p| is_key(p)) {
+            if declared.required != Required::True {
+                declared.required = Required::True;
+            }
+            *parameter = RefOr::T(declared);
+            return;
+        }
+    }
+    parameters.push(RefOr::T(key_parameter()));
+}
+
+/// One of the layer's own answers, as documented on an idempotent operation.
+struct LayerProblem {
+    status: &'static str,
+    /// The titles of the problems answered with this status, and what the client should do.
+    description: String,
+    retry_after: bool,
+}
+
+/// The layer's own answers on an operation of `policy`: only those its mode and settings can
+/// give.
+fn layer_problems(policy: &HandlerPolicy) -> Vec<LayerProblem> {
+    let titles = |kinds: &[ProblemKind]| {
         kinds
             .iter()
             .map(|kind| kind.title())
             .collect::<Vec<_>>()
             .join("; ")
     };
-    [
-        (
-            "400",
-            format!(
-                "{}. Nothing ran; send a valid key.",
-                kinds(&[
-                    ProblemKind::MissingKey,
-                    ProblemKind::MalformedKey,
-                    ProblemKind::InvalidScope
-                ])
-            ),
-            false,
-        ),
-        (
+    let transactional = policy.mode() == Mode::Transactional;
+    let mut bad_request = vec![ProblemKind::MissingKey, ProblemKind::MalformedKey];
+    if matches!(policy.scope(), KeyScope::Parameter(_)) {
+        bad_request.push(ProblemKind::InvalidScope);
+    }
+    let mut failed = vec![ProblemKind::ResponseTooLarge];
+    if transactional {
+        failed.push(ProblemKind::CommitRefused);
+    }
+    if policy.mode() == Mode::Steps {
+        failed.push(ProblemKind::StepFailed);
+    }
+    let mut unavailable = vec![ProblemKind::StoreUnavailable];
+    if transactional {
+        unavailable.push(ProblemKind::OutcomeUnknown);
+    }
+    if policy.timeout().is_some() {
+        unavailable.push(ProblemKind::HandlerTimedOut);
+    }
+    let problem = |status, kinds: &[ProblemKind], advice: &str, retry_after| LayerProblem {
+        status,
+        description: format!("{}: {advice}", titles(kinds)),
+        retry_after,
+    };
+    vec![
+        problem("400", &bad_request, "nothing ran; send a valid key.", false),
+        problem(
             "409",
-            format!(
-                "{}. Nothing ran; retry with the same key after `Retry-After` seconds.",
-                kinds(&[ProblemKind::InProgress])
-            ),
+            &[ProblemKind::InProgress],
+            "nothing ran; retry with the same key after `Retry-After` seconds.",
             true,
         ),
-        (
+        problem(
             "413",
-            format!(
-                "{}. Nothing ran or was stored.",
-                kinds(&[ProblemKind::BodyTooLarge])
-            ),
+            &[ProblemKind::BodyTooLarge],
+            "nothing ran or was stored.",
             false,
         ),
-        (
+        problem(
             "422",
-            format!(
-                "{}. Nothing ran: the key was first used with another method, path, query or \
-                 body; a new operation needs a new key.",
-                kinds(&[ProblemKind::KeyReused])
-            ),
+            &[ProblemKind::KeyReused],
+            "nothing ran: the key was first used with another method, path, query or body; a \
+             new operation needs a new key.",
             false,
         ),
-        (
+        problem(
+            "500",
+            &failed,
+            "nothing was stored and the operation's writes were undone.",
+            false,
+        ),
+        problem(
             "503",
-            format!(
-                "{}. Nothing was stored (or whether it was is unknown); retry with the same key.",
-                kinds(&[
-                    ProblemKind::StoreUnavailable,
-                    ProblemKind::OutcomeUnknown,
-                    ProblemKind::HandlerTimedOut
-                ])
-            ),
+            &unavailable,
+            "nothing was stored (or whether it was is unknown); retry with the same key.",
             false,
         ),
     ]
@@ -283,13 +362,14 @@ fn key_parameter() -> utoipa::openapi::path::Parameter {
         .description(Some(
             "A key unique to this operation, sent unchanged on every retry of it: 1 to 255 \
              visible ASCII characters, bare or as a Structured Field String (`\"…\"`). A new \
-             UUID for each operation is best.",
+             UUID for each operation is best. (Quoted, with `\\\"` and `\\\\` escapes, it may be up to \
+             512 characters long.)",
         ))
         .schema(Some(
             ObjectBuilder::new()
                 .schema_type(Type::String)
                 .min_length(Some(1))
-                .max_length(Some(257))
+                .max_length(Some(512))
                 .pattern(Some("^[!-~]+$")),
         ))
         .example(Some(serde_json::json!(
@@ -323,14 +403,19 @@ fn retry_after_header() -> utoipa::openapi::Header {
         .build()
 }
 
-fn problem_response(description: String, retry_after: bool) -> Response {
-    let mut response = ResponseBuilder::new().description(description).content(
-        PROBLEM_JSON,
-        ContentBuilder::new()
-            .schema(Some(Ref::from_schema_name(PROBLEM_SCHEMA)))
-            .build(),
-    );
-    if retry_after {
+fn problem_response(problem: &LayerProblem) -> Response {
+    let mut response = ResponseBuilder::new()
+        .description(format!(
+            "From the idempotency layer: {}",
+            problem.description
+        ))
+        .content(
+            PROBLEM_JSON,
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name(PROBLEM_SCHEMA)))
+                .build(),
+        );
+    if problem.retry_after {
         response = response.header("Retry-After", retry_after_header());
     }
     response.build()
@@ -338,11 +423,12 @@ fn problem_response(description: String, retry_after: bool) -> Response {
 
 /// A response the operation declares itself (its own 400, say) stays, with the layer's case
 /// added to its description, and a problem+json content if it has none.
-fn merge_problem(existing: &mut Response, description: String, retry_after: bool) {
+fn merge_problem(existing: &mut Response, problem: &LayerProblem) {
+    let addition = format!("Also from the idempotency layer: {}", problem.description);
     existing.description = if existing.description.is_empty() {
-        description
+        addition
     } else {
-        format!("{} Or: {description}", existing.description)
+        format!("{} {addition}", existing.description)
     };
     existing
         .content
@@ -354,7 +440,7 @@ fn merge_problem(existing: &mut Response, description: String, retry_after: bool
                     .build(),
             )
         });
-    if retry_after {
+    if problem.retry_after {
         existing
             .headers
             .entry("Retry-After".to_owned())

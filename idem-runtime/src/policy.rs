@@ -132,44 +132,56 @@ impl HandlerPolicy {
     /// One paragraph for an API's users: what a retry with the same key gets from this
     /// handler, and for how long (Markdown).
     pub fn describe(&self) -> String {
-        let retention = human(self.retention_secs);
-        let mut text = format!(
-            "**Idempotent.** Send an `Idempotency-Key` header (a new UUID for each operation, \
-             the same on each retry of it). A retry with the same key and the same request gets \
-             the first outcome again, marked `Idempotent-Replayed: true`, for {retention} after \
-             the first request completed; after that the key is forgotten. "
-        );
-        text.push_str(&format!("{} ", self.server_errors()));
-        text.push_str(&format!("{} ", self.interrupted()));
-        text.push_str(match self.scope {
-            KeyScope::Parameter(_) => "Keys are separate for each caller.",
-            KeyScope::Global => "Keys are shared by all callers.",
-        });
-        text
+        format!(
+            "**Idempotent.** Send an `Idempotency-Key` header: a new UUID for each operation, \
+             the same on each retry of it. A retry with the same key and the same request gets \
+             the first outcome again, marked `Idempotent-Replayed: true`, for at least {} after \
+             the first request; later the key may be forgotten, and reusing it then starts a \
+             new request. {} {} {}",
+            human(self.retention_secs),
+            self.server_errors(),
+            self.interrupted(),
+            match self.scope {
+                KeyScope::Parameter(_) => "Keys are separate for each caller.",
+                KeyScope::Global => "Keys are shared by all callers.",
+            }
+        )
     }
 
-    fn server_errors(&self) -> &'static str {
+    /// What a retry after a 5xx gets (a sentence).
+    fn server_errors(&self) -> String {
         if self.replay_5xx {
-            "A 5xx outcome is kept and replayed too."
+            "A 5xx outcome is kept and replayed too.".to_owned()
         } else {
-            "A 5xx outcome is not kept: a retry with the same key runs the request again."
+            format!(
+                "A 5xx outcome is not kept: a retry with the same key {}.",
+                self.runs_again()
+            )
         }
     }
 
+    /// What a retry of a request that was not finished does.
+    fn runs_again(&self) -> &'static str {
+        match self.mode {
+            Mode::Transactional | Mode::External => "runs the request again",
+            Mode::Steps => "continues the request after its last completed step",
+        }
+    }
+
+    /// What a retry gets when the service died during the request (a sentence).
     fn interrupted(&self) -> String {
         match self.mode {
-            Mode::Transactional => "A request interrupted before it answered left nothing \
-                                    behind; its retry runs it."
+            Mode::Transactional => "If the service dies during a request, the request either \
+                                    committed with its outcome, which a retry gets, or left \
+                                    nothing behind, and a retry runs it."
                 .to_owned(),
-            Mode::External => format!(
-                "If a request stops before it answers, a retry with the same key runs it again \
-                 once its lease of {} has run out.",
-                human(self.lease_secs)
-            ),
-            Mode::Steps => format!(
-                "If a request stops before it answers, a retry with the same key resumes it \
-                 after its last completed step once its lease of {} has run out.",
-                human(self.lease_secs)
+            Mode::External | Mode::Steps => format!(
+                "If the service dies during a request, a retry with the same key gets 409 until \
+                 the request's lease of {} has run out, then {} (unless the service settled \
+                 the abandoned request first: the retry then gets the outcome it stored, or runs \
+                 the request anew).",
+                human(self.lease_secs),
+                self.runs_again()
             ),
         }
     }
@@ -230,25 +242,22 @@ impl fmt::Display for RetentionPolicy {
         writeln!(f)?;
         writeln!(
             f,
-            "| Operation | Outcome kept for | 5xx outcome | Interrupted request | Keys |"
+            "| Operation | Outcome kept for at least | 5xx outcome | If the service dies \
+             mid-request | Keys |"
         )?;
         writeln!(f, "|---|---|---|---|---|")?;
         for (operation, policy) in &self.operations {
             let server_errors = if policy.replay_5xx {
-                "kept and replayed"
+                "kept and replayed".to_owned()
             } else {
-                "not kept: a retry runs it again"
+                format!("not kept: a retry {}", policy.runs_again())
             };
             let interrupted = match policy.mode {
-                Mode::Transactional => "nothing kept: a retry runs it again".to_owned(),
-                Mode::External => format!(
-                    "a retry runs it again once its lease of {} has run out",
-                    human(policy.lease_secs)
-                ),
-                Mode::Steps => format!(
-                    "a retry resumes it after its last completed step once its lease of {} has \
-                     run out",
-                    human(policy.lease_secs)
+                Mode::Transactional => "committed with its outcome, or nothing kept".to_owned(),
+                Mode::External | Mode::Steps => format!(
+                    "409 until its lease of {} has run out, then a retry {}",
+                    human(policy.lease_secs),
+                    policy.runs_again()
                 ),
             };
             let keys = match policy.scope {
@@ -264,8 +273,9 @@ impl fmt::Display for RetentionPolicy {
         writeln!(f)?;
         writeln!(
             f,
-            "- The time an outcome is kept counts from when the first request completed. After \
-             it the key is forgotten: a request that reuses it is a new request."
+            "- An outcome is kept for at least the time given, counted from the first request \
+             (a completed request's from its completion). Later the key may be forgotten: a \
+             request that reuses it then is a new request."
         )?;
         writeln!(
             f,
@@ -281,7 +291,20 @@ impl fmt::Display for RetentionPolicy {
             f,
             "- A missing or malformed key gets 400, and a request body over the service's \
              limit 413; neither runs the operation."
-        )
+        )?;
+        if self
+            .operations
+            .iter()
+            .any(|(_, p)| p.mode != Mode::Transactional)
+        {
+            write!(
+                f,
+                "\n- After a crash, the service may settle an abandoned request before its retry \
+                 comes: the retry then gets the outcome the service stored, or runs the request \
+                 anew."
+            )?;
+        }
+        Ok(())
     }
 }
 
