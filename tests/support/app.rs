@@ -91,6 +91,23 @@ pub struct App {
     store: AnyStore,
     service: Arc<dyn Service>,
     pub(crate) dir: Option<Arc<tempfile::TempDir>>,
+    /// The servers [`App::serve`] started, stopped with the app: a server left running would
+    /// keep the test database's connections open while `#[sqlx::test]` drops the database,
+    /// which then waits 5 s for them and fails.
+    served: Arc<Served>,
+}
+
+/// The servers of an app and its clones, stopped when the last of them is dropped.
+#[derive(Default)]
+struct Served(std::sync::Mutex<Vec<tokio::task::AbortHandle>>);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let servers = self.0.get_mut().unwrap_or_else(|e| e.into_inner());
+        for server in servers.drain(..) {
+            server.abort();
+        }
+    }
 }
 
 impl App {
@@ -189,6 +206,7 @@ impl App {
             store,
             service,
             dir,
+            served: Arc::default(),
         }
     }
 
@@ -210,9 +228,14 @@ impl App {
             .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let router = self.router.clone();
-        tokio::spawn(async move {
+        let server = tokio::spawn(async move {
             axum::serve(listener, router).await.expect("serve");
         });
+        self.served
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(server.abort_handle());
         addr
     }
 
