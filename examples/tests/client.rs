@@ -12,16 +12,18 @@ use std::{
 };
 
 use idem_client::{
-    Action, FileKeyStore, IdempotencyKey, IdempotentRetry, RetryPolicy,
+    Action, Attempt, FileKeyStore, IdempotencyKey, IdempotentRetry, RetryPolicy,
     reqwest_middleware::{ClientBuilder, ClientWithMiddleware},
 };
 use idem_tests::{App, Fault, FaultProxy, backend_tests};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-/// A middleware inside the retrying one: notes when each attempt starts.
+/// A middleware inside the retrying one: notes when each attempt started, as the retrying
+/// middleware dated it ([`Attempt`]) with the clock reading its budget check used, so that no
+/// scheduling delay between that check and this middleware counts.
 #[derive(Clone, Default)]
-struct Attempts(std::sync::Arc<std::sync::Mutex<Vec<std::time::Instant>>>);
+struct Attempts(std::sync::Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>);
 
 #[async_trait::async_trait]
 impl idem_client::reqwest_middleware::Middleware for Attempts {
@@ -31,7 +33,11 @@ impl idem_client::reqwest_middleware::Middleware for Attempts {
         extensions: &mut http::Extensions,
         next: idem_client::reqwest_middleware::Next<'_>,
     ) -> idem_client::reqwest_middleware::Result<reqwest::Response> {
-        self.0.lock().unwrap().push(std::time::Instant::now());
+        let attempt = extensions
+            .get::<Attempt>()
+            .copied()
+            .expect("the retrying middleware dates each attempt");
+        self.0.lock().unwrap().push(attempt.started);
         next.run(request, extensions).await
     }
 }

@@ -64,7 +64,7 @@ mod retry_after;
 
 pub use key_store::{FileKeyStore, KeyStore, KeyStoreError, StoredKey};
 pub use middleware::{
-    Action, BudgetSpent, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetry, KeyReused,
+    Action, Attempt, BudgetSpent, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetry, KeyReused,
     StreamedAction,
 };
 pub use policy::RetryPolicy;

@@ -34,6 +34,17 @@ pub struct IdempotencyKey(pub String);
 )]
 pub struct StreamedAction;
 
+/// A request extension the middleware sets before each attempt: which attempt this is and
+/// when it started, by the clock the time budget is checked against. A middleware after this
+/// one (logging, tracing) can read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    /// 1 for the first attempt, 2 for the first retry, and so on.
+    pub number: u32,
+    /// When the attempt started: never later than the policy's budget after the first.
+    pub started: Instant,
+}
+
 /// The time budget ran out while waiting for the next attempt (the timer woke past it).
 #[derive(Debug, thiserror::Error)]
 #[error("the retry budget ran out after {attempts} attempts without a final answer")]
@@ -213,7 +224,12 @@ impl Middleware for IdempotentRetry {
         }
         let started = Instant::now();
         let mut attempt = 1;
+        let mut now = started;
         loop {
+            extensions.insert(Attempt {
+                number: attempt,
+                started: now,
+            });
             let Some(copy) = request.try_clone() else {
                 return next.run(request, extensions).await;
             };
@@ -240,7 +256,9 @@ impl Middleware for IdempotentRetry {
             // Not kept through the wait: its connection goes back or away now.
             drop(outcome);
             tokio::time::sleep(wait).await;
-            if started.elapsed() > self.policy.budget {
+            // One reading of the clock both decides and dates the attempt.
+            now = Instant::now();
+            if now.duration_since(started) > self.policy.budget {
                 // The timer woke late: no attempt starts past the budget. The last answer
                 // was let go; say what happened.
                 return Err(reqwest_middleware::Error::middleware(BudgetSpent {
