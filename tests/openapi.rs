@@ -244,9 +244,9 @@ fn the_policy_lists_each_idempotent_operation_with_its_attribute() {
     );
     assert!(
         policy.contains(
-            "| `POST /global` | 7 days | not kept: a retry runs the request again | 409 until \
-             its lease of 45 seconds has run out, then a retry runs the request again | shared \
-             by all callers |"
+            "| `POST /global` | 7 days | not kept: a retry runs the request again | 409 at least \
+             until its lease of 45 seconds has run out, then a retry runs the request again | \
+             shared by all callers |"
         ),
         "{policy}"
     );

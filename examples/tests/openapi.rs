@@ -385,8 +385,8 @@ async fn the_published_policy_comes_from_the_attributes_and_the_readme_quotes_it
     for row in [
         "| `POST /v1/payments` | 24 hours | not kept",
         "| `POST /v1/payouts` | 7 days | kept and replayed",
-        "| `POST /v1/refunds` | 24 hours | not kept: a retry runs the request again | 409 until its \
-         lease of 5 seconds has run out, then a retry runs the request again |",
+        "| `POST /v1/refunds` | 24 hours | not kept: a retry runs the request again | 409 at least \
+         until its lease of 5 seconds has run out, then a retry runs the request again |",
         "| `POST /v1/orders` | 24 hours | not kept: a retry continues the request after its last \
          completed step |",
         "| `POST /v1/orders` | 24 hours |",

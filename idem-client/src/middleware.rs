@@ -41,7 +41,8 @@ pub struct StreamedAction;
 pub struct Attempt {
     /// 1 for the first attempt, 2 for the first retry, and so on.
     pub number: u32,
-    /// When the attempt started: never later than the policy's budget after the first.
+    /// When the attempt started (Tokio's clock, which a paused test runtime controls): never
+    /// later than the policy's budget after the first.
     pub started: Instant,
 }
 
@@ -218,11 +219,12 @@ impl Middleware for IdempotentRetry {
             // A retry made by a middleware in front of this one sends the same key.
             extensions.insert(IdempotencyKey(key));
         }
+        let started = Instant::now();
         if !keyed && !request.method().is_idempotent() {
             // A request the server cannot deduplicate is sent once.
+            extensions.insert(Attempt { number: 1, started });
             return next.run(request, extensions).await;
         }
-        let started = Instant::now();
         let mut attempt = 1;
         let mut now = started;
         loop {

@@ -7,13 +7,14 @@
 //! - the required `Idempotency-Key` header parameter (one the operation declares, inline or
 //!   through `components`, is made required);
 //! - the problem responses of the idempotency layer that its mode and settings can give: 400
-//!   (key missing or malformed, scope invalid), 409 (in progress, with `Retry-After`), 413 (body
-//!   over the limit), 422 (key reused with another request), 500 (outcome too large to store,
-//!   commit refused, step not recorded) and 503 (store unavailable, commit outcome unknown,
-//!   timed out: retry with the same key). A response the operation declares inline keeps its
-//!   description and gains the layer's case; one it takes from `components` is left alone;
-//! - the `Idempotent-Replayed` header on each response it declares that can be a replay (all
-//!   but 5xx, which only with `replay_5xx`);
+//!   (key missing or malformed, scope invalid, body unreadable), 409 (in progress, with
+//!   `Retry-After`), 413 (body over the limit), 422 (key reused with another request), 500
+//!   (outcome not stored: too large, commit refused, step not recorded, body failed) and 503
+//!   (store unavailable, commit outcome unknown, timed out: retry with the same key). A
+//!   response the operation declares inline keeps its description and gains the layer's case;
+//!   one it takes from `components` is left alone;
+//! - the `Idempotent-Replayed` header on each response it declares inline that can be a
+//!   replay (all but 5xx, which only with `replay_5xx`);
 //! - a paragraph of its description saying what a retry gets, and for how long, from the
 //!   handler's attribute ([`HandlerPolicy::describe`]).
 //!
@@ -318,14 +319,21 @@ fn layer_problems(policy: &HandlerPolicy) -> Vec<LayerProblem> {
         description: format!("{}: {advice}", titles(kinds)),
         retry_after,
     };
+    let in_progress = if policy.mode() == Mode::Steps {
+        "another request with this key is running (or, to a request whose lease ran out, took \
+         it over); retry with the same key, after `Retry-After` seconds when given."
+    } else {
+        "another request with this key is running, and nothing ran; retry with the same key \
+         after `Retry-After` seconds."
+    };
     vec![
-        problem("400", &bad_request, "nothing ran; send a valid key.", false),
         problem(
-            "409",
-            &[ProblemKind::InProgress],
-            "nothing ran; retry with the same key after `Retry-After` seconds.",
-            true,
+            "400",
+            &bad_request,
+            "nothing ran; send a valid key (also: Request body could not be read).",
+            false,
         ),
+        problem("409", &[ProblemKind::InProgress], in_progress, true),
         problem(
             "413",
             &[ProblemKind::BodyTooLarge],
@@ -342,7 +350,7 @@ fn layer_problems(policy: &HandlerPolicy) -> Vec<LayerProblem> {
         problem(
             "500",
             &failed,
-            "nothing was stored and the operation's writes were undone.",
+            "the outcome was not stored (also: Response body failed).",
             false,
         ),
         problem(

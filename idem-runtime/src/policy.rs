@@ -96,7 +96,8 @@ impl HandlerPolicy {
         self.mode
     }
 
-    /// How long a completed outcome is replayed, counted from its completion (`retention`).
+    /// How long an outcome is replayed at least, counted from the first request
+    /// (`retention`).
     pub fn retention(&self) -> Duration {
         Duration::from_secs(self.retention_secs)
     }
@@ -176,10 +177,11 @@ impl HandlerPolicy {
                                     nothing behind, and a retry runs it."
                 .to_owned(),
             Mode::External | Mode::Steps => format!(
-                "If the service dies during a request, a retry with the same key gets 409 until \
-                 the request's lease of {} has run out, then {} (unless the service settled \
-                 the abandoned request first: the retry then gets the outcome it stored, or runs \
-                 the request anew).",
+                "If the service dies during a request, a retry with the same key gets 409 at \
+                 least until the request's lease of {} has run out, then {} (unless the service \
+                 settled the abandoned request first: the retry then gets the outcome it stored, \
+                 or runs the request anew). A request still running when its lease runs out can \
+                 be taken over by a retry the same way.",
                 human(self.lease_secs),
                 self.runs_again()
             ),
@@ -255,7 +257,7 @@ impl fmt::Display for RetentionPolicy {
             let interrupted = match policy.mode {
                 Mode::Transactional => "committed with its outcome, or nothing kept".to_owned(),
                 Mode::External | Mode::Steps => format!(
-                    "409 until its lease of {} has run out, then a retry {}",
+                    "409 at least until its lease of {} has run out, then a retry {}",
                     human(policy.lease_secs),
                     policy.runs_again()
                 ),
@@ -273,14 +275,15 @@ impl fmt::Display for RetentionPolicy {
         writeln!(f)?;
         writeln!(
             f,
-            "- An outcome is kept for at least the time given, counted from the first request \
-             (a completed request's from its completion). Later the key may be forgotten: a \
-             request that reuses it then is a new request."
+            "- An outcome is kept for at least the time given, counted from the first request. \
+             Later the key may be forgotten: a request that reuses it then is a new request."
         )?;
         writeln!(
             f,
             "- A retry while the first request is still running gets 409 with `Retry-After`: \
-             wait that long and retry with the same key."
+             wait that long and retry with the same key. Where the table gives a lease, only \
+             while it lasts: a request still running past its lease can be taken over by a \
+             retry, so a lease is set longer than the slowest request."
         )?;
         writeln!(
             f,
