@@ -52,13 +52,36 @@ pub trait KeyStore: Send + Sync + 'static {
     ///
     /// When the store cannot be written.
     fn remove(&self, action: &str) -> Result<(), KeyStoreError>;
+
+    /// The key saved for `action`, or else `candidate`, saved durably: what the middleware
+    /// calls before an action's first attempt. A store shared by several processes makes this
+    /// atomic, so that they all send one key; the default, [`load`](Self::load) then
+    /// [`save`](Self::save), is not.
+    ///
+    /// # Errors
+    ///
+    /// When the store cannot be read or written; the request is then not sent.
+    fn load_or_save(
+        &self,
+        action: &str,
+        candidate: &StoredKey,
+    ) -> Result<StoredKey, KeyStoreError> {
+        if let Some(kept) = self.load(action)? {
+            return Ok(kept);
+        }
+        self.save(action, candidate)?;
+        Ok(candidate.clone())
+    }
 }
 
-/// A [`KeyStore`] in one JSON file. One process at a time: two processes acting on one file
-/// may each make a key for the same action.
+/// A [`KeyStore`] in one JSON file, which several processes may share: every read-modify-write
+/// holds an exclusive lock on `<file>.lock` (created beside it and left there), so processes
+/// that start the same action at once all send the key the first of them saved.
 ///
 /// Stored as `{"<action>": {"key": ..., "fingerprint": ...}}`, written to a temporary file,
-/// synced and renamed into place (the directory synced after); removed when empty.
+/// synced and renamed into place (the directory synced after); removed when empty. The lock is
+/// advisory (`flock` on Unix, `LockFileEx` on Windows): it holds between processes that use
+/// `FileKeyStore`, not against other writers of the file.
 #[derive(Debug)]
 pub struct FileKeyStore {
     path: PathBuf,
@@ -77,6 +100,39 @@ impl FileKeyStore {
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Runs `f` holding this store's lock in this process and the lock file's between
+    /// processes.
+    fn exclusive<T>(
+        &self,
+        f: impl FnOnce() -> Result<T, KeyStoreError>,
+    ) -> Result<T, KeyStoreError> {
+        let _guard = self
+            .lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut lock_path = self.path.clone().into_os_string();
+        lock_path.push(".lock");
+        let lock_file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|error| {
+                KeyStoreError(
+                    format!(
+                        "cannot open the lock file {}: {error}",
+                        Path::new(&lock_path).display()
+                    )
+                    .into(),
+                )
+            })?;
+        lock_file
+            .lock()
+            .map_err(|error| KeyStoreError(Box::new(error)))?;
+        // Closing the file releases the lock, also when `f` fails.
+        f()
     }
 
     fn read(&self) -> Result<BTreeMap<String, StoredKey>, KeyStoreError> {
@@ -117,33 +173,41 @@ impl FileKeyStore {
 
 impl KeyStore for FileKeyStore {
     fn load(&self, action: &str) -> Result<Option<StoredKey>, KeyStoreError> {
-        let _guard = self
-            .lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Ok(self.read()?.remove(action))
+        self.exclusive(|| Ok(self.read()?.remove(action)))
     }
 
     fn save(&self, action: &str, key: &StoredKey) -> Result<(), KeyStoreError> {
-        let _guard = self
-            .lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut keys = self.read()?;
-        keys.insert(action.to_owned(), key.clone());
-        self.write(&keys)
+        self.exclusive(|| {
+            let mut keys = self.read()?;
+            keys.insert(action.to_owned(), key.clone());
+            self.write(&keys)
+        })
     }
 
     fn remove(&self, action: &str) -> Result<(), KeyStoreError> {
-        let _guard = self
-            .lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut keys = self.read()?;
-        if keys.remove(action).is_some() {
+        self.exclusive(|| {
+            let mut keys = self.read()?;
+            if keys.remove(action).is_some() {
+                self.write(&keys)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn load_or_save(
+        &self,
+        action: &str,
+        candidate: &StoredKey,
+    ) -> Result<StoredKey, KeyStoreError> {
+        self.exclusive(|| {
+            let mut keys = self.read()?;
+            if let Some(kept) = keys.get(action) {
+                return Ok(kept.clone());
+            }
+            keys.insert(action.to_owned(), candidate.clone());
             self.write(&keys)?;
-        }
-        Ok(())
+            Ok(candidate.clone())
+        })
     }
 }
 
@@ -176,6 +240,46 @@ mod tests {
             store.load("pay").is_err(),
             "a damaged file is an error, not an empty store"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Stores of one file in several threads stand for several processes: `flock` locks
+    /// belong to each open file, so only the lock file keeps them apart, as between processes.
+    #[test]
+    fn stores_sharing_a_file_starting_one_action_at_once_all_get_one_key() {
+        let dir = std::env::temp_dir().join(format!("idem-client-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        const STORES: usize = 4;
+        for round in 0..50 {
+            let path = dir.join(format!("keys-{round}.json"));
+            let start = std::sync::Arc::new(std::sync::Barrier::new(STORES));
+            let keys: Vec<String> = (0..STORES)
+                .map(|i| {
+                    let (path, start) = (path.clone(), std::sync::Arc::clone(&start));
+                    std::thread::spawn(move || {
+                        let store = FileKeyStore::new(path);
+                        let candidate = StoredKey {
+                            key: format!("key-of-store-{i}"),
+                            fingerprint: "f".into(),
+                        };
+                        start.wait();
+                        store.load_or_save("pay", &candidate).unwrap().key
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|thread| thread.join().unwrap())
+                .collect();
+            assert!(
+                keys.iter().all(|key| *key == keys[0]),
+                "round {round}: the stores sent different keys for one action: {keys:?}"
+            );
+            let saved = FileKeyStore::new(&path).load("pay").unwrap().unwrap();
+            assert_eq!(
+                saved.key, keys[0],
+                "round {round}: the key sent is the key kept"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

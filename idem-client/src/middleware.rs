@@ -129,26 +129,19 @@ impl IdempotentRetry {
         extensions: &Extensions,
     ) -> reqwest_middleware::Result<String> {
         if let (Some(Action(action)), Some(store)) = (extensions.get::<Action>(), &self.store) {
-            let fingerprint = fingerprint(request);
-            return match store
-                .load(action)
-                .map_err(reqwest_middleware::Error::middleware)?
-            {
-                Some(kept) if kept.fingerprint == fingerprint => Ok(kept.key),
-                Some(_) => Err(reqwest_middleware::Error::middleware(KeyReused {
+            let candidate = StoredKey {
+                key: uuid::Uuid::new_v4().to_string(),
+                fingerprint: fingerprint(request),
+            };
+            let kept = store
+                .load_or_save(action, &candidate)
+                .map_err(reqwest_middleware::Error::middleware)?;
+            return if kept.fingerprint == candidate.fingerprint {
+                Ok(kept.key)
+            } else {
+                Err(reqwest_middleware::Error::middleware(KeyReused {
                     action: action.clone(),
-                })),
-                None => {
-                    let key = uuid::Uuid::new_v4().to_string();
-                    let kept = StoredKey {
-                        key: key.clone(),
-                        fingerprint,
-                    };
-                    store
-                        .save(action, &kept)
-                        .map_err(reqwest_middleware::Error::middleware)?;
-                    Ok(key)
-                }
+                }))
             };
         }
         Ok(extensions
