@@ -216,6 +216,21 @@ backend_tests! {
             reused.problem(StatusCode::UNPROCESSABLE_ENTITY),
             "https://api.example.com/problems#keyreused"
         );
+        // A step's error is made by the handler, where the store's settings are not seen.
+        let step_failed = app
+            .send(
+                Req::post("/test/orders")
+                    .tenant("t1")
+                    .key("o1")
+                    .json(r#"{"units": 2}"#)
+                    .header("x-repeat", "take")
+                    .build(),
+            )
+            .await;
+        assert_eq!(
+            step_failed.problem(StatusCode::INTERNAL_SERVER_ERROR),
+            "https://api.example.com/problems#stepfailed"
+        );
     }
 }
 

@@ -118,6 +118,15 @@ impl ProblemKind {
     }
 }
 
+/// Marks a response as a problem of the layer made where the store's settings cannot be seen
+/// (a [`StepError`](crate::StepError) the handler returns): the request flow answers it with
+/// its `type` under the store's [`Settings::problem_type_base`](crate::Settings).
+#[derive(Debug, Clone)]
+pub(crate) struct Rebasable {
+    pub(crate) kind: ProblemKind,
+    pub(crate) detail: String,
+}
+
 /// An RFC 9457 problem details document, answered as `application/problem+json`.
 ///
 /// # Examples

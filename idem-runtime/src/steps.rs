@@ -393,6 +393,12 @@ impl IntoResponse for StepError {
             }
             _ => tracing::error!(error = %self, "a step failed"),
         }
-        self.kind().with_detail(self.to_string()).into_response()
+        let (kind, detail) = (self.kind(), self.to_string());
+        let mut response = kind.with_detail(detail.clone()).into_response();
+        // The request flow gives it the store's problem type base.
+        response
+            .extensions_mut()
+            .insert(crate::problem::Rebasable { kind, detail });
+        response
     }
 }

@@ -127,6 +127,7 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// The claim stays armed until the database has the outcome: a request cancelled before
     /// that releases its key when the claim is dropped.
     pub async fn complete(mut self, response: Response) -> Response {
+        let response = self.request.rebase(response);
         if response.status().is_server_error() && !self.options.replay_5xx {
             let released = self.give_up().await;
             self.armed = false;

@@ -11,7 +11,7 @@ use super::extract::IdemRequest;
 use crate::{
     backend::Backend,
     header::KeyError,
-    problem::{Problem, ProblemKind},
+    problem::{DEFAULT_PROBLEM_TYPE_BASE, Problem, ProblemKind, Rebasable},
     record::{Completion, KeyRecord, KeyRef, KeyStatus, StoredResponse},
     replay::{self, CaptureError, Captured},
 };
@@ -82,6 +82,27 @@ impl<DB: Backend> IdemRequest<DB> {
     /// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
     pub(super) fn problem(&self, kind: ProblemKind, detail: impl Into<String>) -> Problem {
         kind.problem_under(&self.store.settings().problem_type_base, detail)
+    }
+
+    /// The handler's `response`, with a problem of the layer that was made without the
+    /// store's settings (a `StepError`) given the store's problem type base. Status and
+    /// headers stay; only the body's `type` changes.
+    pub(super) fn rebase(&self, response: Response) -> Response {
+        let base = &self.store.settings().problem_type_base;
+        let Some(marked) = response.extensions().get::<Rebasable>().cloned() else {
+            return response;
+        };
+        if base == DEFAULT_PROBLEM_TYPE_BASE {
+            return response;
+        }
+        let (mut parts, _) = response.into_parts();
+        let (_, body) = marked
+            .kind
+            .problem_under(base, marked.detail)
+            .into_response()
+            .into_parts();
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        Response::from_parts(parts, body)
     }
 
     pub(super) fn finish(&self, outcome: Outcome, response: Response) -> Response {
