@@ -66,6 +66,26 @@ use crate::{orders, payments, telemetry};
 )]
 pub struct ApiDoc;
 
+/// The ledger's OpenAPI document: its one route of its own, `/metrics` and `/openapi.json`.
+/// It has no idempotent operation: its writes come from the queue, made idempotent by the
+/// consumer (`idem_runtime::events::Consumer`), not from requests.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "idem example: ledger",
+        description = "The ledger the payments service's events feed. `GET /v1/ledger` needs \
+                       `Authorization: Bearer <tenant>`."
+    ),
+    paths(crate::ledger::balance, telemetry::metrics, openapi_json),
+    components(schemas(Problem)),
+    modifiers(&BearerAuth, &Idempotency),
+    tags(
+        (name = "ledger", description = "Entries made from `payment.succeeded` events."),
+        (name = "operations", description = "For operators and tools."),
+    )
+)]
+pub struct LedgerDoc;
+
 /// An RFC 9457 problem details document, as every error of this service is answered
 /// (`application/problem+json`).
 #[derive(Debug, ToSchema)]
@@ -179,6 +199,21 @@ pub fn router() -> Result<Router, serde_json::Error> {
     Ok(Router::new()
         .route("/openapi.json", get(openapi_json))
         .route("/idempotency-policy", get(idempotency_policy))
+        .with_state(Arc::new(rendered)))
+}
+
+/// The ledger's `GET /openapi.json`.
+///
+/// # Errors
+///
+/// When the document does not serialize, which a correct build never sees.
+pub fn ledger_router() -> Result<Router, serde_json::Error> {
+    let rendered = Rendered {
+        json: LedgerDoc::openapi().to_json()?,
+        policy: String::new(),
+    };
+    Ok(Router::new()
+        .route("/openapi.json", get(openapi_json))
         .with_state(Arc::new(rendered)))
 }
 

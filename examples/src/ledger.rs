@@ -38,7 +38,7 @@ pub struct PaymentSucceeded {
 }
 
 /// What `GET /v1/ledger` answers: the caller's entries and their sum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Balance {
     /// How many entries.
     pub entries: i64,
@@ -206,7 +206,10 @@ pub fn router<DB: LedgerSql>(pool: Pool<DB>) -> Router {
 }
 
 /// `GET /v1/ledger`: the caller's entries and balance.
-async fn balance<DB: LedgerSql>(
+#[utoipa::path(get, path = "/v1/ledger", tag = "ledger",
+    summary = "The caller's ledger: entries made from its succeeded payments, and their sum",
+    responses((status = 200, description = "The caller's entries and balance.", body = Balance)))]
+pub async fn balance<DB: LedgerSql>(
     tenant: Tenant,
     State(pool): State<Pool<DB>>,
 ) -> Result<Json<Balance>, ApiError> {

@@ -13,6 +13,7 @@
 use std::process::ExitCode;
 
 use idem_examples::{
+    api_doc,
     ledger::{self, CONSUMER, Ledger, LedgerSql, TOPIC},
     setup::{self, Broker, Database, Error},
     telemetry,
@@ -71,7 +72,9 @@ async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Erro
     tracing::info!(addr = %listener.local_addr()?, "ledger listening");
     setup::serve(
         listener,
-        ledger::router(pool).merge(telemetry::router(metrics)),
+        ledger::router(pool)
+            .merge(telemetry::router(metrics))
+            .merge(api_doc::ledger_router()?),
         stop,
     )
     .await?;
