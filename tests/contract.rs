@@ -1,6 +1,6 @@
-//! Every row of the README's "What a request gets" table, through the suite's test app, on both
-//! backends: each test runs against a fresh PostgreSQL database (`#[sqlx::test]`) and a fresh
-//! SQLite file.
+//! Every row of the guide's "What a request gets" table (`docs/guide/requests.md`), through the
+//! suite's test app, on both backends: each test runs against a fresh PostgreSQL database
+//! (`#[sqlx::test]`) and a fresh SQLite file.
 
 use axum::http::StatusCode;
 use idem_runtime::{ProblemKind, Settings};

@@ -10,12 +10,9 @@ use std::{
     time::Duration,
 };
 
-use idem_runtime::{
-    Backend, CancellationToken,
-    events::{
-        self, BrokerError, Delivery, Handler, Message, Pass, Processed, Publisher, Relay,
-        RelayOptions, Subscriber, Subscription, Waiting,
-    },
+use idem_events::{
+    self as events, Backend, BrokerError, CancellationToken, Delivery, Handler, Message, Pass,
+    Processed, Publisher, Relay, RelayOptions, Subscriber, Subscription, Waiting,
 };
 use idem_tests::{AnySubscription, BrokerKind, RedisServer, TcpProxy, TestBroker};
 use serde_json::json;
@@ -29,10 +26,12 @@ const CONSUMER: &str = "ledger";
 
 /// What the tests need of a database beyond [`Backend`]: their own table, and a look at
 /// idem's.
-trait TestDatabase: Backend {
+trait TestDatabase: Backend + idem_runtime::Backend {
     async fn prepare(pool: &Pool<Self>);
     async fn applied(pool: &Pool<Self>) -> Vec<String>;
     async fn count(pool: &Pool<Self>, sql: &str) -> i64;
+    async fn strings(pool: &Pool<Self>, sql: &str) -> Vec<String>;
+    async fn run(pool: &Pool<Self>, sql: &str);
     fn apply<'a>(
         tx: &'a mut Transaction<'static, Self>,
         message: &'a Message,
@@ -43,7 +42,7 @@ macro_rules! test_database {
     ($db:ty) => {
         impl TestDatabase for $db {
             async fn prepare(pool: &Pool<Self>) {
-                idem_runtime::migrate(pool).await.expect("migrate");
+                events::migrate(pool).await.expect("migrate");
                 // No unique constraint: a message applied twice shows as two rows.
                 sqlx::query(
                     "CREATE TABLE test_applied (message_id TEXT NOT NULL, topic TEXT NOT NULL)",
@@ -65,6 +64,20 @@ macro_rules! test_database {
                     .fetch_one(pool)
                     .await
                     .expect("count")
+            }
+
+            async fn strings(pool: &Pool<Self>, sql: &str) -> Vec<String> {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .fetch_all(pool)
+                    .await
+                    .unwrap_or_else(|error| panic!("{sql}: {error}"))
+            }
+
+            async fn run(pool: &Pool<Self>, sql: &str) {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .execute(pool)
+                    .await
+                    .unwrap_or_else(|error| panic!("{sql}: {error}"));
             }
 
             async fn apply(
@@ -950,4 +963,122 @@ async fn postgres_a_topic_no_queue_receives_waits_while_the_others_flow(
 async fn sqlite_a_topic_no_queue_receives_waits_while_the_others_flow() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     a_topic_no_queue_receives_waits_while_the_others_flow(sqlite_pool(&dir).await).await;
+}
+
+/// The tables the database holds, by name, but sqlx's and SQLite's own.
+async fn tables<DB: TestDatabase>(pool: &Pool<DB>, sql: &str) -> Vec<String> {
+    let mut names = DB::strings(pool, sql).await;
+    names.retain(|name| !name.starts_with("sqlite_"));
+    names.sort();
+    names
+}
+
+/// The key table's migrations create only the key table: the event tables come with
+/// `idem_events::migrate`, which adds them beside it.
+async fn each_crate_migrates_only_its_own_tables<DB: TestDatabase>(pool: Pool<DB>, list: &str) {
+    idem_runtime::migrate(&pool)
+        .await
+        .expect("migrate the key table");
+    assert_eq!(
+        tables(&pool, list).await,
+        ["_idem_migrations", "idem_keys"],
+        "idem_runtime::migrate created more than the key table"
+    );
+    events::migrate(&pool)
+        .await
+        .expect("migrate the event tables");
+    assert_eq!(
+        tables(&pool, list).await,
+        [
+            "_idem_events_migrations",
+            "_idem_migrations",
+            "idem_consumed",
+            "idem_consumer_failures",
+            "idem_keys",
+            "idem_outbox",
+            "idem_outbox_topics",
+        ],
+    );
+}
+
+/// A database whose event tables an earlier release created together with the key table (its
+/// migration recorded in `_idem_migrations`, which no longer lists it) keeps working: both
+/// migrations run again, and the waiting event is still there.
+async fn event_tables_an_earlier_release_created_are_adopted<DB: TestDatabase>(
+    pool: Pool<DB>,
+    event_sql: &str,
+    checksum: &str,
+) {
+    idem_runtime::migrate(&pool)
+        .await
+        .expect("migrate the key table");
+    // As the earlier release left it: the tables, and their migration recorded with the key
+    // table's.
+    DB::run(&pool, event_sql).await;
+    DB::run(
+        &pool,
+        &format!(
+            "INSERT INTO _idem_migrations \
+             (version, description, success, checksum, execution_time) \
+             VALUES (20261201000001, 'events', TRUE, {checksum}, 0)"
+        ),
+    )
+    .await;
+    let waiting = enqueue_committed(&pool, "payment.succeeded", 1).await;
+
+    idem_runtime::migrate(&pool)
+        .await
+        .expect("the key table's migrations run again");
+    events::migrate(&pool)
+        .await
+        .expect("the event tables are adopted");
+    events::migrate(&pool)
+        .await
+        .expect("and migrating again changes nothing");
+    let ids = DB::strings(&pool, "SELECT event_id FROM idem_outbox").await;
+    assert_eq!(ids, [waiting], "the waiting event was lost");
+}
+
+const POSTGRES_TABLES: &str =
+    "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema()";
+const SQLITE_TABLES: &str = "SELECT name FROM sqlite_master WHERE type = 'table'";
+/// The event tables' SQL as the earlier release ran it, without `IF NOT EXISTS`.
+fn earlier_event_sql(sql: &str) -> String {
+    sql.replace("IF NOT EXISTS ", "")
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_each_crate_migrates_only_its_own_tables(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    each_crate_migrates_only_its_own_tables(postgres_pool(connect).await, POSTGRES_TABLES).await;
+}
+
+#[tokio::test]
+async fn sqlite_each_crate_migrates_only_its_own_tables() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    each_crate_migrates_only_its_own_tables(sqlite_pool(&dir).await, SQLITE_TABLES).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_event_tables_an_earlier_release_created_are_adopted(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let sql = earlier_event_sql(include_str!(
+        "../idem-events/migrations/postgres/20261201000001_events.sql"
+    ));
+    let pool = postgres_pool(connect).await;
+    event_tables_an_earlier_release_created_are_adopted(pool, &sql, "'\\x00'::bytea").await;
+}
+
+#[tokio::test]
+async fn sqlite_event_tables_an_earlier_release_created_are_adopted() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let sql = earlier_event_sql(include_str!(
+        "../idem-events/migrations/sqlite/20261201000001_events.sql"
+    ));
+    let pool = sqlite_pool(&dir).await;
+    event_tables_an_earlier_release_created_are_adopted(pool, &sql, "X'00'").await;
 }

@@ -40,7 +40,7 @@ async fn global_job() -> StatusCode {
     StatusCode::ACCEPTED
 }
 
-/// Renamed in the document: not recognised (the README says to keep the default id).
+/// Renamed in the document: not recognised (the guide says to keep the default id).
 #[utoipa::path(post, path = "/renamed", operation_id = "somethingElse",
     responses((status = 201, description = "Created.")))]
 #[idempotent(global, retention = "1h")]

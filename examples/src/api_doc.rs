@@ -68,7 +68,7 @@ pub struct ApiDoc;
 
 /// The ledger's OpenAPI document: its one route of its own, `/metrics` and `/openapi.json`.
 /// It has no idempotent operation: its writes come from the queue, made idempotent by the
-/// consumer (`idem_runtime::events::Consumer`), not from requests.
+/// consumer (`idem_events::Consumer`), not from requests.
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -170,8 +170,8 @@ struct Rendered {
     policy: String,
 }
 
-/// The policy text of this service: what `GET /idempotency-policy` answers and the README
-/// quotes.
+/// The policy text of this service: what `GET /idempotency-policy` answers and the guide's
+/// Operations chapter quotes.
 ///
 /// # Panics
 ///

@@ -53,6 +53,15 @@ impl From<idem_runtime::Error> for ApiError {
     }
 }
 
+impl From<idem_events::Error> for ApiError {
+    fn from(error: idem_events::Error) -> Self {
+        match error {
+            idem_events::Error::Database(error) => Self::Database(error),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, kind, title) = match &self {

@@ -6,10 +6,7 @@
 use std::future::Future;
 
 use axum::{Json, Router, extract::State, routing::get};
-use idem_runtime::{
-    Backend,
-    events::{Handler, Message},
-};
+use idem_events::{Backend, Handler, Message};
 use serde::{Deserialize, Serialize};
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
 

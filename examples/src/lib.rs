@@ -1,4 +1,4 @@
-//! The example services of idem: the payments API and the card processor the README describes.
+//! The example services of idem: the payments API and the card processor the guide describes.
 //!
 //! - `cargo run --bin payments` serves [`payments::router`] over PostgreSQL or SQLite: payments
 //!   and payouts (transactional mode), refunds (external mode, calling the processor) and

@@ -1,8 +1,8 @@
-//! Orders (the README's "Multi-step handlers"): reserve stock, charge the customer at the card
-//! processor, ship. The three steps cannot share a transaction (the charge is in another
-//! process), so `POST /v1/orders` runs them through [`Steps`]: each is recorded on the key as it
-//! completes, and a retry after a crash resumes after the last recorded one. Its recovery hook,
-//! [`SettleAbandoned`], settles orders whose client never came back.
+//! Orders (the guide's "Multi-step handlers", `docs/guide/steps.md`): reserve stock, charge the
+//! customer at the card processor, ship. The three steps cannot share a transaction (the charge is
+//! in another process), so `POST /v1/orders` runs them through [`Steps`]: each is recorded on the
+//! key as it completes, and a retry after a crash resumes after the last recorded one. Its recovery
+//! hook, [`SettleAbandoned`], settles orders whose client never came back.
 
 use axum::{
     Json,

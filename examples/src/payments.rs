@@ -9,7 +9,8 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use idem_runtime::{Backend, IdempotencyContext, Store, events, idempotent};
+use idem_events as events;
+use idem_runtime::{Backend, IdempotencyContext, Store, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::Transaction;
 use tower_http::catch_panic::CatchPanicLayer;

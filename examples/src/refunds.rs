@@ -1,4 +1,5 @@
-//! Refunds (the README's "Refunds" and external mode): the side effect is outside the database, at the card processor,
+//! Refunds (external mode, as the guide's chapter `docs/guide/external.md` describes): the side
+//! effect is outside the database, at the card processor,
 //! so the route runs in external mode and hands the processor a key derived from its own. The
 //! handlers are in [`crate::payments`], one set per database.
 

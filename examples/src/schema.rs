@@ -113,7 +113,7 @@ CREATE TABLE IF NOT EXISTS shipments (
 ";
 
 /// A database the example can create its tables in.
-pub trait Tables: Backend {
+pub trait Tables: Backend + idem_events::Backend {
     /// The `ORDER BY` of lists, newest first, without ties: PostgreSQL's `created_at` has
     /// microseconds; SQLite's only milliseconds, so its insertion order (`rowid`) breaks ties.
     const NEWEST_FIRST: &'static str;
@@ -140,7 +140,7 @@ impl Tables for Sqlite {
     }
 }
 
-/// Creates idem's key table and the example's tables, if they do not exist.
+/// Creates idem's key table, its event tables and the example's tables, if they do not exist.
 ///
 /// # Errors
 ///
@@ -149,6 +149,7 @@ pub async fn create<DB: Tables>(
     pool: &Pool<DB>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     idem_runtime::migrate(pool).await?;
+    idem_events::migrate(pool).await?;
     DB::create_tables(pool).await?;
     Ok(())
 }

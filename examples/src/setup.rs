@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, str::FromStr, time::Duration};
 
-use idem_runtime::events::{rabbitmq::RabbitMq, redis::RedisStreams};
+use idem_events::{rabbitmq::RabbitMq, redis::RedisStreams};
 use sqlx::{
     PgPool, SqlitePool,
     postgres::PgPoolOptions,

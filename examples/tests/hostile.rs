@@ -41,7 +41,7 @@ const LIMIT: usize = 1024 * 1024;
 const DEFAULT_SEED: u64 = 0x1de4_5eed_2026;
 const SEED_VAR: &str = "IDEM_HOSTILE_SEED";
 const TENANTS: [&str; 3] = ["t_alpha", "t_beta", "t_gamma"];
-/// Every status README's table and the example's errors document.
+/// Every status the guide's "What a request gets" and the example's errors document.
 const DOCUMENTED: [u16; 12] = [200, 201, 400, 401, 402, 404, 405, 409, 413, 415, 422, 503];
 const EXAMPLE_TYPE: &str = "tag:payments.idem.example,2026:";
 

@@ -1,7 +1,7 @@
 //! `GET /openapi.json` and `GET /idempotency-policy` of the real `payments` binary: a valid
 //! OpenAPI 3.1 document that describes every route the service serves, with the idempotency
 //! part on exactly the `#[idempotent]` operations; and a policy generated from the handlers'
-//! attributes, as the README quotes it.
+//! attributes, as the guide's Operations chapter quotes it.
 //!
 //! The document is validated against the OpenAPI Initiative's JSON Schema for OpenAPI 3.1
 //! (`tests/data/openapi-3.1.schema.json`, published at
@@ -18,7 +18,7 @@ use serde_json::Value;
 use support::{Process, start_payments};
 use utoipa::OpenApi;
 
-/// Every route `cargo run --bin payments` serves, as the README lists them.
+/// Every route `cargo run --bin payments` serves, as the guide lists them.
 const ROUTES: &[&str] = &[
     "POST /v1/payments",
     "GET /v1/payments",
@@ -438,11 +438,11 @@ async fn the_published_policy_comes_from_the_attributes_and_the_readme_quotes_it
         assert!(generated.contains(row), "{row} in:\n{generated}");
     }
 
-    let readme = include_str!("../../README.md");
+    let chapter = include_str!("../../docs/guide/operations.md");
     assert!(
-        readme.contains(&generated),
-        "the README's \"Published retention policy\" is not the generated policy; paste \
-         `curl localhost:3000/idempotency-policy` into it:\n{generated}"
+        chapter.contains(&generated),
+        "the guide's \"The published retention policy\" (docs/guide/operations.md) is not the \
+         generated policy; paste `curl localhost:3000/idempotency-policy` into it:\n{generated}"
     );
 }
 

@@ -22,14 +22,6 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// An event given to [`events::enqueue`](crate::events::enqueue) cannot be published: its
-    /// topic is empty or too long, or its payload does not serialize to JSON. Nothing was
-    /// written.
-    #[error("the event cannot be enqueued: {reason}")]
-    InvalidEvent {
-        /// What is wrong with it.
-        reason: String,
-    },
 }
 
 impl Error {

@@ -33,19 +33,24 @@
 //!
 //! The handler's router state must provide a [`Store`] through
 //! [`FromRef`](axum::extract::FromRef), and [`migrate`] must have created the key table.
-//! See the repository's README for the full behaviour table.
+//! The guide's chapter "What a request gets" (`docs/guide/requests.md` in the repository) has
+//! the full behaviour table.
 //!
 //! A handler without a transaction parameter is in external mode, for a side effect in another
 //! system: the key is claimed with a lease first, and [`IdempotencyContext::derive`] gives the
 //! downstream call a key of its own. Work in several steps (reserve, charge, ship) takes a
 //! [`Steps`] parameter: each step is recorded on the key as it completes, and a retry resumes
 //! after the last one. The [`tasks`] purge expired keys and settle abandoned claims. The
-//! [`events`] module adds a transactional outbox and idempotent queue consumers.
+//! crate `idem-events` adds a transactional outbox and idempotent queue consumers.
 
-pub mod events;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod policy;
+
+#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+compile_error!(
+    "idem-runtime needs a database: enable its feature `postgres` or `sqlite` (or both), e.g. `idem-runtime = { version = \"0.1\", features = [\"sqlite\"] }`"
+);
 pub mod tasks;
 
 mod backend;
@@ -129,7 +134,7 @@ pub mod __private {
     /// The parts under the request flow, for the property tests, fuzz targets and benchmarks
     /// that exercise them directly.
     pub use crate::{
-        backend::{Begun, EventStorage, Storage},
+        backend::{Begun, Storage},
         fingerprint::Fingerprint,
         header::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, parse_key, parse_value},
         record::{Completion, KeyRef, StoredResponse},

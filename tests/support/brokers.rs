@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use idem_runtime::events::{
+use idem_events::{
     BrokerError, Delivery, Message, Publisher, Subscriber, Subscription,
     rabbitmq::{
         RabbitMq, RabbitMqDelivery, RabbitMqPublisher, RabbitMqSubscriber, RabbitMqSubscription,

@@ -12,13 +12,13 @@
 
 use std::process::ExitCode;
 
+use idem_events::{CancellationToken, Consumer};
 use idem_examples::{
     api_doc,
     ledger::{self, CONSUMER, Ledger, LedgerSql, TOPIC},
     setup::{self, Broker, Database, Error},
     telemetry,
 };
-use idem_runtime::{CancellationToken, events::Consumer};
 use sqlx::Pool;
 
 #[tokio::main]
@@ -37,9 +37,9 @@ async fn run() -> Result<(), Error> {
 }
 
 async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Error> {
-    idem_runtime::migrate(&pool)
+    idem_events::migrate(&pool)
         .await
-        .map_err(|e| format!("cannot create idem's tables: {e}"))?;
+        .map_err(|e| format!("cannot create idem's event tables: {e}"))?;
     DB::create_tables(&pool)
         .await
         .map_err(|e| format!("cannot create the ledger's tables: {e}"))?;

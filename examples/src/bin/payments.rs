@@ -21,6 +21,7 @@
 use std::{process::ExitCode, time::Duration};
 
 use axum::Router;
+use idem_events::{Publisher, Relay};
 use idem_examples::{
     api_doc,
     orders::SettleAbandoned,
@@ -33,7 +34,6 @@ use idem_examples::{
 };
 use idem_runtime::{
     CancellationToken, Store,
-    events::{Publisher, Relay},
     tasks::{self, PurgeOptions},
 };
 use sqlx::{Pool, Postgres, Sqlite};

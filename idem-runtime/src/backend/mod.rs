@@ -30,15 +30,7 @@ impl<DB: sqlx::Database> std::fmt::Debug for Begun<DB> {
     }
 }
 
-mod events;
 mod shared;
-
-pub use events::EventStorage;
-
-/// A duration in whole milliseconds, as statements bind it (saturating).
-pub(crate) fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
 
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -57,7 +49,7 @@ mod sqlite;
     label = "the transaction's database must be one idem supports",
     note = "idem supports `sqlx::Postgres` (feature `postgres`) and `sqlx::Sqlite` (feature `sqlite`) of the sqlx that `idem-runtime` depends on (0.9); a different sqlx version in your Cargo.toml gives this error too"
 )]
-pub trait Backend: Storage + EventStorage + sealed::Sealed {}
+pub trait Backend: Storage + sealed::Sealed {}
 
 #[cfg(feature = "postgres")]
 impl Backend for sqlx::Postgres {}

@@ -13,7 +13,7 @@ use sqlx::{
 };
 
 use super::{
-    Begun, Storage, millis,
+    Begun, Storage,
     shared::{abandoned, decode_record, shared_storage},
 };
 use crate::record::{
@@ -77,8 +77,13 @@ const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 const BEGIN_CLAIM: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_claim";
 const RELEASE_CLAIM: &str = "RELEASE SAVEPOINT idem_claim";
 
+/// A duration in whole milliseconds, as statements bind it (saturating).
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// Now, in milliseconds since the Unix epoch: the unit of SQLite's time columns.
-pub(super) fn now_ms() -> i64 {
+fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

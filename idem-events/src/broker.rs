@@ -1,5 +1,5 @@
 //! What the relay and the consumers need from a broker: the whole of it, so that the core does
-//! not know which broker it runs on. [`rabbitmq`](super::rabbitmq) and [`redis`](super::redis)
+//! not know which broker it runs on. [`rabbitmq`](crate::rabbitmq) and [`redis`](crate::redis)
 //! implement these traits; another broker can too.
 
 use std::future::Future;
@@ -64,7 +64,7 @@ pub trait Subscriber: Send + Sync + 'static {
 /// An open subscription: the messages, one delivery at a time. Dropping it leaves the
 /// unacknowledged ones to the broker: RabbitMQ delivers them again at once, Redis once they
 /// are claimed (by the same consumer name subscribing again, or by another after
-/// [`claim_idle`](super::redis::RedisSubscriber::claim_idle)).
+/// [`claim_idle`](crate::redis::RedisSubscriber::claim_idle)).
 pub trait Subscription: Send + 'static {
     /// One received message, to settle once.
     type Delivery: Delivery;

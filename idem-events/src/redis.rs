@@ -3,8 +3,8 @@
 //! messages of a consumer that died with `XAUTOCLAIM`.
 //!
 //! ```no_run
-//! # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_runtime::events::BrokerError> {
-//! use idem_runtime::{CancellationToken, events::{Relay, redis::RedisStreams}};
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_events::BrokerError> {
+//! use idem_events::{CancellationToken, Relay, redis::RedisStreams};
 //!
 //! let broker = RedisStreams::new("redis://127.0.0.1:6379", "idem.events")?;
 //! let shutdown = CancellationToken::new();

@@ -2,9 +2,9 @@
 
 use std::{future::Future, time::Duration};
 
-use sqlx::Pool;
+use sqlx::{Pool, Transaction, pool::PoolConnection};
 
-use crate::events::Message;
+use crate::Message;
 
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -13,7 +13,7 @@ mod sqlite;
 
 /// Events of one topic that a relay holds (no other relay publishes that topic meanwhile),
 /// oldest first.
-pub struct Batch<DB: EventStorage> {
+pub(crate) struct Batch<DB: EventStorage> {
     /// The topic.
     pub topic: String,
     /// The events, in the order to publish them.
@@ -42,12 +42,18 @@ impl<DB: EventStorage> Batch<DB> {
     }
 }
 
-/// The outbox's and the consumers' statements of one database. Not public API (hidden, like
-/// [`Storage`](super::Storage)).
-#[doc(hidden)]
-pub trait EventStorage: sqlx::Database + Sized {
+/// The outbox's and the consumers' statements of one database. Private: applications reach
+/// them only through the relay, the consumers and [`enqueue`](crate::enqueue).
+pub(crate) trait EventStorage: sqlx::Database + Sized {
     /// What holds a topic while its batch is published.
     type Held: Send;
+
+    /// Begins a transaction on `conn` that is going to write: as any other on PostgreSQL; on
+    /// SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a transaction
+    /// that reads first cannot fail to upgrade its lock later.
+    fn begin_write(
+        conn: PoolConnection<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, crate::Error>> + Send;
 
     /// Adds an event to the outbox, in the transaction `conn` is in.
     fn enqueue<'c>(
@@ -142,6 +148,9 @@ pub trait EventStorage: sqlx::Database + Sized {
         message_id: &'p str,
     ) -> impl Future<Output = Result<(), crate::Error>> + Send + 'p;
 
+    /// Creates or upgrades the event tables.
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
+
     /// Deletes up to `limit` records of `consumer` (processed ids and failure counts) older
     /// than `retention`.
     fn purge_consumed<'p>(
@@ -158,7 +167,15 @@ pub trait EventStorage: sqlx::Database + Sized {
 /// (attempts read as a 64-bit integer, times computed by the database, retentions bound in
 /// milliseconds).
 macro_rules! shared_event_storage {
-    ($db:ty, $conn:ty) => {
+    ($db:ty, $conn:ty, migrations = $migrations:literal) => {
+        async fn migrate(pool: &Pool<$db>) -> Result<(), crate::Error> {
+            // Recorded apart from the application's `_sqlx_migrations` and the key table's.
+            let mut migrator = sqlx::migrate!($migrations);
+            migrator.set_ignore_missing(true);
+            migrator.dangerous_set_table_name("_idem_events_migrations");
+            Ok(migrator.run(pool).await?)
+        }
+
         async fn enqueue(
             conn: &mut $conn,
             id: &str,
@@ -291,6 +308,11 @@ macro_rules! shared_event_storage {
 }
 
 pub(super) use shared_event_storage;
+
+/// A duration in whole milliseconds, as statements bind it (saturating).
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
 
 /// An attempt count as the database holds it (absent: none).
 fn count(attempts: Option<i64>) -> u32 {

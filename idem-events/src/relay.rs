@@ -100,7 +100,7 @@ impl RelayOptions {
 pub enum RelayError {
     /// The outbox's database failed; the events wait.
     #[error(transparent)]
-    Store(#[from] crate::Error),
+    Database(#[from] crate::Error),
     /// The broker did not confirm the batch; its events wait and are published again.
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -115,8 +115,8 @@ pub enum RelayError {
 /// once, and consumers deduplicate on the id.
 ///
 /// ```no_run
-/// # async fn demo(pool: sqlx::PgPool, publisher: impl idem_runtime::events::Publisher) {
-/// use idem_runtime::{CancellationToken, events::Relay};
+/// # async fn demo(pool: sqlx::PgPool, publisher: impl idem_events::Publisher) {
+/// use idem_events::{CancellationToken, Relay};
 ///
 /// let shutdown = CancellationToken::new();
 /// let relay = Relay::new(pool, publisher).spawn(shutdown.clone());
@@ -234,7 +234,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     ///
     /// # Errors
     ///
-    /// [`RelayError::Store`] when the database failed, [`RelayError::Broker`] when the broker
+    /// [`RelayError::Database`] when the database failed, [`RelayError::Broker`] when the broker
     /// cannot be reached or did not confirm the batch within
     /// [`RelayOptions::publish_timeout`]; the batch's events are still waiting either way. A
     /// batch the broker answered but refused is [`Pass::Refused`], not an error.

@@ -19,7 +19,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// the dead-letter place after [`Consumer::max_attempts`] failures.
 ///
 /// ```no_run
-/// use idem_runtime::events::{Handler, Message};
+/// use idem_events::{Handler, Message};
 /// use sqlx::{Postgres, Transaction};
 ///
 /// struct Ledger;
@@ -84,7 +84,7 @@ pub enum ConsumeError {
     /// The database failed (or a commit's outcome is unknown); the failure is not counted
     /// against the message.
     #[error(transparent)]
-    Store(#[from] crate::Error),
+    Database(#[from] crate::Error),
     /// The broker was not told how the message ended.
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -92,7 +92,7 @@ pub enum ConsumeError {
 
 impl From<sqlx::Error> for ConsumeError {
     fn from(error: sqlx::Error) -> Self {
-        Self::Store(error.into())
+        Self::Database(error.into())
     }
 }
 
@@ -207,7 +207,7 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
     ///
     /// # Errors
     ///
-    /// [`ConsumeError::Store`] when the database failed: the message was given back to the
+    /// [`ConsumeError::Database`] when the database failed: the message was given back to the
     /// broker (or could not be, and comes back when the connection is gone) and the failure
     /// is not counted. [`ConsumeError::Broker`] when the broker was not told: it delivers the
     /// message again, and a message that was applied is then skipped as a duplicate.
@@ -278,7 +278,7 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
                 delivery.ack().await?;
                 return Ok(Processed::Duplicate);
             }
-            Err(Failure::Store(error)) => return self.give_back(delivery, error).await,
+            Err(Failure::Database(error)) => return self.give_back(delivery, error).await,
             Err(Failure::Handler(reason)) => reason,
         };
         let counted = if redelivered {
@@ -435,7 +435,7 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
                             tracing::info!(consumer = %self.name, "the consumer's database answers again");
                         }
                     }
-                    Err(ConsumeError::Store(error)) => {
+                    Err(ConsumeError::Database(error)) => {
                         if !self.pause(&mut store, &error, &shutdown).await {
                             return;
                         }
@@ -516,14 +516,14 @@ fn retry_delay(attempts: u32, cap: Duration) -> Duration {
 /// Why [`Consumer::apply`] did not commit.
 enum Failure {
     /// The database failed: not the message's fault.
-    Store(crate::Error),
+    Database(crate::Error),
     /// The handler returned an error or panicked: counted against the message.
     Handler(String),
 }
 
 impl From<crate::Error> for Failure {
     fn from(error: crate::Error) -> Self {
-        Self::Store(error)
+        Self::Database(error)
     }
 }
 

@@ -44,11 +44,11 @@ impl fmt::Display for EventId {
 /// its id.
 ///
 /// Any handler may call it with its transaction, idempotent or not; the relay
-/// ([`Relay`](super::Relay)) publishes the event after the commit.
+/// ([`Relay`](crate::Relay)) publishes the event after the commit.
 ///
 /// ```no_run
-/// # async fn demo(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), idem_runtime::Error> {
-/// use idem_runtime::events;
+/// # async fn demo(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), idem_events::Error> {
+/// use idem_events as events;
 ///
 /// sqlx::query("UPDATE payments SET status = 'succeeded' WHERE id = 'pay_1'")
 ///     .execute(&mut **tx)

@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) {
-//! use idem_runtime::{CancellationToken, events::{Relay, rabbitmq::RabbitMq}};
+//! use idem_events::{CancellationToken, Relay, rabbitmq::RabbitMq};
 //!
 //! let broker = RabbitMq::new("amqp://guest:guest@127.0.0.1:5672/%2f", "idem.events");
 //! let shutdown = CancellationToken::new();

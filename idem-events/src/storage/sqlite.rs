@@ -8,11 +8,18 @@
 
 use std::time::Duration;
 
-use sqlx::{Pool, Sqlite, SqliteConnection};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{Batch, EventStorage, shared_event_storage};
-use crate::backend::millis;
-use crate::backend::sqlite::now_ms;
+use sqlx::{Pool, SqlSafeStr, Sqlite, SqliteConnection, Transaction, pool::PoolConnection};
+
+use super::{Batch, EventStorage, millis, shared_event_storage};
+
+/// Now, in milliseconds since the Unix epoch: the unit of SQLite's time columns.
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
 
 const ENQUEUE: &str = "INSERT INTO idem_outbox (event_id, topic, payload, created_at) \
      VALUES ($1, $2, $3, CAST(unixepoch('subsec') * 1000 AS INTEGER))";
@@ -90,7 +97,13 @@ pub struct Lease;
 impl EventStorage for Sqlite {
     type Held = Lease;
 
-    shared_event_storage!(Sqlite, SqliteConnection);
+    shared_event_storage!(Sqlite, SqliteConnection, migrations = "migrations/sqlite");
+
+    async fn begin_write(
+        conn: PoolConnection<Sqlite>,
+    ) -> Result<Transaction<'static, Sqlite>, crate::Error> {
+        Ok(Transaction::begin(conn, Some("BEGIN IMMEDIATE".into_sql_str())).await?)
+    }
 
     async fn take_batch(
         pool: &Pool<Sqlite>,
@@ -108,7 +121,7 @@ impl EventStorage for Sqlite {
             return Ok(None);
         }
         let conn = pool.acquire().await?;
-        let mut tx = <Sqlite as crate::backend::Storage>::begin_write(conn).await?;
+        let mut tx = Self::begin_write(conn).await?;
         let now = now_ms();
         let mut topic = None;
         for known in [true, false] {
@@ -145,7 +158,7 @@ impl EventStorage for Sqlite {
     ) -> Result<(), crate::Error> {
         let Lease = batch.held;
         let conn = pool.acquire().await?;
-        let mut tx = <Sqlite as crate::backend::Storage>::begin_write(conn).await?;
+        let mut tx = Self::begin_write(conn).await?;
         sqlx::query(MARK)
             .bind(now_ms())
             .bind(sqlx::types::Json(&batch.rows))

@@ -7,10 +7,9 @@
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, Pool, Postgres, Transaction};
+use sqlx::{PgConnection, Pool, Postgres, Transaction, pool::PoolConnection};
 
-use super::{Batch, EventStorage, shared_event_storage};
-use crate::backend::millis;
+use super::{Batch, EventStorage, millis, shared_event_storage};
 
 const ENQUEUE: &str = "INSERT INTO idem_outbox (event_id, topic, payload) VALUES ($1, $2, $3)";
 
@@ -77,7 +76,13 @@ const PURGE_FAILURES: &str = "DELETE FROM idem_consumer_failures WHERE ctid IN (
 impl EventStorage for Postgres {
     type Held = Transaction<'static, Postgres>;
 
-    shared_event_storage!(Postgres, PgConnection);
+    shared_event_storage!(Postgres, PgConnection, migrations = "migrations/postgres");
+
+    async fn begin_write(
+        conn: PoolConnection<Postgres>,
+    ) -> Result<Transaction<'static, Postgres>, crate::Error> {
+        Ok(Transaction::begin(conn, None).await?)
+    }
 
     async fn take_batch(
         pool: &Pool<Postgres>,

@@ -1,4 +1,8 @@
-//! Events: a transactional outbox on the producing side, idempotent consumers on the other.
+//! # idem-events: a transactional outbox and idempotent consumers
+//!
+//! Events on the producing side, written with the writes they tell about; consumers on the
+//! other side whose writes happen once per message. On PostgreSQL or SQLite with sqlx, and
+//! RabbitMQ or Redis Streams as the broker.
 //!
 //! **Producing.** A handler calls [`enqueue`] with its transaction: the event is a row of the
 //! outbox table, written with the handler's own writes, so it exists exactly when they do (a
@@ -18,22 +22,42 @@
 //! [`Subscriber`], [`Subscription`] and [`Delivery`]. The `rabbitmq` feature implements them
 //! with lapin ([`rabbitmq`]), the `redis` feature on Redis Streams ([`redis`](mod@redis)).
 //!
-//! Both ends work on PostgreSQL and SQLite; [`migrate`](crate::migrate) creates their tables.
+//! Both ends work on PostgreSQL and SQLite; [`migrate`] creates their tables.
+//!
+//! # Features
+//!
+//! - `postgres`, `sqlite`: the databases (at least one).
+//! - `rabbitmq`: the RabbitMQ adapter, with lapin.
+//! - `redis`: the Redis Streams adapter.
+//!
+//! The crate stands alone: [`enqueue`] takes any sqlx transaction, whether or not an
+//! idempotent handler (crate `idem-runtime`) runs in it.
 
+#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+compile_error!("idem-events needs a database: enable its feature `postgres` or `sqlite` (or both)");
+
+mod backend;
 mod backoff;
 mod broker;
 mod consumer;
+mod error;
 mod message;
 mod outbox;
 mod relay;
+mod storage;
 
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+pub use backend::{Backend, migrate};
 pub use broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription};
 pub use consumer::{ConsumeError, Consumer, DEFAULT_MAX_ATTEMPTS, Handler, Processed};
+pub use error::Error;
 pub use message::Message;
 pub use outbox::{EventId, MAX_TOPIC_LEN, enqueue, enqueue_with_id};
 pub use relay::{Pass, Relay, RelayError, RelayOptions, Waiting};
+/// The token that stops the relay and the consumers: cancel it with the server's graceful
+/// shutdown.
+pub use tokio_util::sync::CancellationToken;

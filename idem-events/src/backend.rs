@@ -1,0 +1,48 @@
+//! The databases the outbox and the consumers run on.
+
+use sqlx::Pool;
+
+use crate::storage::EventStorage;
+
+/// A database that can hold the outbox and the consumers' records: `sqlx::Postgres` (feature
+/// `postgres`) or `sqlx::Sqlite` (feature `sqlite`).
+///
+/// Use it as a bound to write code generic over the database. It is sealed: idem implements
+/// it, applications do not, and the statements behind it are not reachable through it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a database idem-events can keep an outbox in",
+    label = "the transaction's database must be one idem-events supports",
+    note = "idem-events supports `sqlx::Postgres` (feature `postgres`) and `sqlx::Sqlite` (feature `sqlite`) of the sqlx that `idem-events` depends on (0.9); a different sqlx version in your Cargo.toml gives this error too"
+)]
+#[allow(private_bounds)]
+pub trait Backend: EventStorage + sealed::Sealed {}
+
+#[cfg(feature = "postgres")]
+impl Backend for sqlx::Postgres {}
+#[cfg(feature = "sqlite")]
+impl Backend for sqlx::Sqlite {}
+
+/// What seals [`Backend`]: a trait no other crate can name, so none can implement it.
+mod sealed {
+    pub trait Sealed {}
+    #[cfg(feature = "postgres")]
+    impl Sealed for sqlx::Postgres {}
+    #[cfg(feature = "sqlite")]
+    impl Sealed for sqlx::Sqlite {}
+}
+
+/// Creates or upgrades the outbox's and the consumers' tables in the database behind `pool`.
+///
+/// Safe to call on every start: applied migrations are recorded in their own table
+/// (`_idem_events_migrations`), apart from the application's `_sqlx_migrations` and from the
+/// key table's (`idem_runtime::migrate`); on PostgreSQL concurrent callers serialise on an
+/// advisory lock. A database whose event tables an earlier release of idem created (when they
+/// came with the key table) is adopted as it is.
+///
+/// # Errors
+///
+/// [`Error::Migrate`](crate::Error::Migrate) when the database cannot be reached or a
+/// migration fails; nothing of a failed migration is left applied.
+pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), crate::Error> {
+    DB::migrate(pool).await
+}
