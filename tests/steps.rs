@@ -233,7 +233,7 @@ mod upgrade {
     use std::borrow::Cow;
 
     use axum::http::{HeaderMap, Method, StatusCode, header::CONTENT_TYPE};
-    use idem_runtime::__private::Fingerprint;
+    use idem_key::Fingerprint;
     use idem_tests::{App, Downstream, TestDb};
     use sqlx::{
         migrate::Migrator,

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use axum::http::{HeaderMap, Method, StatusCode, header::CONTENT_TYPE};
+use idem_key::Fingerprint;
 use idem_runtime::{
-    __private::Fingerprint,
     Backend, CancellationToken, IdempotencyContext,
     tasks::{
         AbandonedClaim, PurgeOptions, Recovery, RecoveryHook, ReleaseAbandoned, StoredResponse,

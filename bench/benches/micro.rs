@@ -7,9 +7,9 @@
 //!   64 KiB as `application/octet-stream` (hashed byte for byte), to show what canonicalisation
 //!   costs;
 //! - `replay/capture`: reading a handler's `201 Created` response into memory
-//!   (`Captured::read`) and turning it into its stored form;
+//!   and turning it into its stored form (`StoredResponse::from_response`);
 //! - `replay/build`: rebuilding a replayed response from its stored form
-//!   (`replay`).
+//!   (`StoredResponse::replay`).
 //!
 //! Run with:
 //!
@@ -32,10 +32,8 @@ use axum::{
     },
 };
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use idem_runtime::__private::IDEMPOTENCY_KEY;
-use idem_runtime::__private::{
-    Captured, Fingerprint, IDEMPOTENT_REPLAYED, MAX_KEY_LEN, StoredResponse, parse_key, replay,
-};
+use idem_key::{Fingerprint, IDEMPOTENCY_KEY, MAX_KEY_LEN, parse_key};
+use idem_runtime::tasks::StoredResponse;
 use serde_json::{Value, json};
 
 /// A UUID v4, the key most clients send.
@@ -265,10 +263,9 @@ fn replay_capture(c: &mut Criterion) {
     let body = response_body();
     let capture = |response| {
         runtime.block_on(async {
-            Captured::read(response, CAPTURE_LIMIT)
+            StoredResponse::from_response(response, CAPTURE_LIMIT)
                 .await
                 .expect("under the limit")
-                .to_stored()
         })
     };
     let stored = capture(created_response(body.clone()));
@@ -303,21 +300,21 @@ fn replay_build(c: &mut Criterion) {
         ],
         body: response_body().to_vec(),
     };
-    let replayed = replay(stored.clone());
+    let replayed = stored.clone().replay();
     assert_eq!(replayed.status(), StatusCode::CREATED);
     assert_eq!(replayed.headers()[CONTENT_TYPE], "application/json");
     assert_eq!(
         replayed.headers()[LOCATION],
         "/v1/payments/pay_1de7c0ffee0000000001"
     );
-    assert_eq!(replayed.headers()[IDEMPOTENT_REPLAYED], "true");
+    assert_eq!(replayed.headers()["idempotent-replayed"], "true");
 
     let mut group = c.benchmark_group("replay/build");
     group.throughput(Throughput::Bytes(stored.body.len() as u64));
     group.bench_function("created_json_1KiB", |b| {
         b.iter_batched(
             || stored.clone(),
-            |stored| replay(black_box(stored)),
+            |stored| black_box(stored).replay(),
             BatchSize::SmallInput,
         );
     });

@@ -7,7 +7,7 @@
 
 use arbitrary::Arbitrary;
 use http::{HeaderMap, HeaderValue, Method, header::CONTENT_TYPE};
-use idem_runtime::__private::Fingerprint;
+use idem_key::Fingerprint;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

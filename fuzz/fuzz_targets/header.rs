@@ -8,7 +8,7 @@
 #![no_main]
 
 use http::{HeaderMap, HeaderValue};
-use idem_runtime::__private::{IDEMPOTENCY_KEY, parse_key, parse_value};
+use idem_key::{IDEMPOTENCY_KEY, parse_key, parse_value};
 use libfuzzer_sys::fuzz_target;
 
 fn is_key(key: &[u8]) -> bool {

@@ -3,18 +3,14 @@
 use std::{sync::Arc, time::Duration};
 
 use http::Extensions;
-use reqwest::{
-    Request, Response,
-    header::{HeaderName, HeaderValue},
-};
+use reqwest::{Request, Response, header::HeaderValue};
 use reqwest_middleware::{Middleware, Next};
-use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use crate::{KeyStore, RetryPolicy, StoredKey, policy::retryable, retry_after::retry_after};
 
 /// The request header idem reads.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+pub use idem_key::IDEMPOTENCY_KEY;
 
 /// A request extension: the user action this request performs, under which its key is kept in
 /// the middleware's [`KeyStore`] until the action has a final answer.
@@ -160,17 +156,22 @@ impl IdempotentRetry {
     }
 }
 
-/// SHA-256 of the method, the URL and the body.
+/// The request's fingerprint as the server computes it ([`idem_key::Fingerprint`]: a JSON body
+/// canonicalised, so that key order and whitespace do not make another action), over the whole
+/// URL rather than its path, in hex.
 fn fingerprint(request: &Request) -> String {
-    let mut hash = Sha256::new();
-    hash.update(request.method().as_str());
-    hash.update([0]);
-    hash.update(request.url().as_str());
-    hash.update([0]);
-    if let Some(body) = request.body().and_then(reqwest::Body::as_bytes) {
-        hash.update(body);
-    }
-    hash.finalize()
+    let body = request
+        .body()
+        .and_then(reqwest::Body::as_bytes)
+        .unwrap_or_default();
+    let fingerprint = idem_key::Fingerprint::of(
+        request.method(),
+        request.url().as_str(),
+        request.headers(),
+        body,
+    );
+    fingerprint
+        .as_bytes()
         .iter()
         .map(|byte| format!("{byte:02x}"))
         .collect()

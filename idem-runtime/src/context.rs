@@ -1,7 +1,5 @@
 //! The idempotency context a handler can ask for: stable keys for downstream calls.
 
-use sha2::{Digest, Sha256};
-
 /// What a handler knows about its own idempotency key, without the key itself.
 ///
 /// Take it as a handler parameter (`ctx: IdempotencyContext`) and pass
@@ -34,21 +32,10 @@ impl IdempotencyContext {
 
     /// A key for a downstream call, stable per (scope, key, label): `idem_` and 40 hex digits of
     /// SHA-256 over the three. It does not reveal the client's key, and differs per label (one
-    /// per downstream call) and per scope.
+    /// per downstream call) and per scope. [`idem_key::derive_key`] computes the same value
+    /// outside a handler.
     pub fn derive(&self, label: &str) -> String {
-        let mut hasher = Sha256::new();
-        hasher.update(b"idem-derived-key\0");
-        for part in [self.scope.as_bytes(), self.key.as_bytes(), label.as_bytes()] {
-            hasher.update((part.len() as u64).to_be_bytes());
-            hasher.update(part);
-        }
-        let digest = hasher.finalize();
-        let mut out = String::with_capacity(45);
-        out.push_str("idem_");
-        for byte in &digest[..20] {
-            out.push_str(&format!("{byte:02x}"));
-        }
-        out
+        idem_key::derive_key(&self.scope, &self.key, label)
     }
 
     /// The caller's scope (`""` for global keys).

@@ -56,9 +56,7 @@ pub mod tasks;
 mod backend;
 mod context;
 mod error;
-mod fingerprint;
 mod flow;
-mod header;
 mod problem;
 mod record;
 mod replay;
@@ -91,11 +89,7 @@ pub use sqlx;
 /// release, in step with the macro (which is pinned to this crate's exact version).
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::IdempotencyContext;
-    pub use crate::flow::{
-        Claim, ExternalClaim, IdemRequest, Input, Options, Scope, ViaBody, ViaParts, hint,
-        scope_of, within,
-    };
+    pub use crate::flow::{Claim, ExternalClaim, Input, Scope, hint, scope_of, within};
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use inventory;
     /// The backend of handlers that have no transaction parameter to name one: PostgreSQL
@@ -130,14 +124,4 @@ pub mod __private {
 
     /// Compiles only when `T` is an extractor of the request's parts for state `S`.
     pub fn reads_only_parts<T: PartsExtractor<S>, S>() {}
-
-    /// The parts under the request flow, for the property tests, fuzz targets and benchmarks
-    /// that exercise them directly.
-    pub use crate::{
-        backend::{Begun, Storage},
-        fingerprint::Fingerprint,
-        header::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, parse_key, parse_value},
-        record::{Completion, KeyRef, StoredResponse},
-        replay::{Captured, IDEMPOTENT_REPLAYED, replay},
-    };
 }

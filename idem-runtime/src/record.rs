@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::fingerprint::Fingerprint;
+use idem_key::Fingerprint;
 
 /// Which `(scope, key)` a request is about, and the 64-bit lock id derived from it.
 #[derive(Debug, Clone)]

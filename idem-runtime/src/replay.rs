@@ -85,6 +85,26 @@ impl Captured {
     }
 }
 
+impl StoredResponse {
+    /// Reads `response` into the form idem stores: its status, its `Content-Type` and
+    /// `Location` headers, and its body (at most `limit` bytes). A recovery hook can build the
+    /// answer it completes a claim with this way, from a response made as a handler makes one.
+    ///
+    /// # Errors
+    ///
+    /// [`CaptureError::TooLarge`] when the body is longer than `limit`, [`CaptureError::Body`]
+    /// when its stream fails.
+    pub async fn from_response(response: Response, limit: usize) -> Result<Self, CaptureError> {
+        Ok(Captured::read(response, limit).await?.to_stored())
+    }
+
+    /// The answer a retry gets: this status, headers and body, marked with
+    /// `Idempotent-Replayed: true`.
+    pub fn replay(self) -> Response {
+        replay(self)
+    }
+}
+
 /// Rebuilds a stored response, marked with `Idempotent-Replayed: true`.
 pub fn replay(stored: StoredResponse) -> Response {
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -12,7 +12,7 @@ use std::{
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::record::StoredResponse;
+pub use crate::{record::StoredResponse, replay::CaptureError};
 
 use crate::{
     IdempotencyContext, Steps,

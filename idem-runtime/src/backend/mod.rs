@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, RecordedStep, Start, Started};
 
 /// What [`Storage::begin_claim`] found.
-pub enum Begun<DB: sqlx::Database> {
+pub(crate) enum Begun<DB: sqlx::Database> {
     /// The transaction holds the key; the handler may run in it. The mark, where the database
     /// gives one, identifies the claiming transaction to its completion
     /// ([`Completion::mark`](crate::record::Completion::mark)).
@@ -49,6 +49,7 @@ mod sqlite;
     label = "the transaction's database must be one idem supports",
     note = "idem supports `sqlx::Postgres` (feature `postgres`) and `sqlx::Sqlite` (feature `sqlite`) of the sqlx that `idem-runtime` depends on (0.9); a different sqlx version in your Cargo.toml gives this error too"
 )]
+#[allow(private_bounds)]
 pub trait Backend: Storage + sealed::Sealed {}
 
 #[cfg(feature = "postgres")]
@@ -65,12 +66,10 @@ mod sealed {
     impl Sealed for sqlx::Sqlite {}
 }
 
-/// The SQL of one database: everything idem runs, behind one narrow trait. Not public API: it
-/// is reachable through the hidden `__private` (the benchmarks time its statements) and through
-/// a `DB: Backend` bound, and may change in any release. Implementing it does not make a
-/// database a [`Backend`], which only idem implements.
-#[doc(hidden)]
-pub trait Storage: sqlx::Database + Sized {
+/// The SQL of one database: everything idem runs, behind one narrow trait. Private: an
+/// application reaches it only through [`Store`](crate::Store), the handlers and the tasks, and
+/// a `DB: Backend` bound does not let it call these.
+pub(crate) trait Storage: sqlx::Database + Sized {
     /// Whether the database admits one writing transaction at a time (SQLite). Writers of a
     /// process then queue in the process, not in the database while holding a connection.
     const SINGLE_WRITER: bool = false;

@@ -13,18 +13,13 @@ use http::Method;
 use http_body_util::BodyExt;
 use tracing::{Span, field::Empty};
 
+use idem_key::{Fingerprint, IdempotencyKey};
+
 use super::{
     Scope,
     outcome::{Outcome, finish, key_problem},
 };
-use crate::{
-    backend::Backend,
-    fingerprint::Fingerprint,
-    header::{self, IdempotencyKey},
-    problem::ProblemKind,
-    record::KeyRef,
-    store::Store,
-};
+use crate::{backend::Backend, problem::ProblemKind, record::KeyRef, store::Store};
 
 /// Marks the [`FromRequest`] impl of [`Input`] whose inner extractor consumes the body.
 #[derive(Debug)]
@@ -138,7 +133,7 @@ where
         outcome = Empty,
         status = Empty,
     );
-    let key = match header::parse_key(&parts.headers) {
+    let key = match idem_key::parse_key(&parts.headers) {
         Ok(key) => key,
         Err(error) => {
             let problem = key_problem(&error, &store.settings().problem_type_base);

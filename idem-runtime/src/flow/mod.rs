@@ -29,7 +29,7 @@ mod transactional;
 use std::time::Duration;
 
 pub use external::ExternalClaim;
-pub use extract::{IdemRequest, Input, ViaBody, ViaParts};
+pub use extract::Input;
 pub use transactional::Claim;
 
 use crate::scope::IdempotencyScope;

@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
+use idem_key::KeyError;
 use tracing::Span;
 
 use super::extract::IdemRequest;
 use crate::{
     backend::Backend,
-    header::KeyError,
     problem::{DEFAULT_PROBLEM_TYPE_BASE, Problem, ProblemKind, Rebasable},
     record::{Completion, KeyRecord, KeyRef, KeyStatus, StoredResponse},
     replay::{self, CaptureError, Captured},

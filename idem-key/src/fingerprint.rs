@@ -20,7 +20,7 @@ impl Fingerprint {
     ///
     /// ```
     /// use http::{HeaderMap, Method, header::CONTENT_TYPE};
-    /// use idem_runtime::__private::Fingerprint;
+    /// use idem_key::Fingerprint;
     ///
     /// let mut headers = HeaderMap::new();
     /// headers.insert(CONTENT_TYPE, "application/json".parse().unwrap());

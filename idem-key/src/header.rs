@@ -1,16 +1,17 @@
 //! Parsing of the `Idempotency-Key` request header.
 //!
-//! Two spellings are accepted and mean the same key: the RFC 8941 Structured Field String the
-//! IETF draft specifies (`Idempotency-Key: "8e03978e-..."`) and the bare value Stripe's clients
-//! send (`Idempotency-Key: 8e03978e-...`). Either way the key is 1 to 255 visible ASCII
+//! Two spellings are accepted and mean the same key: the RFC 8941 Structured Field String that
+//! the IETF HTTPAPI draft *The Idempotency-Key HTTP Header Field*
+//! (draft-ietf-httpapi-idempotency-key-header) specifies (`Idempotency-Key: "8e03978e-..."`) and
+//! the bare value Stripe's clients send (`Idempotency-Key: 8e03978e-...`). Either way the key is 1 to 255 visible ASCII
 //! characters (`!` to `~`).
 
 use std::fmt;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 /// The name of the request header that carries the key.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The longest key accepted, in characters (Stripe's limit).
 pub const MAX_KEY_LEN: usize = 255;
@@ -18,7 +19,7 @@ pub const MAX_KEY_LEN: usize = 255;
 /// A validated idempotency key, as sent by the client.
 ///
 /// Its `Debug` and `Display` forms never show the key itself: keys are client secrets of a kind
-/// (the IETF draft warns that a guessable key lets another client read a response), so they are
+/// (the IETF HTTPAPI draft warns that a guessable key lets another client read a response), so they are
 /// kept out of logs.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
@@ -113,7 +114,7 @@ pub enum KeyError {
 ///
 /// ```
 /// use http::HeaderMap;
-/// use idem_runtime::__private::parse_key;
+/// use idem_key::parse_key;
 ///
 /// let mut headers = HeaderMap::new();
 /// headers.insert("idempotency-key", "\"8e03978e-40d5\"".parse().unwrap());
