@@ -156,6 +156,10 @@ pub struct Completion<'a> {
     /// What the claim gave to identify its transaction, where the database gives something
     /// ([`Begun::Acquired`](crate::backend::Begun::Acquired)): the completion writes only in
     /// that same transaction.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        expect(dead_code, reason = "only PostgreSQL marks the claiming transaction")
+    )]
     pub mark: Option<&'a str>,
 }
 
@@ -217,6 +221,13 @@ pub enum Started {
         lease_left: Option<Duration>,
     },
     /// Another request is claiming the key this instant.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        expect(
+            dead_code,
+            reason = "SQLite's writers queue: a claim there never meets another"
+        )
+    )]
     Busy,
 }
 

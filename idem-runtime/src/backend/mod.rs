@@ -15,6 +15,13 @@ pub(crate) enum Begun<DB: sqlx::Database> {
     /// ([`Completion::mark`](crate::record::Completion::mark)).
     Acquired(Transaction<'static, DB>, Option<String>),
     /// Another transaction holds the key.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        expect(
+            dead_code,
+            reason = "only PostgreSQL claims without waiting for the holder"
+        )
+    )]
     Busy,
     /// The key has a live row.
     Live(KeyRecord),
