@@ -1,4 +1,6 @@
-//! The narrow trait each database backend implements: the whole of idem's SQL lives behind it.
+//! The narrow traits each database backend implements: the whole of idem's SQL lives behind
+//! them. A backend supplies its [`Dialect`](dialect::Dialect), which gives it the statements
+//! every database shares ([`SharedStorage`]), and implements [`Storage`] for the rest.
 
 use std::future::Future;
 
@@ -6,7 +8,9 @@ use sqlx::{Pool, Transaction, pool::PoolConnection};
 
 use std::time::Duration;
 
-use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, RecordedStep, Start, Started};
+use crate::record::{Abandoned, KeyRecord, KeyRef, Start, Started};
+
+pub(crate) use shared::SharedStorage;
 
 /// What [`Storage::begin_claim`] found.
 pub(crate) enum Begun<DB: sqlx::Database> {
@@ -37,6 +41,7 @@ impl<DB: sqlx::Database> std::fmt::Debug for Begun<DB> {
     }
 }
 
+mod dialect;
 mod shared;
 
 #[cfg(feature = "postgres")]
@@ -76,7 +81,11 @@ mod sealed {
 /// The SQL of one database: everything idem runs, behind one narrow trait. Private: an
 /// application reaches it only through [`Store`](crate::Store), the handlers and the tasks, and
 /// a `DB: Backend` bound does not let it call these.
-pub(crate) trait Storage: sqlx::Database + Sized {
+///
+/// What every database does alike is its supertrait [`SharedStorage`], which a database gets
+/// from its [`Dialect`](dialect::Dialect); what each does its own way is here, implemented in
+/// the backend's module.
+pub(crate) trait Storage: SharedStorage {
     /// Whether the database admits one writing transaction at a time (SQLite). Writers of a
     /// process then queue in the process, not in the database while holding a connection.
     const SINGLE_WRITER: bool = false;
@@ -100,32 +109,12 @@ pub(crate) trait Storage: sqlx::Database + Sized {
         key: &'c KeyRef,
     ) -> impl Future<Output = Result<Option<KeyRecord>, crate::Error>> + Send + 'c;
 
-    /// Stores a completed response for a key this transaction holds. Returns `false` when the
-    /// claim is no longer this transaction's (the handler ended the transaction itself):
-    /// nothing was written. A live row in the way is an error on PostgreSQL (a unique
-    /// violation) and `false` on SQLite.
-    fn complete<'c>(
-        conn: &'c mut Self::Connection,
-        completion: &'c Completion<'c>,
-        retention: Duration,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
-
     /// Makes sure a transaction is open on `conn` before idem rolls back the handler's: a
     /// handler that ended the transaction itself (`COMMIT`, `ROLLBACK`) would otherwise make
     /// that rollback fail where the database refuses a `ROLLBACK` outside a transaction
     /// (SQLite), and sqlx, which counts transactions on its side, would then count the pooled
     /// connection as inside one for good.
     fn ensure_open(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
-
-    /// Marks the point that [`Storage::rollback_to_savepoint`] returns to.
-    fn savepoint(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
-
-    /// Undoes everything since [`Storage::savepoint`], keeping the claim.
-    fn rollback_to_savepoint(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
 
@@ -136,57 +125,12 @@ pub(crate) trait Storage: sqlx::Database + Sized {
         start: &'c Start<'c>,
     ) -> impl Future<Output = Result<Started, crate::Error>> + Send + 'c;
 
-    /// Completes a `started` row owned by `token`, to expire `retention` from now, or with
-    /// `None` when its claim said (a recovery hook completing an abandoned claim). Returns
-    /// `false` if the claim is no longer owned by `token`.
-    fn finish<'c>(
-        conn: &'c mut Self::Connection,
-        completion: &'c Completion<'c>,
-        token: i64,
-        retention: Option<Duration>,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
-
-    /// Deletes a `started` row owned by `token`, so that a retry runs the handler again.
-    fn release<'c>(
-        conn: &'c mut Self::Connection,
-        key: &'c KeyRef,
-        token: i64,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
-
     /// Begins a transaction on `conn` that is going to write: as any other on PostgreSQL; on
     /// SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a transaction
     /// that reads first cannot fail to upgrade its lock later.
     fn begin_write(
         conn: PoolConnection<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, crate::Error>> + Send;
-
-    /// Lets go of a `started` row owned by `token`: deletes it, or, when steps are recorded on
-    /// it, ends its lease now and keeps them, so that a retry takes it over at once and resumes
-    /// after the last step. The row decides, not what the
-    /// caller knows: a step whose commit was sent but not answered may be recorded. Returns
-    /// `false` if the claim is no longer owned by `token`.
-    fn give_up<'c>(
-        conn: &'c mut Self::Connection,
-        key: &'c KeyRef,
-        token: i64,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
-
-    /// Writes `steps` as the recorded steps of the `started` row owned by `token`; in the
-    /// transaction `conn` is in, if any. Returns `false` (nothing written) if the claim is no
-    /// longer owned by `token`.
-    fn record_steps<'c>(
-        conn: &'c mut Self::Connection,
-        key: &'c KeyRef,
-        token: i64,
-        steps: &'c [RecordedStep],
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
-
-    /// The steps recorded on the row owned by `token` (none if it is not owned by `token`).
-    fn recorded_steps<'c>(
-        conn: &'c mut Self::Connection,
-        key: &'c KeyRef,
-        token: i64,
-    ) -> impl Future<Output = Result<Vec<RecordedStep>, crate::Error>> + Send + 'c;
 
     /// Deletes up to `limit` rows past their expiry, skipping rows that live requests hold.
     fn purge_batch(
@@ -207,9 +151,6 @@ pub(crate) trait Storage: sqlx::Database + Sized {
 
     /// Whether `error` says the transaction was aborted by an earlier failed statement.
     fn is_transaction_aborted(error: &crate::Error) -> bool;
-
-    /// Creates or upgrades the key table, and checks the settings the backend relies on.
-    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
 }
 
 /// Creates or upgrades idem's tables in the database behind `pool`.

@@ -11,20 +11,14 @@
 //! transaction itself (`COMMIT`, `ROLLBACK`) cannot have its outcome stored.
 
 use sqlx::{
-    PgConnection, PgPool, Postgres, Row, SqlSafeStr, Transaction, pool::PoolConnection,
-    postgres::PgRow, types::Json,
+    PgConnection, PgPool, Postgres, Row, SqlSafeStr, Transaction, migrate::Migrator,
+    pool::PoolConnection,
 };
 
 use std::time::Duration;
 
-use super::{
-    Begun, Storage,
-    shared::{abandoned, decode_record, shared_storage},
-};
-use crate::record::{
-    Abandoned, Completion, KeyRecord, KeyRef, RawRecord, RecordedStep, Start, Started,
-    checked_fingerprint,
-};
+use super::{Begun, SharedStorage, Storage, dialect::Dialect};
+use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, Start, Started};
 
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
@@ -82,9 +76,45 @@ const RECLAIM: &str = "WITH lapsed AS ( \
      RETURNING k.scope, k.key, k.method, k.path, k.fingerprint, k.steps, \
        extract(epoch FROM now() - k.locked_at)::float8 AS age";
 
-impl Storage for Postgres {
-    shared_storage!(PgConnection, migrations = "migrations/postgres");
+impl Dialect for Postgres {
+    const COMPLETE: &'static str = COMPLETE;
+    const FINISH: &'static str = FINISH;
+    const LAPSE: &'static str = LAPSE;
+    const MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
 
+    /// HTTP statuses are held in a `smallint`.
+    type Status = i16;
+
+    fn status(status: u16) -> Result<i16, crate::Error> {
+        i16::try_from(status).map_err(|e| sqlx::Error::Encode(Box::new(e)).into())
+    }
+
+    /// A time to live in seconds, added to the server's `now()`.
+    type Expiry = Option<f64>;
+
+    fn expiry(retention: Option<Duration>) -> Option<f64> {
+        retention.map(|r| r.as_secs_f64())
+    }
+
+    /// The claiming transaction's id, in which alone the completion writes.
+    type Guard<'a> = &'a str;
+
+    fn completion_guard<'a>(c: &Completion<'a>) -> &'a str {
+        c.mark.unwrap_or_default()
+    }
+
+    /// PostgreSQL's completion checks its transaction in its own `WHERE` (its
+    /// [`Guard`](Dialect::Guard)).
+    async fn still_claimed(_: &mut PgConnection) -> Result<bool, crate::Error> {
+        Ok(true)
+    }
+
+    fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+impl Storage for Postgres {
     async fn begin_claim(
         conn: PoolConnection<Postgres>,
         key: &KeyRef,
@@ -111,7 +141,7 @@ impl Storage for Postgres {
             .await?;
         let mark: Option<String> = row.try_get("mark")?;
         let live: Option<bool> = row.try_get("live")?;
-        let record = decode_record(&row)?;
+        let record = Self::decode_record(&row)?;
         Ok(match (record, live, mark) {
             (Some(record), Some(true), _) => Begun::Live(record),
             (_, _, None) => Begun::Busy,
@@ -143,7 +173,7 @@ impl Storage for Postgres {
             .fetch_optional(conn)
             .await?;
         match row {
-            Some(row) => decode_record(&row),
+            Some(row) => Self::decode_record(&row),
             None => Ok(None),
         }
     }
@@ -168,7 +198,7 @@ impl Storage for Postgres {
             }),
             "busy" => Ok(Started::Busy),
             "found" => {
-                let record = decode_record(&row)?.ok_or_else(|| {
+                let record = Self::decode_record(&row)?.ok_or_else(|| {
                     crate::Error::corrupt("idem_start found a row without a status")
                 })?;
                 let lease_left = row
@@ -207,7 +237,7 @@ impl Storage for Postgres {
         rows.iter()
             .map(|row| {
                 let age: f64 = row.try_get("age")?;
-                abandoned!(row, Duration::from_secs_f64(age.max(0.0)))
+                Self::abandoned(row, Duration::from_secs_f64(age.max(0.0)))
             })
             .collect()
     }
@@ -221,28 +251,4 @@ impl Storage for Postgres {
         // SQLSTATE 25P02: in_failed_sql_transaction.
         matches!(error, crate::Error::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02"))
     }
-}
-
-fn decode_record(row: &PgRow) -> Result<Option<KeyRecord>, crate::Error> {
-    decode_record!(row, i16)
-}
-
-/// HTTP statuses are held in a `smallint`.
-fn status(status: u16) -> Result<i16, crate::Error> {
-    i16::try_from(status).map_err(|e| sqlx::Error::Encode(Box::new(e)).into())
-}
-
-/// A time to live in seconds, added to the server's `now()`.
-fn expiry(retention: Option<Duration>) -> Option<f64> {
-    retention.map(|r| r.as_secs_f64())
-}
-
-/// The claiming transaction's id, in which alone the completion writes.
-fn completion_guard<'a>(c: &Completion<'a>) -> &'a str {
-    c.mark.unwrap_or_default()
-}
-
-/// PostgreSQL's completion checks its transaction in its own `WHERE` ([`completion_guard`]).
-async fn still_claimed(_: &mut PgConnection) -> Result<bool, crate::Error> {
-    Ok(true)
 }

@@ -1,167 +1,281 @@
-//! What both backends do alike, written once: the statements whose SQL differs only in dialect
-//! are bound and run by [`shared_storage!`], records are decoded by [`decode_record!`].
-//!
-//! A backend module that invokes them provides, under these names: the SQL constants `COMPLETE`,
-//! `FINISH` and `LAPSE`; `status(u16)`, the integer its `response_status` column holds;
-//! `expiry(Option<Duration>)`, how it binds a time to live (`None` keeps the row's expiry);
-//! `completion_guard(&Completion)`, the completion's last parameter (what makes the write
-//! conditional, or the time it happens); and `still_claimed(conn)`, run before the completion:
-//! whether the claim's transaction is still open, where the completion's `WHERE` cannot tell
-//! (on SQLite it releases the claim's savepoint, and reopens a transaction when it is gone).
+//! The statements every backend shares, written once over [`Dialect`]: what a backend's SQL
+//! differs in comes from its dialect, the rest is here.
+
+use std::{future::Future, time::Duration};
+
+use sqlx::{
+    ColumnIndex, Decode, Encode, Executor, IntoArguments, Pool, Row, Type, migrate::Migrate,
+    types::Json,
+};
+
+use super::dialect::Dialect;
+use crate::record::{
+    Abandoned, Completion, KeyRecord, KeyRef, RawRecord, RecordedStep, checked_fingerprint,
+};
 
 /// Deletes a `started` row owned by `$3`: the same statement on every database.
-pub(super) const RELEASE: &str = "DELETE FROM idem_keys \
+const RELEASE: &str = "DELETE FROM idem_keys \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
 /// Deletes a `started` row owned by `$3` that has no recorded steps.
-pub(super) const RELEASE_WITHOUT_STEPS: &str = "DELETE FROM idem_keys \
+const RELEASE_WITHOUT_STEPS: &str = "DELETE FROM idem_keys \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3 \
        AND steps IS NULL";
 
 /// Records a claim's steps, only while `$3` owns it: the same statement on every database.
-pub(super) const RECORD_STEPS: &str = "UPDATE idem_keys SET steps = $4 \
+const RECORD_STEPS: &str = "UPDATE idem_keys SET steps = $4 \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
 /// The steps of the row `$3` owns: the same statement on every database.
-pub(super) const RECORDED_STEPS: &str =
+const RECORDED_STEPS: &str =
     "SELECT steps FROM idem_keys WHERE scope = $1 AND key = $2 AND claim_token = $3";
 
-/// The `Storage` methods that differ between backends only in their SQL's dialect.
-macro_rules! shared_storage {
-    ($conn:ty, migrations = $migrations:literal) => {
-        async fn complete(
-            conn: &mut $conn,
-            c: &Completion<'_>,
-            retention: Duration,
-        ) -> Result<bool, crate::Error> {
-            if !still_claimed(&mut *conn).await? {
-                return Ok(false);
-            }
-            let done = sqlx::query(COMPLETE)
-                .bind(&c.key.scope)
-                .bind(&c.key.key)
-                .bind(c.method)
-                .bind(c.path)
-                .bind(&c.fingerprint.as_bytes()[..])
-                .bind(status(c.response.status)?)
-                .bind(Json(&c.response.headers))
-                .bind(&c.response.body)
-                .bind(expiry(Some(retention)))
-                .bind(completion_guard(c))
-                .execute(conn)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        }
+/// The part of [`Storage`](super::Storage) that is the same on every database: implemented
+/// once, below, for every database with a [`Dialect`].
+pub(crate) trait SharedStorage: sqlx::Database + Sized {
+    /// Stores a completed response for a key this transaction holds. Returns `false` when the
+    /// claim is no longer this transaction's (the handler ended the transaction itself):
+    /// nothing was written. A live row in the way is an error on PostgreSQL (a unique
+    /// violation) and `false` on SQLite.
+    fn complete<'c>(
+        conn: &'c mut Self::Connection,
+        completion: &'c Completion<'c>,
+        retention: Duration,
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
-        async fn finish(
-            conn: &mut $conn,
-            c: &Completion<'_>,
-            token: i64,
-            retention: Option<Duration>,
-        ) -> Result<bool, crate::Error> {
-            let done = sqlx::query(FINISH)
-                .bind(&c.key.scope)
-                .bind(&c.key.key)
-                .bind(token)
-                .bind(status(c.response.status)?)
-                .bind(Json(&c.response.headers))
-                .bind(&c.response.body)
-                .bind(expiry(retention))
-                .execute(conn)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        }
+    /// Completes a `started` row owned by `token`, to expire `retention` from now, or with
+    /// `None` when its claim said (a recovery hook completing an abandoned claim). Returns
+    /// `false` if the claim is no longer owned by `token`.
+    fn finish<'c>(
+        conn: &'c mut Self::Connection,
+        completion: &'c Completion<'c>,
+        token: i64,
+        retention: Option<Duration>,
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
-        async fn release(conn: &mut $conn, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
-            let done = sqlx::query(super::shared::RELEASE)
-                .bind(&key.scope)
-                .bind(&key.key)
-                .bind(token)
-                .execute(conn)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        }
+    /// Deletes a `started` row owned by `token`, so that a retry runs the handler again.
+    fn release<'c>(
+        conn: &'c mut Self::Connection,
+        key: &'c KeyRef,
+        token: i64,
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
-        async fn give_up(conn: &mut $conn, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
-            let deleted = sqlx::query(super::shared::RELEASE_WITHOUT_STEPS)
-                .bind(&key.scope)
-                .bind(&key.key)
-                .bind(token)
-                .execute(&mut *conn)
-                .await?;
-            if deleted.rows_affected() == 1 {
-                return Ok(true);
-            }
-            // Steps are recorded (or the claim is no longer `token`'s: then nothing matches).
-            let lapsed = sqlx::query(LAPSE)
-                .bind(&key.scope)
-                .bind(&key.key)
-                .bind(token)
-                .execute(conn)
-                .await?;
-            Ok(lapsed.rows_affected() == 1)
-        }
+    /// Lets go of a `started` row owned by `token`: deletes it, or, when steps are recorded on
+    /// it, ends its lease now and keeps them, so that a retry takes it over at once and resumes
+    /// after the last step. The row decides, not what the
+    /// caller knows: a step whose commit was sent but not answered may be recorded. Returns
+    /// `false` if the claim is no longer owned by `token`.
+    fn give_up<'c>(
+        conn: &'c mut Self::Connection,
+        key: &'c KeyRef,
+        token: i64,
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
-        async fn record_steps(
-            conn: &mut $conn,
-            key: &KeyRef,
-            token: i64,
-            steps: &[RecordedStep],
-        ) -> Result<bool, crate::Error> {
-            let done = sqlx::query(super::shared::RECORD_STEPS)
-                .bind(&key.scope)
-                .bind(&key.key)
-                .bind(token)
-                .bind(Json(steps))
-                .execute(conn)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        }
+    /// Writes `steps` as the recorded steps of the `started` row owned by `token`; in the
+    /// transaction `conn` is in, if any. Returns `false` (nothing written) if the claim is no
+    /// longer owned by `token`.
+    fn record_steps<'c>(
+        conn: &'c mut Self::Connection,
+        key: &'c KeyRef,
+        token: i64,
+        steps: &'c [RecordedStep],
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
 
-        async fn recorded_steps(
-            conn: &mut $conn,
-            key: &KeyRef,
-            token: i64,
-        ) -> Result<Vec<RecordedStep>, crate::Error> {
-            let steps: Option<Option<Json<Vec<RecordedStep>>>> =
-                sqlx::query_scalar(super::shared::RECORDED_STEPS)
-                    .bind(&key.scope)
-                    .bind(&key.key)
-                    .bind(token)
-                    .fetch_optional(conn)
-                    .await?;
-            Ok(steps.flatten().map(|Json(steps)| steps).unwrap_or_default())
-        }
+    /// The steps recorded on the row owned by `token` (none if it is not owned by `token`).
+    fn recorded_steps<'c>(
+        conn: &'c mut Self::Connection,
+        key: &'c KeyRef,
+        token: i64,
+    ) -> impl Future<Output = Result<Vec<RecordedStep>, crate::Error>> + Send + 'c;
 
-        async fn savepoint(conn: &mut $conn) -> Result<(), crate::Error> {
-            sqlx::raw_sql("SAVEPOINT idem_handler")
-                .execute(conn)
-                .await?;
-            Ok(())
-        }
+    /// Marks the point that [`SharedStorage::rollback_to_savepoint`] returns to.
+    fn savepoint(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
 
-        async fn rollback_to_savepoint(conn: &mut $conn) -> Result<(), crate::Error> {
-            sqlx::raw_sql("ROLLBACK TO SAVEPOINT idem_handler")
-                .execute(conn)
-                .await?;
-            Ok(())
-        }
+    /// Undoes everything since [`SharedStorage::savepoint`], keeping the claim.
+    fn rollback_to_savepoint(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
 
-        async fn migrate(pool: &sqlx::Pool<Self>) -> Result<(), crate::Error> {
-            // Recorded apart from the application's own `_sqlx_migrations`.
-            let mut migrator = sqlx::migrate!($migrations);
-            migrator.set_ignore_missing(true);
-            migrator.dangerous_set_table_name("_idem_migrations");
-            Ok(migrator.run(pool).await?)
-        }
-    };
+    /// Creates or upgrades the key table, and checks the settings the backend relies on.
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
+
+    /// Decodes the columns of a key's row: `None` where `status` is `NULL` (the statement
+    /// found no row).
+    ///
+    /// # Errors
+    ///
+    /// When a column is missing or does not decode, or the row does not make a record.
+    fn decode_record(row: &Self::Row) -> Result<Option<KeyRecord>, crate::Error>;
+
+    /// An abandoned claim from a row of the recovery's `RETURNING`, `age` after its claim.
+    ///
+    /// # Errors
+    ///
+    /// When a column is missing or does not decode, or the fingerprint is not one.
+    fn abandoned(row: &Self::Row, age: Duration) -> Result<Abandoned, crate::Error>;
 }
 
-/// Decodes the columns of a key's row (`status` may be `NULL` where the statement found none),
-/// its `response_status` held as `$status`.
-macro_rules! decode_record {
-    ($row:expr, $status:ty) => {{
-        let row = $row;
+/// The shared statements for every [`Dialect`], given what they need of sqlx for the database:
+/// statements run on its connection, its migrations, and the plain types they bind and read.
+impl<DB> SharedStorage for DB
+where
+    DB: Dialect,
+    // Statements run on a connection; migrations on a pool.
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    DB::Connection: Migrate,
+    // Columns read by name, and the values bound and read.
+    &'static str: ColumnIndex<DB::Row>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+    String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    Vec<u8>: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    for<'q> Json<&'q Vec<(String, String)>>: Encode<'q, DB> + Type<DB>,
+    for<'q> Json<&'q [RecordedStep]>: Encode<'q, DB> + Type<DB>,
+    Json<Vec<(String, String)>>: for<'r> Decode<'r, DB> + Type<DB>,
+    Json<Vec<RecordedStep>>: for<'r> Decode<'r, DB> + Type<DB>,
+{
+    async fn complete(
+        conn: &mut DB::Connection,
+        c: &Completion<'_>,
+        retention: Duration,
+    ) -> Result<bool, crate::Error> {
+        if !DB::still_claimed(&mut *conn).await? {
+            return Ok(false);
+        }
+        let done = sqlx::query(DB::COMPLETE)
+            .bind(&c.key.scope)
+            .bind(&c.key.key)
+            .bind(c.method)
+            .bind(c.path)
+            .bind(&c.fingerprint.as_bytes()[..])
+            .bind(DB::status(c.response.status)?)
+            .bind(Json(&c.response.headers))
+            .bind(&c.response.body)
+            .bind(DB::expiry(Some(retention)))
+            .bind(DB::completion_guard(c))
+            .execute(conn)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn finish(
+        conn: &mut DB::Connection,
+        c: &Completion<'_>,
+        token: i64,
+        retention: Option<Duration>,
+    ) -> Result<bool, crate::Error> {
+        let done = sqlx::query(DB::FINISH)
+            .bind(&c.key.scope)
+            .bind(&c.key.key)
+            .bind(token)
+            .bind(DB::status(c.response.status)?)
+            .bind(Json(&c.response.headers))
+            .bind(&c.response.body)
+            .bind(DB::expiry(retention))
+            .execute(conn)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn release(
+        conn: &mut DB::Connection,
+        key: &KeyRef,
+        token: i64,
+    ) -> Result<bool, crate::Error> {
+        let done = sqlx::query(RELEASE)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token)
+            .execute(conn)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn give_up(
+        conn: &mut DB::Connection,
+        key: &KeyRef,
+        token: i64,
+    ) -> Result<bool, crate::Error> {
+        let deleted = sqlx::query(RELEASE_WITHOUT_STEPS)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token)
+            .execute(&mut *conn)
+            .await?;
+        if DB::rows_affected(&deleted) == 1 {
+            return Ok(true);
+        }
+        // Steps are recorded (or the claim is no longer `token`'s: then nothing matches).
+        let lapsed = sqlx::query(DB::LAPSE)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token)
+            .execute(conn)
+            .await?;
+        Ok(DB::rows_affected(&lapsed) == 1)
+    }
+
+    async fn record_steps(
+        conn: &mut DB::Connection,
+        key: &KeyRef,
+        token: i64,
+        steps: &[RecordedStep],
+    ) -> Result<bool, crate::Error> {
+        let done = sqlx::query(RECORD_STEPS)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token)
+            .bind(Json(steps))
+            .execute(conn)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn recorded_steps(
+        conn: &mut DB::Connection,
+        key: &KeyRef,
+        token: i64,
+    ) -> Result<Vec<RecordedStep>, crate::Error> {
+        let row = sqlx::query(RECORDED_STEPS)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token)
+            .fetch_optional(conn)
+            .await?;
+        let steps = match row {
+            Some(row) => row.try_get::<Option<Json<Vec<RecordedStep>>>, _>("steps")?,
+            None => None,
+        };
+        Ok(steps.map(|Json(steps)| steps).unwrap_or_default())
+    }
+
+    async fn savepoint(conn: &mut DB::Connection) -> Result<(), crate::Error> {
+        sqlx::raw_sql("SAVEPOINT idem_handler")
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(conn: &mut DB::Connection) -> Result<(), crate::Error> {
+        sqlx::raw_sql("ROLLBACK TO SAVEPOINT idem_handler")
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn migrate(pool: &Pool<DB>) -> Result<(), crate::Error> {
+        // Recorded apart from the application's own `_sqlx_migrations`.
+        let mut migrator = DB::MIGRATOR;
+        migrator.set_ignore_missing(true);
+        migrator.dangerous_set_table_name("_idem_migrations");
+        Ok(migrator.run(pool).await?)
+    }
+
+    fn decode_record(row: &DB::Row) -> Result<Option<KeyRecord>, crate::Error> {
         match row.try_get::<Option<String>, _>("status")? {
             None => Ok(None),
             Some(status) => RawRecord {
@@ -170,8 +284,8 @@ macro_rules! decode_record {
                 path: row.try_get("path")?,
                 fingerprint: row.try_get("fingerprint")?,
                 response_status: row
-                    .try_get::<Option<$status>, _>("response_status")?
-                    .map(i64::from),
+                    .try_get::<Option<DB::Status>, _>("response_status")?
+                    .map(Into::into),
                 response_headers: row
                     .try_get::<Option<Json<Vec<(String, String)>>>, _>("response_headers")?
                     .map(|Json(headers)| headers),
@@ -180,26 +294,20 @@ macro_rules! decode_record {
             .check()
             .map(Some),
         }
-    }};
-}
+    }
 
-/// An abandoned claim from a row of the recovery's `RETURNING`, `$age` after its claim.
-macro_rules! abandoned {
-    ($row:expr, $age:expr) => {{
-        let row = $row;
+    fn abandoned(row: &DB::Row, age: Duration) -> Result<Abandoned, crate::Error> {
         let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
         Ok(Abandoned {
             key: KeyRef::new(row.try_get("scope")?, row.try_get("key")?),
             method: row.try_get("method")?,
             path: row.try_get("path")?,
             fingerprint: checked_fingerprint(&fingerprint)?,
-            age: $age,
+            age,
             steps: row
                 .try_get::<Option<Json<Vec<RecordedStep>>>, _>("steps")?
                 .map(|Json(steps)| steps)
                 .unwrap_or_default(),
         })
-    }};
+    }
 }
-
-pub(super) use {abandoned, decode_record, shared_storage};

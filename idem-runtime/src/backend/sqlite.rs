@@ -9,17 +9,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{
     Connection, Row, SqlSafeStr, Sqlite, SqliteConnection, SqlitePool, Transaction,
-    pool::PoolConnection, sqlite::SqliteRow, types::Json,
+    migrate::Migrator, pool::PoolConnection,
 };
 
-use super::{
-    Begun, Storage,
-    shared::{abandoned, decode_record, shared_storage},
-};
-use crate::record::{
-    Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, RawRecord, RecordedStep, Start, Started,
-    checked_fingerprint,
-};
+use super::{Begun, SharedStorage, Storage, dialect::Dialect};
+use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started};
 
 const LIVE: &str = "SELECT status, method, path, fingerprint, response_status, response_headers, \
      response_body, lease_until FROM idem_keys WHERE scope = $1 AND key = $2 AND expires_at > $3";
@@ -101,16 +95,64 @@ async fn live_row(
         .fetch_optional(conn)
         .await?;
     row.map(|row| {
-        let record = decode_record(&row)?
+        let record = Sqlite::decode_record(&row)?
             .ok_or_else(|| crate::Error::corrupt("a key's row without a status"))?;
         Ok((record, row.try_get("lease_until")?))
     })
     .transpose()
 }
 
-impl Storage for Sqlite {
-    shared_storage!(SqliteConnection, migrations = "migrations/sqlite");
+impl Dialect for Sqlite {
+    const COMPLETE: &'static str = COMPLETE;
+    const FINISH: &'static str = FINISH;
+    const LAPSE: &'static str = LAPSE;
+    const MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
 
+    /// HTTP statuses are held in an `INTEGER`.
+    type Status = i64;
+
+    fn status(status: u16) -> Result<i64, crate::Error> {
+        Ok(i64::from(status))
+    }
+
+    /// A time to live in milliseconds, added to the process's clock.
+    type Expiry = Option<i64>;
+
+    fn expiry(retention: Option<Duration>) -> Option<i64> {
+        retention.map(millis)
+    }
+
+    /// The time of the completion: its `created_at`, and what an expired row is measured
+    /// against.
+    type Guard<'a> = i64;
+
+    fn completion_guard(_: &Completion<'_>) -> i64 {
+        now_ms()
+    }
+
+    /// Whether the claim's transaction is still the one open on `conn`: its savepoint is there.
+    ///
+    /// When it is not, a transaction is opened again (unless the handler opened one), so that
+    /// the `ROLLBACK` that sqlx sends when the claim is dropped has one to end: sqlx counts
+    /// transactions on its side, and a failed `ROLLBACK` would leave the pooled connection
+    /// counted as inside one, refusing every later `BEGIN` on it.
+    async fn still_claimed(conn: &mut SqliteConnection) -> Result<bool, crate::Error> {
+        match sqlx::raw_sql(RELEASE_CLAIM).execute(&mut *conn).await {
+            Ok(_) => Ok(true),
+            Err(sqlx::Error::Database(e)) if e.message().contains("no such savepoint") => {
+                open_unless_open(conn).await?;
+                Ok(false)
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+impl Storage for Sqlite {
     const SINGLE_WRITER: bool = true;
 
     async fn begin_write(
@@ -231,7 +273,7 @@ impl Storage for Sqlite {
             .map(|row| {
                 let locked_at: Option<i64> = row.try_get("locked_at")?;
                 let age = now.saturating_sub(locked_at.unwrap_or(now)).max(0);
-                abandoned!(row, Duration::from_millis(age as u64))
+                Self::abandoned(row, Duration::from_millis(age as u64))
             })
             .collect()
     }
@@ -239,46 +281,6 @@ impl Storage for Sqlite {
     fn is_transaction_aborted(_error: &crate::Error) -> bool {
         // SQLite does not abort a transaction when one of its statements fails.
         false
-    }
-}
-
-fn decode_record(row: &SqliteRow) -> Result<Option<KeyRecord>, crate::Error> {
-    decode_record!(row, i64)
-}
-
-/// HTTP statuses are held in an `INTEGER`.
-#[expect(
-    clippy::unnecessary_wraps,
-    reason = "the same signature as PostgreSQL's, which can fail"
-)]
-fn status(status: u16) -> Result<i64, crate::Error> {
-    Ok(i64::from(status))
-}
-
-/// A time to live in milliseconds, added to the process's clock.
-fn expiry(retention: Option<Duration>) -> Option<i64> {
-    retention.map(millis)
-}
-
-/// The time of the completion: its `created_at`, and what an expired row is measured against.
-fn completion_guard(_: &Completion<'_>) -> i64 {
-    now_ms()
-}
-
-/// Whether the claim's transaction is still the one open on `conn`: its savepoint is there.
-///
-/// When it is not, a transaction is opened again (unless the handler opened one), so that the
-/// `ROLLBACK` that sqlx sends when the claim is dropped has one to end: sqlx counts transactions
-/// on its side, and a failed `ROLLBACK` would leave the pooled connection counted as inside one,
-/// refusing every later `BEGIN` on it.
-async fn still_claimed(conn: &mut SqliteConnection) -> Result<bool, crate::Error> {
-    match sqlx::raw_sql(RELEASE_CLAIM).execute(&mut *conn).await {
-        Ok(_) => Ok(true),
-        Err(sqlx::Error::Database(e)) if e.message().contains("no such savepoint") => {
-            open_unless_open(conn).await?;
-            Ok(false)
-        }
-        Err(error) => Err(error.into()),
     }
 }
 

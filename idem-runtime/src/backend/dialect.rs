@@ -1,0 +1,96 @@
+//! What differs between databases in the statements they share: the contract each backend
+//! fulfils so that [`SharedStorage`](super::shared::SharedStorage) runs on it.
+
+use std::{future::Future, time::Duration};
+
+use sqlx::{Encode, Type, migrate::Migrator};
+
+use crate::record::Completion;
+
+/// The SQL and the binding in which one database differs from the others in the statements
+/// they share. Implemented once per database (`backend/postgres.rs`, `backend/sqlite.rs`);
+/// every database that implements it gets
+/// [`SharedStorage`](super::shared::SharedStorage), the statements written once for all.
+///
+/// A new database backend (say MySQL) supplies, in an `impl Dialect for sqlx::MySql`:
+///
+/// - the three statements whose SQL differs: [`COMPLETE`](Dialect::COMPLETE),
+///   [`FINISH`](Dialect::FINISH) and [`LAPSE`](Dialect::LAPSE), with the parameters
+///   documented on each, in that order;
+/// - the type its `response_status` column holds ([`Status`](Dialect::Status), from
+///   [`status`](Dialect::status)), how a time to live is bound ([`Expiry`](Dialect::Expiry),
+///   from [`expiry`](Dialect::expiry)), the completion's last parameter
+///   ([`Guard`](Dialect::Guard), from [`completion_guard`](Dialect::completion_guard)), and
+///   [`still_claimed`](Dialect::still_claimed), run before the completion;
+/// - its migrations ([`MIGRATOR`](Dialect::MIGRATOR)), and how many rows a statement wrote
+///   ([`rows_affected`](Dialect::rows_affected)).
+///
+/// The shared statements also need sqlx to run statements on the database's connection and to
+/// encode and decode a few plain types (text, bytes, `i64`, JSON): the `where` clause of
+/// `SharedStorage`'s one implementation lists them, and every sqlx driver provides them. The
+/// backend then implements [`Storage`](super::Storage) for what it does its own way (claiming,
+/// lookups, external-mode starts, purging, recovery) and is added to
+/// [`Backend`](super::Backend) and its seal.
+pub(super) trait Dialect: sqlx::Database {
+    /// Stores a completed response for a key the transaction holds, writing nothing unless the
+    /// claim is still this transaction's (or, where that cannot be told in SQL, no live row is
+    /// in the way). Parameters: `$1` scope, `$2` key, `$3` method, `$4` path, `$5`
+    /// fingerprint, `$6` [`Status`](Dialect::Status), `$7` headers (JSON), `$8` body, `$9` the
+    /// retention as an [`Expiry`](Dialect::Expiry), `$10` the [`Guard`](Dialect::Guard).
+    const COMPLETE: &'static str;
+
+    /// Completes the `started` row owned by `$3`: `$1` scope, `$2` key, `$3` claim token, `$4`
+    /// [`Status`](Dialect::Status), `$5` headers (JSON), `$6` body, `$7` an
+    /// [`Expiry`](Dialect::Expiry), `NULL` to keep the row's expiry.
+    const FINISH: &'static str;
+
+    /// Ends the lease of the `started` row owned by `$3` now, keeping its recorded steps: `$1`
+    /// scope, `$2` key, `$3` claim token.
+    const LAPSE: &'static str;
+
+    /// The migrations that create and upgrade the key table (`sqlx::migrate!` of the
+    /// backend's directory); recorded in `_idem_migrations`.
+    const MIGRATOR: Migrator;
+
+    /// The integer the `response_status` column holds.
+    type Status: for<'q> Encode<'q, Self>
+        + for<'r> sqlx::Decode<'r, Self>
+        + Type<Self>
+        + Into<i64>
+        + Send;
+
+    /// An HTTP status as [`Status`](Dialect::Status).
+    ///
+    /// # Errors
+    ///
+    /// When the column's type cannot hold `status`.
+    fn status(status: u16) -> Result<Self::Status, crate::Error>;
+
+    /// A time to live as the statements bind it (`None`: keep the row's expiry).
+    type Expiry: for<'q> Encode<'q, Self> + Type<Self> + Send;
+
+    /// `retention` as [`Expiry`](Dialect::Expiry).
+    fn expiry(retention: Option<Duration>) -> Self::Expiry;
+
+    /// The last parameter of [`COMPLETE`](Dialect::COMPLETE): what makes the write
+    /// conditional, or the time it happens.
+    type Guard<'a>: Encode<'a, Self> + Type<Self> + Send;
+
+    /// The [`Guard`](Dialect::Guard) of the completion `c`.
+    fn completion_guard<'a>(c: &Completion<'a>) -> Self::Guard<'a>;
+
+    /// Run before [`COMPLETE`](Dialect::COMPLETE): whether the claim's transaction is still the
+    /// one open on `conn`, where the completion's own `WHERE` cannot tell (`Ok(true)` where it
+    /// can). `false` makes the completion write nothing.
+    ///
+    /// # Errors
+    ///
+    /// When the database fails.
+    fn still_claimed(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + '_;
+
+    /// How many rows a statement wrote (sqlx gives each database's result type its own
+    /// `rows_affected`, and no trait for it).
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+}
