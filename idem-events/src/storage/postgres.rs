@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, Pool, Postgres, Transaction, pool::PoolConnection};
+use sqlx::{Pool, Postgres, Transaction, migrate::Migrator, pool::PoolConnection};
 
-use super::{Batch, EventStorage, millis, shared_event_storage};
+use super::{Batch, EventStorage, dialect::Dialect};
 
 const ENQUEUE: &str = "INSERT INTO idem_outbox (event_id, topic, payload) VALUES ($1, $2, $3)";
 
@@ -62,9 +62,6 @@ const NOTE_FAILURE: &str = "UPDATE idem_consumer_failures \
      SET last_error = $3, failed_at = now() WHERE consumer = $1 AND message_id = $2 \
      RETURNING attempts::bigint";
 
-const CLEAR_FAILURES: &str =
-    "DELETE FROM idem_consumer_failures WHERE consumer = $1 AND message_id = $2";
-
 const PURGE_CONSUMED: &str = "DELETE FROM idem_consumed WHERE ctid IN ( \
      SELECT ctid FROM idem_consumed \
      WHERE consumer = $1 AND processed_at < now() - $2 * interval '1 millisecond' LIMIT $3)";
@@ -73,10 +70,25 @@ const PURGE_FAILURES: &str = "DELETE FROM idem_consumer_failures WHERE ctid IN (
      SELECT ctid FROM idem_consumer_failures \
      WHERE consumer = $1 AND failed_at < now() - $2 * interval '1 millisecond' LIMIT $3)";
 
+impl Dialect for Postgres {
+    const MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
+    const ENQUEUE: &'static str = ENQUEUE;
+    const WAITING: &'static str = WAITING;
+    const PURGE_PUBLISHED: &'static str = PURGE_PUBLISHED;
+    const CLAIM: &'static str = CLAIM;
+    const ATTEMPTS: &'static str = ATTEMPTS;
+    const NOTE_FAILURE: &'static str = NOTE_FAILURE;
+    const COUNT_FAILURE: &'static str = COUNT_FAILURE;
+    const PURGE_CONSUMED: &'static str = PURGE_CONSUMED;
+    const PURGE_FAILURES: &'static str = PURGE_FAILURES;
+
+    fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
 impl EventStorage for Postgres {
     type Held = Transaction<'static, Postgres>;
-
-    shared_event_storage!(Postgres, PgConnection, migrations = "migrations/postgres");
 
     async fn begin_write(
         conn: PoolConnection<Postgres>,

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sqlx::{Pool, SqlSafeStr, Sqlite, SqliteConnection, Transaction, pool::PoolConnection};
+use sqlx::{Pool, SqlSafeStr, Sqlite, Transaction, migrate::Migrator, pool::PoolConnection};
 
-use super::{Batch, EventStorage, millis, shared_event_storage};
+use super::{Batch, EventStorage, dialect::Dialect, millis};
 
 /// Now, in milliseconds since the Unix epoch: the unit of SQLite's time columns.
 fn now_ms() -> i64 {
@@ -80,9 +80,6 @@ const NOTE_FAILURE: &str = "UPDATE idem_consumer_failures \
      SET last_error = $3, failed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) WHERE consumer = $1 AND message_id = $2 \
      RETURNING attempts";
 
-const CLEAR_FAILURES: &str =
-    "DELETE FROM idem_consumer_failures WHERE consumer = $1 AND message_id = $2";
-
 const PURGE_CONSUMED: &str = "DELETE FROM idem_consumed WHERE rowid IN ( \
      SELECT rowid FROM idem_consumed \
      WHERE consumer = $1 AND processed_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - $2 LIMIT $3)";
@@ -94,10 +91,25 @@ const PURGE_FAILURES: &str = "DELETE FROM idem_consumer_failures WHERE rowid IN 
 /// A relay's lease on a topic: nothing to hold on to but the row it wrote.
 pub struct Lease;
 
+impl Dialect for Sqlite {
+    const MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
+    const ENQUEUE: &'static str = ENQUEUE;
+    const WAITING: &'static str = WAITING;
+    const PURGE_PUBLISHED: &'static str = PURGE_PUBLISHED;
+    const CLAIM: &'static str = CLAIM;
+    const ATTEMPTS: &'static str = ATTEMPTS;
+    const NOTE_FAILURE: &'static str = NOTE_FAILURE;
+    const COUNT_FAILURE: &'static str = COUNT_FAILURE;
+    const PURGE_CONSUMED: &'static str = PURGE_CONSUMED;
+    const PURGE_FAILURES: &'static str = PURGE_FAILURES;
+
+    fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
 impl EventStorage for Sqlite {
     type Held = Lease;
-
-    shared_event_storage!(Sqlite, SqliteConnection, migrations = "migrations/sqlite");
 
     async fn begin_write(
         conn: PoolConnection<Sqlite>,

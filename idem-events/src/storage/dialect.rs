@@ -1,0 +1,63 @@
+//! What differs between databases in the outbox's and the consumers' shared statements: the
+//! contract each backend fulfils so that [`SharedEventStorage`](super::shared::SharedEventStorage)
+//! runs on it.
+
+use sqlx::migrate::Migrator;
+
+/// The SQL in which one database differs from the others in the statements they share: those
+/// statements bind alike everywhere (text, an `i64` count of milliseconds for a retention, a
+/// limit), read attempts as a 64-bit integer, and let the database compute the time. Implemented
+/// once per database (`storage/postgres.rs`, `storage/sqlite.rs`); every database that implements
+/// it gets [`SharedEventStorage`](super::shared::SharedEventStorage), the statements written once
+/// for all.
+///
+/// A new database backend (say MySQL) supplies, in an `impl Dialect for sqlx::MySql`, each
+/// statement below with the parameters documented on it, in that order, its migrations, and how
+/// many rows a statement wrote ([`rows_affected`](Dialect::rows_affected)). The
+/// shared statements also need sqlx to run statements on the database's connection and pool and
+/// to encode and decode text and `i64`: the `where` clause of `SharedEventStorage`'s one
+/// implementation lists them, and every sqlx driver provides them. The backend then implements
+/// [`EventStorage`](super::EventStorage) for what it does its own way (how a relay holds a topic
+/// and publishes its batch) and is added to [`Backend`](crate::Backend) and its seal.
+pub(super) trait Dialect: sqlx::Database {
+    /// The migrations that create and upgrade the event tables (`sqlx::migrate!` of the
+    /// backend's directory); recorded in `_idem_events_migrations`.
+    const MIGRATOR: Migrator;
+
+    /// Adds an event to the outbox, created now: `$1` event id, `$2` topic, `$3` payload.
+    const ENQUEUE: &'static str;
+
+    /// One row: how many events wait to be published (`i64`), and the age of the oldest in
+    /// milliseconds (`i64`, `NULL` when none waits).
+    const WAITING: &'static str;
+
+    /// Deletes up to `$2` events published more than `$1` milliseconds ago.
+    const PURGE_PUBLISHED: &'static str;
+
+    /// Records that consumer `$1` processed message `$2`, now; touches no row (and writes
+    /// nothing) when it was recorded before.
+    const CLAIM: &'static str;
+
+    /// The failure count (`i64`) of consumer `$1` on message `$2`; no row when it has none.
+    const ATTEMPTS: &'static str;
+
+    /// Sets the last error of consumer `$1` on message `$2` to `$3`, failed now, returning the
+    /// count (`i64`); no row when no failure is counted.
+    const NOTE_FAILURE: &'static str;
+
+    /// Counts one more failure of consumer `$1` on message `$2` with error `$3`, failed now
+    /// (the first makes the row), returning the count (`i64`).
+    const COUNT_FAILURE: &'static str;
+
+    /// Deletes up to `$3` messages that consumer `$1` processed more than `$2` milliseconds
+    /// ago.
+    const PURGE_CONSUMED: &'static str;
+
+    /// Deletes up to `$3` failure counts of consumer `$1` last failed more than `$2`
+    /// milliseconds ago.
+    const PURGE_FAILURES: &'static str;
+
+    /// How many rows a statement wrote (sqlx gives each database's result type its own
+    /// `rows_affected`, and no trait for it).
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+}
