@@ -9,11 +9,19 @@ use serde::Serialize;
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// Where the problem types of idem's own answers are documented: the repository's
-/// `docs/problems.md`, one section per kind. [`Settings::problem_type_base`] replaces it.
+/// `docs/problems.md` as of the tag `v0.1.0`, one section per kind; a kind's `type` is this
+/// base and the kind's fixed slug (`…#keyreused`). [`Settings::problem_type_base`] replaces it.
+///
+/// The base names a tag, not a branch: a problem `type` is an identifier that clients compare
+/// and may store, so it must keep both its value and what it points at. A branch (`main`) moves,
+/// and its page may lose or change a section under URIs already answered; a tag names one
+/// commit, so each URI keeps resolving to the section published with it, and releases that keep
+/// the set of kinds keep the URIs. A release that adds a kind (its section is not at the old
+/// tag) moves the base to its own tag, which changes every URI: a breaking release.
 ///
 /// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
 pub const DEFAULT_PROBLEM_TYPE_BASE: &str =
-    "https://github.com/idem-rs/idem/blob/main/docs/problems.md#";
+    "https://github.com/idem-rs/idem/blob/v0.1.0/docs/problems.md#";
 
 /// The kinds of problem the idempotency layer answers with. Each has a stable `type` URI that
 /// points at its documentation here.
@@ -74,16 +82,38 @@ impl ProblemKind {
     }
 
     /// The stable `type` URI of this kind under [`DEFAULT_PROBLEM_TYPE_BASE`]: the base and the
-    /// kind's name in lower case (`…/docs/problems.md#keyreused`).
+    /// kind's slug (`…/docs/problems.md#keyreused`).
     pub fn type_uri(self) -> String {
         self.type_uri_under(DEFAULT_PROBLEM_TYPE_BASE)
     }
 
-    /// The `type` URI of this kind under `base` (see [`Settings::problem_type_base`]).
+    /// The `type` URI of this kind under `base` (see [`Settings::problem_type_base`]): the base
+    /// and the kind's slug.
     ///
     /// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
     pub fn type_uri_under(self, base: &str) -> String {
-        format!("{base}{}", format!("{self:?}").to_lowercase())
+        format!("{base}{}", self.slug())
+    }
+
+    /// The fixed part of this kind's `type` URI, appended to the base: the kind's name in lower
+    /// case when it was introduced, which is the anchor of its section of `docs/problems.md`.
+    /// Written out, not derived from the variant's name, so that renaming a variant does not
+    /// change a published URI.
+    fn slug(self) -> &'static str {
+        match self {
+            Self::MissingKey => "missingkey",
+            Self::MalformedKey => "malformedkey",
+            Self::InProgress => "inprogress",
+            Self::KeyReused => "keyreused",
+            Self::BodyTooLarge => "bodytoolarge",
+            Self::ResponseTooLarge => "responsetoolarge",
+            Self::InvalidScope => "invalidscope",
+            Self::StoreUnavailable => "storeunavailable",
+            Self::CommitRefused => "commitrefused",
+            Self::OutcomeUnknown => "outcomeunknown",
+            Self::HandlerTimedOut => "handlertimedout",
+            Self::StepFailed => "stepfailed",
+        }
     }
 
     /// A problem of this kind with the given detail, its `type` under `base`.
@@ -211,12 +241,128 @@ mod tests {
     fn type_uris_are_stable_and_distinct() {
         assert_eq!(
             ProblemKind::MissingKey.type_uri(),
-            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#missingkey"
+            "https://github.com/idem-rs/idem/blob/v0.1.0/docs/problems.md#missingkey"
         );
         assert_ne!(
             ProblemKind::InProgress.type_uri(),
             ProblemKind::KeyReused.type_uri()
         );
+    }
+
+    /// Every kind, in the order of `docs/problems.md`. Built from an exhaustive `match`, so that
+    /// a kind added to the enum does not compile until it is given its place in the list.
+    fn every_kind() -> Vec<ProblemKind> {
+        use ProblemKind::*;
+        let after = |kind: Option<ProblemKind>| match kind {
+            None => Some(MissingKey),
+            Some(MissingKey) => Some(MalformedKey),
+            Some(MalformedKey) => Some(InvalidScope),
+            Some(InvalidScope) => Some(InProgress),
+            Some(InProgress) => Some(KeyReused),
+            Some(KeyReused) => Some(BodyTooLarge),
+            Some(BodyTooLarge) => Some(ResponseTooLarge),
+            Some(ResponseTooLarge) => Some(StoreUnavailable),
+            Some(StoreUnavailable) => Some(CommitRefused),
+            Some(CommitRefused) => Some(OutcomeUnknown),
+            Some(OutcomeUnknown) => Some(HandlerTimedOut),
+            Some(HandlerTimedOut) => Some(StepFailed),
+            Some(StepFailed) => None,
+        };
+        std::iter::successors(after(None), |kind| after(Some(*kind))).collect()
+    }
+
+    /// The anchors GitHub gives the headings of a Markdown document, in order: the heading's
+    /// text in lower case, without what is neither a letter, a digit, a space, `-` nor `_`,
+    /// spaces made `-`, and `-1`, `-2`, … after a repeated one. With each, the heading's level.
+    fn github_anchors(markdown: &str) -> Vec<(usize, String)> {
+        let mut seen = std::collections::HashMap::<String, usize>::new();
+        let mut in_code = false;
+        let mut anchors = Vec::new();
+        for line in markdown.lines() {
+            if line.starts_with("```") {
+                in_code = !in_code;
+            }
+            let level = line.chars().take_while(|&c| c == '#').count();
+            let Some(text) = line[level..].strip_prefix(' ') else {
+                continue;
+            };
+            if in_code || level == 0 || level > 6 {
+                continue;
+            }
+            let slug: String = text
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter(|&c| c.is_alphanumeric() || c == ' ' || c == '-' || c == '_')
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect();
+            let repeats = seen.entry(slug.clone()).or_insert(0);
+            let anchor = match *repeats {
+                0 => slug,
+                n => format!("{slug}-{n}"),
+            };
+            *repeats += 1;
+            anchors.push((level, anchor));
+        }
+        anchors
+    }
+
+    /// The document [`DEFAULT_PROBLEM_TYPE_BASE`] points at, as the repository holds it.
+    fn problems_md() -> String {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/problems.md");
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+    }
+
+    #[test]
+    fn the_default_base_names_a_tag_of_docs_problems_md() {
+        let base = DEFAULT_PROBLEM_TYPE_BASE;
+        let tag = base
+            .strip_prefix("https://github.com/idem-rs/idem/blob/")
+            .and_then(|rest| rest.strip_suffix("/docs/problems.md#"))
+            .unwrap_or_else(|| panic!("{base} is not docs/problems.md of the repository"));
+        assert!(
+            tag.starts_with('v') && tag[1..].split('.').all(|n| n.parse::<u32>().is_ok()),
+            "{base} names {tag}, not a version tag"
+        );
+    }
+
+    #[test]
+    fn every_kind_uri_resolves_to_its_section_of_docs_problems_md() {
+        let anchors = github_anchors(&problems_md());
+        let sections: Vec<&str> = anchors
+            .iter()
+            .filter(|(level, _)| *level == 2)
+            .map(|(_, anchor)| anchor.as_str())
+            .collect();
+        let kinds = every_kind();
+        for kind in &kinds {
+            let uri = kind.type_uri();
+            let fragment = uri
+                .strip_prefix(DEFAULT_PROBLEM_TYPE_BASE)
+                .unwrap_or_else(|| panic!("{uri} is not under the default base"));
+            assert!(
+                sections.contains(&fragment),
+                "{kind:?}'s type {uri} has no section: docs/problems.md has no heading `## …` \
+                 whose anchor is `{fragment}` (its sections: {sections:?})"
+            );
+        }
+        for section in &sections {
+            assert!(
+                kinds.iter().any(|kind| kind.slug() == *section),
+                "the section #{section} of docs/problems.md is no kind's"
+            );
+        }
+        assert_eq!(sections.len(), kinds.len(), "a kind has two sections");
+    }
+
+    #[test]
+    fn a_service_base_takes_the_same_slugs() {
+        for kind in every_kind() {
+            assert_eq!(
+                kind.type_uri_under("https://api.example.com/problems/"),
+                format!("https://api.example.com/problems/{}", kind.slug())
+            );
+        }
     }
 
     #[test]
