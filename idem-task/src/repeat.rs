@@ -93,7 +93,7 @@ pub trait Work: Send + 'static {
     }
 }
 
-/// Runs `work` until `shutdown` is cancelled: a pass, the housekeeping when it is due, then
+/// Runs `work` until `shutdown` is cancelled: the housekeeping when it is due, a pass, then
 /// the wait the pass asked for ([`Next::Busy`]: none, [`Next::Idle`]: [`Schedule::idle`], a
 /// failure: a backoff step). The cancellation is looked at between passes, during the
 /// housekeeping and the waits, and during a pass unless the schedule says otherwise.
@@ -106,6 +106,16 @@ pub async fn run<W: Work>(mut work: W, schedule: Schedule, shutdown: Cancellatio
     loop {
         if shutdown.is_cancelled() {
             return;
+        }
+        // Looked at before every pass, so that a task that never runs out of work does it too.
+        if let Some(every) = schedule.housekeeping()
+            && Instant::now() >= next_housekeeping
+        {
+            next_housekeeping = Instant::now() + every;
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = work.housekeep() => {}
+            }
         }
         let mut cx = PassContext {
             shutdown: &shutdown,
@@ -158,21 +168,15 @@ pub async fn run<W: Work>(mut work: W, schedule: Schedule, shutdown: Cancellatio
                 Some(wait)
             }
         };
-        if let Some(every) = schedule.housekeeping()
-            && Instant::now() >= next_housekeeping
-        {
-            next_housekeeping = Instant::now() + every;
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = work.housekeep() => {}
-            }
-        }
         if let Some(wait) = wait {
             work.before_wait().await;
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
             }
+        } else {
+            // A busy task still lets the others of its runtime thread run.
+            tokio::task::yield_now().await;
         }
     }
 }

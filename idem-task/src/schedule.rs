@@ -34,9 +34,9 @@ impl Schedule {
         self
     }
 
-    /// Runs [`Work::housekeep`](crate::Work::housekeep) after the first pass and then at most
-    /// every `every`, checked after each pass (so that a task that always has work does it
-    /// too).
+    /// Runs [`Work::housekeep`](crate::Work::housekeep) before the first pass and then at
+    /// most every `every`, looked at before each pass (so that a task that always has work does
+    /// it too).
     #[must_use]
     pub fn with_housekeeping(mut self, every: Duration) -> Self {
         self.housekeeping = Some(every);
