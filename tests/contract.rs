@@ -546,8 +546,7 @@ backend_tests! {
     }
 
     async fn bodies_over_the_limit_are_413_and_store_nothing(db) {
-        let mut settings = Settings::default();
-        settings.max_request_body = 64;
+        let settings = Settings::default().with_max_request_body(64);
         let options = Options {
             settings,
             ..Options::default()
@@ -567,8 +566,7 @@ backend_tests! {
     }
 
     async fn responses_over_the_limit_roll_back_the_writes(db) {
-        let mut settings = Settings::default();
-        settings.max_response_body = 16;
+        let settings = Settings::default().with_max_response_body(16);
         let options = Options {
             settings,
             ..Options::default()

@@ -11,8 +11,9 @@ use std::{
 };
 
 use idem_events::{
-    self as events, Backend, BrokerError, CancellationToken, Delivery, Handler, Message, Pass,
-    Processed, Publisher, Relay, RelayOptions, Subscriber, Subscription, Waiting,
+    self as events, Backend, BrokerError, CancellationToken, ConsumerOptions, Delivery,
+    EventHandler, Message, Pass, Processed, Publisher, Relay, RelayOptions, Subscriber,
+    Subscription, Waiting,
 };
 use idem_tests::{AnySubscription, BrokerKind, RedisServer, TcpProxy, TestBroker};
 use serde_json::json;
@@ -120,7 +121,7 @@ impl Applier {
     }
 }
 
-impl<DB: TestDatabase> Handler<DB> for Applier {
+impl<DB: TestDatabase> EventHandler<DB> for Applier {
     type Error = String;
 
     async fn handle(
@@ -272,7 +273,7 @@ async fn a_rolled_back_transaction_enqueues_nothing<DB: TestDatabase>(
         DB::count(&pool, "SELECT COUNT(*) FROM idem_outbox").await,
         1
     );
-    let mut relay = Relay::new(pool.clone(), broker.publisher());
+    let mut relay = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
     assert_eq!(
         relay.drain().await.expect("relay"),
         1,
@@ -321,7 +322,11 @@ async fn a_redelivered_message_is_applied_once<DB: TestDatabase>(
         .expect("publish again");
 
     let applier = Applier::default();
-    let consumer = events::Consumer::new(CONSUMER, pool.clone(), applier.clone());
+    let consumer = events::Consumer::new(
+        pool.clone(),
+        applier.clone(),
+        ConsumerOptions::new(CONSUMER),
+    );
     let mut subscription = broker
         .subscriber(CONSUMER)
         .subscribe()
@@ -371,8 +376,13 @@ async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow
 
     let applier = Applier::default();
     let shutdown = CancellationToken::new();
-    let running = events::Consumer::new(CONSUMER, pool.clone(), applier.clone())
-        .spawn(broker.subscriber(CONSUMER), shutdown.clone());
+    let running = events::Consumer::new(
+        pool.clone(),
+        applier.clone(),
+        ConsumerOptions::new(CONSUMER),
+    )
+    .with_subscriber(broker.subscriber(CONSUMER))
+    .spawn(shutdown.clone());
     eventually(
         "both good messages applied and the poison one dead-lettered",
         || async {
@@ -411,8 +421,11 @@ async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broke
     DB::prepare(&pool).await;
     broker.declare(CONSUMER).await;
     let proxy = TcpProxy::start(broker.address()).await;
-    let mut relay = Relay::new(pool.clone(), broker.through(&proxy).publisher())
-        .options(RelayOptions::default().batch(4));
+    let mut relay = Relay::new(
+        pool.clone(),
+        broker.through(&proxy).publisher(),
+        RelayOptions::default().with_batch(4),
+    );
     let mut enqueued: HashMap<String, Vec<String>> = HashMap::new();
     let enqueue = async |topic: &str, seq: usize, enqueued: &mut HashMap<String, Vec<String>>| {
         let id = enqueue_committed(&pool, topic, seq).await;
@@ -488,13 +501,11 @@ async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestDat
     broker.declare(CONSUMER).await;
     let shutdown = CancellationToken::new();
     let options = RelayOptions::default()
-        .batch(3)
-        .poll(Duration::from_millis(5));
+        .with_batch(3)
+        .with_poll(Duration::from_millis(5));
     let relays: Vec<_> = (0..3)
         .map(|_| {
-            Relay::new(pool.clone(), broker.publisher())
-                .options(options)
-                .spawn(shutdown.clone())
+            Relay::new(pool.clone(), broker.publisher(), options.clone()).spawn(shutdown.clone())
         })
         .collect();
     // One producer per topic, each committing its events one after the other, all at once.
@@ -542,15 +553,18 @@ async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestDatabase>(
     // A relay whose broker never confirms holds its topic for as long as it waits.
     let stalled = Stalled::default();
     let reached = Arc::clone(&stalled.reached);
-    let mut holding = Relay::new(pool.clone(), stalled)
-        .options(RelayOptions::default().publish_timeout(Duration::from_secs(3600)));
+    let mut holding = Relay::new(
+        pool.clone(),
+        stalled,
+        RelayOptions::default().with_publish_timeout(Duration::from_secs(3600)),
+    );
     let held = tokio::spawn(async move { holding.pass().await });
     eventually("the stalled relay holds a topic", || {
         let reached = Arc::clone(&reached);
         async move { reached.load(Ordering::SeqCst) > 0 }
     })
     .await;
-    let mut relay = Relay::new(pool.clone(), broker.publisher());
+    let mut relay = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
     assert_eq!(
         relay.pass().await.expect("relay"),
         Pass::Published {
@@ -591,8 +605,13 @@ async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestDatabas
     let shutdown = CancellationToken::new();
     // The handler goes on only once the shutdown has come: the consumer must let it finish.
     let applier = Applier::holding_until(shutdown.clone());
-    let running = events::Consumer::new(CONSUMER, pool.clone(), applier.clone())
-        .spawn(broker.subscriber(CONSUMER), shutdown.clone());
+    let running = events::Consumer::new(
+        pool.clone(),
+        applier.clone(),
+        ConsumerOptions::new(CONSUMER),
+    )
+    .with_subscriber(broker.subscriber(CONSUMER))
+    .spawn(shutdown.clone());
     broker
         .publisher()
         .publish(&[Message::new("in-flight", "payment.succeeded", "{}")])
@@ -621,10 +640,13 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
     broker.declare(CONSUMER).await;
     let proxy = TcpProxy::start(broker.address()).await;
     let shutdown = CancellationToken::new();
-    let running = events::Consumer::new(CONSUMER, pool.clone(), Applier::default()).spawn(
-        broker.through(&proxy).subscriber(CONSUMER),
-        shutdown.clone(),
-    );
+    let running = events::Consumer::new(
+        pool.clone(),
+        Applier::default(),
+        ConsumerOptions::new(CONSUMER),
+    )
+    .with_subscriber(broker.through(&proxy).subscriber(CONSUMER))
+    .spawn(shutdown.clone());
     let publisher = broker.publisher();
     publisher
         .publish(&[Message::new("before", "payment.succeeded", "{}")])
@@ -669,7 +691,11 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
     // a process that an abort or the OOM killer stops.
     let never = CancellationToken::new();
     let applier = Applier::holding_until(never.clone());
-    let consumer = events::Consumer::new(CONSUMER, pool.clone(), applier.clone());
+    let consumer = events::Consumer::new(
+        pool.clone(),
+        applier.clone(),
+        ConsumerOptions::new(CONSUMER),
+    );
     let mut outcome = None;
     for delivery in 1..=10 {
         let mut subscription = broker
@@ -713,7 +739,7 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
 async fn the_relay_reports_its_backlog<DB: TestDatabase>(pool: Pool<DB>, broker: TestBroker) {
     DB::prepare(&pool).await;
     broker.declare(CONSUMER).await;
-    let mut relay = Relay::new(pool.clone(), broker.publisher());
+    let mut relay = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
     let empty = Waiting {
         events: 0,
         oldest: None,
@@ -821,14 +847,16 @@ async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: TestDatab
     broker.declare(CONSUMER).await;
     let shutdown = CancellationToken::new();
     let options = RelayOptions::default()
-        .poll(Duration::from_millis(10))
-        .max_backoff(Duration::from_millis(500));
-    let relay = Relay::new(pool.clone(), broker.publisher())
-        .options(options)
-        .spawn(shutdown.clone());
-    let consumer = events::Consumer::new(CONSUMER, pool.clone(), Applier::default())
-        .max_backoff(Duration::from_millis(500))
-        .spawn(broker.subscriber(CONSUMER), shutdown.clone());
+        .with_poll(Duration::from_millis(10))
+        .with_max_backoff(Duration::from_millis(500));
+    let relay = Relay::new(pool.clone(), broker.publisher(), options).spawn(shutdown.clone());
+    let consumer = events::Consumer::new(
+        pool.clone(),
+        Applier::default(),
+        ConsumerOptions::new(CONSUMER).with_max_backoff(Duration::from_millis(500)),
+    )
+    .with_subscriber(broker.subscriber(CONSUMER))
+    .spawn(shutdown.clone());
     let before = enqueue_committed(&pool, "payment.succeeded", 0).await;
     eventually("the first event applied", || async {
         DB::applied(&pool).await.contains(&before)
@@ -896,7 +924,7 @@ async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: TestDatabase>
         enqueue_committed(&pool, "b", 0).await,
         enqueue_committed(&pool, "b", 1).await,
     ];
-    let mut relay = Relay::new(pool.clone(), broker.publisher());
+    let mut relay = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
     assert!(matches!(relay.pass().await, Ok(Pass::Refused { topic, .. }) if topic == "a"));
     assert_eq!(
         relay.drain().await.expect("relay"),

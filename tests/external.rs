@@ -127,8 +127,7 @@ backend_tests! {
     async fn a_duplicate_within_the_lease_gets_409_with_the_lease_left(db) {
         let downstream = Downstream::gated().await;
         // A default Retry-After far from the lease: a value within the lease must come from it.
-        let mut settings = Settings::default();
-        settings.retry_after = std::time::Duration::from_secs(30);
+        let settings = Settings::default().with_retry_after(std::time::Duration::from_secs(30));
         let options = Options { settings, ..Options::default() };
         let app = App::serving(db, options, TestApp::downstream(&downstream.url)).await;
         let entry = entry_of(&app, "t1").await;

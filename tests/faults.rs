@@ -198,8 +198,7 @@ backend_tests! {
     }
 
     async fn problem_types_follow_the_stores_base(db) {
-        let mut settings = idem_runtime::Settings::default();
-        settings.problem_type_base = "https://api.example.com/problems#".to_owned();
+        let settings = idem_runtime::Settings::default().with_problem_type_base("https://api.example.com/problems#".to_owned());
         let app = App::build(db, Options { settings, ..Options::default() }).await;
         let missing = app
             .send(Req::post("/test/entries").tenant("t1").json(&entry(100, "n1")).build())

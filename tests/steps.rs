@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use axum::http::StatusCode;
 use idem_runtime::{
     StepError,
-    tasks::{AbandonedClaim, Recovery, RecoveryHook, ReleaseAbandoned},
+    tasks::{AbandonedClaim, RecoveryHook, ReleaseAbandoned, Verdict},
 };
 use idem_tests::{
     App, Downstream, Param, Req, TestBackend, backend_tests, unreachable_url, wait_until,
@@ -35,7 +35,7 @@ fn runs(app: &App) -> (usize, usize, usize) {
 struct GiveBack;
 
 impl<DB: TestBackend> RecoveryHook<DB> for GiveBack {
-    async fn recover(&self, claim: AbandonedClaim<DB>) -> Recovery {
+    async fn recover(&self, claim: AbandonedClaim<DB>) -> Verdict {
         let steps = claim.steps();
         assert_eq!(steps.recovery_point().as_deref(), Some("take"));
         let taken: Value = steps.output("take").unwrap().expect("take was recorded");
@@ -49,8 +49,8 @@ impl<DB: TestBackend> RecoveryHook<DB> for GiveBack {
             })
             .await;
         match given_back {
-            Ok(_) => Recovery::Release,
-            Err(_) => Recovery::Keep,
+            Ok(_) => Verdict::Release,
+            Err(_) => Verdict::Keep,
         }
     }
 }

@@ -8,7 +8,7 @@ use idem_key::Fingerprint;
 use idem_runtime::{
     Backend, CancellationToken, IdempotencyContext,
     tasks::{
-        AbandonedClaim, PurgeOptions, Recovery, RecoveryHook, ReleaseAbandoned, StoredResponse,
+        AbandonedClaim, PurgeOptions, RecoveryHook, ReleaseAbandoned, StoredResponse, Verdict,
     },
 };
 use idem_tests::{App, Db, Downstream, Req, TestDb, backend_tests, entry, wait_until};
@@ -40,14 +40,14 @@ fn post(key: &str) -> Req {
 struct CompleteWith(StoredResponse);
 
 impl<DB: Backend> RecoveryHook<DB> for CompleteWith {
-    async fn recover(&self, claim: AbandonedClaim<DB>) -> Recovery {
+    async fn recover(&self, claim: AbandonedClaim<DB>) -> Verdict {
         assert_eq!(claim.path, TRANSFERS);
         // The hook can ask downstream with the key the handler used: the same derivation.
         assert_eq!(
             claim.context().derive("transfer"),
             IdempotencyContext::new("t1", "abandoned").derive("transfer")
         );
-        Recovery::Complete(self.0.clone())
+        Verdict::Complete(self.0.clone())
     }
 }
 
@@ -60,10 +60,9 @@ backend_tests! {
         let purge = tokio::spawn({
             let app = app.clone();
             async move {
-                app.purge(PurgeOptions {
-                    batch_size: 1000,
-                    pause: Duration::ZERO,
-                })
+                app.purge(PurgeOptions::default()
+                    .with_batch_size(1000)
+                    .with_pause(Duration::ZERO))
                 .await
             }
         });
@@ -193,10 +192,9 @@ async fn a_purge_passes_over_an_expired_row_a_live_transaction_holds(
         .await
         .expect("hold one expired row");
     assert_eq!(held.rows_affected(), 1);
-    let options = PurgeOptions {
-        batch_size: 1000,
-        pause: Duration::ZERO,
-    };
+    let options = PurgeOptions::default()
+        .with_batch_size(1000)
+        .with_pause(Duration::ZERO);
     let report = tokio::time::timeout(idem_tests::DEADLINE, app.purge(options))
         .await
         .expect("the purge waited for the live transaction");

@@ -90,10 +90,11 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     );
     let purge = async {
         let report = store
-            .purge_expired(PurgeOptions {
-                batch_size: args.batch,
-                pause: Duration::from_millis(args.pause_ms),
-            })
+            .purge_expired(
+                PurgeOptions::default()
+                    .with_batch_size(args.batch)
+                    .with_pause(Duration::from_millis(args.pause_ms)),
+            )
             .await;
         stop.store(true, Ordering::Relaxed);
         report

@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use axum::{Json, Router, extract::State, routing::get};
-use idem_events::{Backend, Handler, Message};
+use idem_events::{Backend, EventHandler, Message};
 use serde::{Deserialize, Serialize};
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
 
@@ -178,7 +178,7 @@ impl Ledger {
     }
 }
 
-impl<DB: LedgerSql> Handler<DB> for Ledger {
+impl<DB: LedgerSql> EventHandler<DB> for Ledger {
     type Error = LedgerError;
 
     async fn handle(

@@ -11,7 +11,7 @@ use axum::{
 };
 use idem_runtime::{
     StepError, Steps, idempotent,
-    tasks::{AbandonedClaim, Recovery, RecoveryHook, StoredResponse},
+    tasks::{AbandonedClaim, RecoveryHook, StoredResponse, Verdict},
 };
 use serde::{Deserialize, Serialize};
 
@@ -270,15 +270,15 @@ impl SettleAbandoned {
 }
 
 impl<DB: Sql> RecoveryHook<DB> for SettleAbandoned {
-    async fn recover(&self, claim: AbandonedClaim<DB>) -> Recovery {
+    async fn recover(&self, claim: AbandonedClaim<DB>) -> Verdict {
         if claim.path != "/v1/orders" {
-            return Recovery::Release;
+            return Verdict::Release;
         }
         match settle(&claim, &self.processor).await {
             Ok(recovery) => recovery,
             Err(error) => {
                 tracing::warn!(%error, "settling an abandoned order failed; trying again later");
-                Recovery::Keep
+                Verdict::Keep
             }
         }
     }
@@ -287,15 +287,15 @@ impl<DB: Sql> RecoveryHook<DB> for SettleAbandoned {
 async fn settle<DB: Sql>(
     claim: &AbandonedClaim<DB>,
     processor: &ProcessorClient,
-) -> Result<Recovery, ApiError> {
+) -> Result<Verdict, ApiError> {
     let steps = claim.steps();
     let Some(reservation) = steps.output::<Reservation>("reserve")? else {
         // Nothing was taken.
-        return Ok(Recovery::Release);
+        return Ok(Verdict::Release);
     };
     if steps.output::<String>("release")?.is_some() {
         // Declined and given back already.
-        return Ok(Recovery::Release);
+        return Ok(Verdict::Release);
     }
     // A charge the processor made but the attempt did not record is recorded now; none is made.
     let charge = steps
@@ -319,7 +319,7 @@ async fn settle<DB: Sql>(
             })
             .await?;
         let body = serde_json::to_vec(&order).map_err(|e| ApiError::Internal(e.to_string()))?;
-        return Ok(Recovery::Complete(StoredResponse {
+        return Ok(Verdict::Complete(StoredResponse {
             status: StatusCode::CREATED.as_u16(),
             headers: vec![
                 ("content-type".to_owned(), "application/json".to_owned()),
@@ -334,7 +334,7 @@ async fn settle<DB: Sql>(
             release::<DB>(conn, &reservation, reason).await
         })
         .await?;
-    Ok(Recovery::Release)
+    Ok(Verdict::Release)
 }
 
 /// What the recovery's look-up of an unrecorded charge found, when it found no charge.

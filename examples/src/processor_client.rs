@@ -33,9 +33,9 @@ impl ProcessorClient {
             )
             .with(IdempotentRetry::new(
                 RetryPolicy::default()
-                    .max_attempts(3)
-                    .budget(Duration::from_secs(2))
-                    .backoff(Duration::from_millis(50), Duration::from_millis(500)),
+                    .with_max_attempts(3)
+                    .with_budget(Duration::from_secs(2))
+                    .with_backoff(Duration::from_millis(50), Duration::from_millis(500)),
             ))
             .build(),
         }

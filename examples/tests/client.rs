@@ -45,8 +45,8 @@ impl idem_client::reqwest_middleware::Middleware for Attempts {
 /// Retries that come quickly: the tests wait for outcomes, not for backoffs.
 fn quick() -> RetryPolicy {
     RetryPolicy::default()
-        .max_attempts(10)
-        .backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .with_max_attempts(10)
+        .with_backoff(Duration::from_millis(5), Duration::from_millis(50))
 }
 
 fn client(policy: RetryPolicy) -> ClientWithMiddleware {
@@ -151,9 +151,9 @@ backend_tests! {
         let client = ClientBuilder::new(reqwest::Client::new())
             .with(IdempotentRetry::new(
                 RetryPolicy::default()
-                    .max_attempts(1000)
-                    .budget(budget)
-                    .backoff(Duration::from_millis(20), Duration::from_millis(100)),
+                    .with_max_attempts(1000)
+                    .with_budget(budget)
+                    .with_backoff(Duration::from_millis(20), Duration::from_millis(100)),
             ))
             .with(attempts.clone())
             .build();
@@ -193,7 +193,7 @@ backend_tests! {
         // An action whose first attempt got no answer keeps its key in the store...
         proxy.script([Fault::DropAfterForward]);
         let keeping = ClientBuilder::new(reqwest::Client::new())
-            .with(IdempotentRetry::new(quick().max_attempts(1)).with_store(FileKeyStore::new(&store)))
+            .with(IdempotentRetry::new(quick().with_max_attempts(1)).with_store(FileKeyStore::new(&store)))
             .build();
         let first = keeping
             .post(format!("{}/v1/payments", proxy.url()))

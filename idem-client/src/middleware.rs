@@ -241,12 +241,12 @@ impl Middleware for IdempotentRetry {
                 }
                 return outcome;
             }
-            if attempt >= self.policy.max_attempts {
+            if attempt >= self.policy.max_attempts() {
                 return outcome;
             }
             let wait = self.policy.delay(attempt).max(asked.unwrap_or_default());
             let ends = started.elapsed().checked_add(wait);
-            if ends.is_none_or(|ends| ends > self.policy.budget) {
+            if ends.is_none_or(|ends| ends > self.policy.budget()) {
                 return outcome;
             }
             // Not kept through the wait: its connection goes back or away now.
@@ -254,7 +254,7 @@ impl Middleware for IdempotentRetry {
             tokio::time::sleep(wait).await;
             // One reading of the clock both decides and dates the attempt.
             now = Instant::now();
-            if now.duration_since(started) > self.policy.budget {
+            if now.duration_since(started) > self.policy.budget() {
                 // The timer woke late: no attempt starts past the budget. The last answer
                 // was let go; say what happened.
                 return Err(reqwest_middleware::Error::middleware(BudgetSpent {

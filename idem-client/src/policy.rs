@@ -10,13 +10,14 @@ use reqwest::{Method, StatusCode};
 /// safe), `409 Conflict` (the first attempt is still running), `429 Too Many Requests` and
 /// every `5xx`. Never retried: every other answer, `400`, `401`, `402`, `404` and `422`
 /// included: the same request would get the same answer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
-    pub(crate) max_attempts: u32,
-    pub(crate) budget: Duration,
-    pub(crate) base: Duration,
-    pub(crate) cap: Duration,
-    pub(crate) methods: Vec<Method>,
+    max_attempts: u32,
+    budget: Duration,
+    base: Duration,
+    cap: Duration,
+    methods: Vec<Method>,
 }
 
 impl Default for RetryPolicy {
@@ -34,37 +35,58 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// At most `max_attempts` attempts per logical request, the first included (at least 1).
+    /// Sets [`RetryPolicy::max_attempts`] (at least 1).
     #[must_use]
-    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = max_attempts.max(1);
         self
     }
 
-    /// No attempt starts later than `budget` after the first: a wait that would end past it
-    /// is not made, and the last answer is returned.
+    /// Sets [`RetryPolicy::budget`].
     #[must_use]
-    pub fn budget(mut self, budget: Duration) -> Self {
+    pub fn with_budget(mut self, budget: Duration) -> Self {
         self.budget = budget;
         self
     }
 
-    /// The backoff: before retry `n` (from 1), a random wait between zero and
-    /// `min(cap, base × 2^(n−1))` ("full jitter"), or the server's `Retry-After` if longer.
+    /// Sets [`RetryPolicy::backoff`]: its `base` and its `cap`.
     #[must_use]
-    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
+    pub fn with_backoff(mut self, base: Duration, cap: Duration) -> Self {
         self.base = base;
         self.cap = cap;
         self
     }
 
+    /// Sets [`RetryPolicy::methods`].
+    #[must_use]
+    pub fn with_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// At most this many attempts per logical request, the first included (default 5).
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// No attempt starts later than this after the first (default 30 s): a wait that would
+    /// end past it is not made, and the last answer is returned.
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// The backoff's `(base, cap)` (default 200 ms and 10 s): before retry `n` (from 1), a
+    /// random wait between zero and `min(cap, base × 2^(n−1))` ("full jitter"), or the
+    /// server's `Retry-After` if longer.
+    pub fn backoff(&self) -> (Duration, Duration) {
+        (self.base, self.cap)
+    }
+
     /// The methods that get an `Idempotency-Key` and are retried (default `POST` and
     /// `PATCH`). Methods idempotent by definition (`GET`, `PUT`, `DELETE`, ...) are retried
     /// without a key.
-    #[must_use]
-    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.methods = methods.into_iter().collect();
-        self
+    pub fn methods(&self) -> &[Method] {
+        &self.methods
     }
 
     /// Whether `method` gets a key.
@@ -110,8 +132,8 @@ mod tests {
 
     #[test]
     fn waits_are_full_jitter_under_a_doubling_ceiling_and_the_cap() {
-        let policy =
-            RetryPolicy::default().backoff(Duration::from_millis(100), Duration::from_millis(700));
+        let policy = RetryPolicy::default()
+            .with_backoff(Duration::from_millis(100), Duration::from_millis(700));
         for retry in 1..=10 {
             let ceiling =
                 Duration::from_millis(100 * 2u64.pow(retry - 1)).min(Duration::from_millis(700));

@@ -3,28 +3,102 @@
 use std::{future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
 use futures_util::FutureExt;
+use idem_task::{Next, PassContext, Schedule, TaskHandle, Work};
 use sqlx::{Pool, Transaction};
-use tokio::{task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerError, Delivery, Message, Subscriber, Subscription, backoff::Backoff};
+use super::{BrokerError, Delivery, Message, Subscriber, Subscription};
 use crate::Backend;
 
 /// How many times a message may fail before it goes to the dead-letter place, unless
-/// [`Consumer::max_attempts`] says otherwise.
+/// [`ConsumerOptions::max_attempts`] says otherwise.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+
+/// How a [`Consumer`] works: its name, and [`ConsumerOptions::new`]'s defaults for the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerOptions {
+    name: String,
+    max_attempts: u32,
+    retention: Duration,
+    max_backoff: Duration,
+}
+
+impl ConsumerOptions {
+    /// The options of a consumer named `name` (the key its processed ids are recorded under:
+    /// give each consumer its own). Processed ids are kept 7 days; a message may fail
+    /// [`DEFAULT_MAX_ATTEMPTS`] times; the longest backoff is 30 s.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is empty.
+    pub fn new(name: impl Into<String>) -> Self {
+        let name = name.into();
+        assert!(!name.is_empty(), "a consumer needs a name");
+        Self {
+            name,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+
+    /// Sets [`ConsumerOptions::max_attempts`] (at least 1).
+    #[must_use]
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts.max(1);
+        self
+    }
+
+    /// Sets [`ConsumerOptions::retention`].
+    #[must_use]
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets [`ConsumerOptions::max_backoff`].
+    #[must_use]
+    pub fn with_max_backoff(mut self, max_backoff: Duration) -> Self {
+        self.max_backoff = max_backoff;
+        self
+    }
+
+    /// The consumer's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many failures send a message to the dead-letter place (default
+    /// [`DEFAULT_MAX_ATTEMPTS`]).
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// How long the ids of processed messages are kept (default 7 days). Make it longer than
+    /// the broker may take to deliver a message again (its redelivery and retention settings).
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// The longest wait between two attempts to reach the broker or the database (default
+    /// 30 s).
+    pub fn max_backoff(&self) -> Duration {
+        self.max_backoff
+    }
+}
 
 /// What a consumer does with each message, in the transaction that also records the message's
 /// id. Return an error (or panic) to roll it all back: the message is tried again, and goes to
-/// the dead-letter place after [`Consumer::max_attempts`] failures.
+/// the dead-letter place after [`ConsumerOptions::max_attempts`] failures.
 ///
 /// ```no_run
-/// use idem_events::{Handler, Message};
+/// use idem_events::{EventHandler, Message};
 /// use sqlx::{Postgres, Transaction};
 ///
 /// struct Ledger;
 ///
-/// impl Handler<Postgres> for Ledger {
+/// impl EventHandler<Postgres> for Ledger {
 ///     type Error = sqlx::Error;
 ///
 ///     async fn handle(
@@ -40,7 +114,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 ///     }
 /// }
 /// ```
-pub trait Handler<DB: Backend>: Send + Sync + 'static {
+pub trait EventHandler<DB: Backend>: Send + Sync + 'static {
     /// Why a message could not be processed.
     type Error: std::fmt::Display + Send;
 
@@ -96,7 +170,8 @@ impl From<sqlx::Error> for ConsumeError {
     }
 }
 
-/// An idempotent consumer: a name, a database, and a [`Handler`].
+/// An idempotent consumer: a database, an [`EventHandler`], its [`ConsumerOptions`] (its name
+/// among them) and, to be spawned, the [`Subscriber`] it takes messages from.
 ///
 /// For each message it begins a transaction, records `(name, message id)` in it (a message
 /// recorded before is acknowledged and skipped), runs the handler, commits, and only then
@@ -106,64 +181,85 @@ impl From<sqlx::Error> for ConsumeError {
 ///
 /// A failure (an error or a panic of the handler) rolls everything back and is counted in a
 /// statement of its own; the message is given back to the broker and, after
-/// [`Consumer::max_attempts`] failures, moved to the dead-letter place with an error in the
-/// log. The ids of processed messages are kept for [`Consumer::retention`]: a redelivery later
-/// than that would be applied again.
-pub struct Consumer<DB: Backend, H> {
+/// [`ConsumerOptions::max_attempts`] failures, moved to the dead-letter place with an error in
+/// the log. The ids of processed messages are kept for [`ConsumerOptions::retention`]: a
+/// redelivery later than that would be applied again.
+///
+/// ```no_run
+/// # async fn demo<H: idem_events::EventHandler<sqlx::Postgres>>(
+/// #     pool: sqlx::PgPool, handler: H, subscriber: impl idem_events::Subscriber,
+/// # ) {
+/// use idem_events::{CancellationToken, Consumer, ConsumerOptions};
+///
+/// let shutdown = CancellationToken::new();
+/// let consumer = Consumer::new(pool, handler, ConsumerOptions::new("ledger"))
+///     .with_subscriber(subscriber)
+///     .spawn(shutdown.clone());
+/// // ... serve until shutdown is cancelled, then:
+/// consumer.await.ok();
+/// # }
+/// ```
+pub struct Consumer<DB: Backend, H, S = ()> {
     name: Arc<str>,
     pool: Pool<DB>,
     handler: Arc<H>,
-    max_attempts: u32,
-    retention: Duration,
-    max_backoff: Duration,
+    options: ConsumerOptions,
+    subscriber: S,
     on_committed: Option<Arc<CommittedObserver>>,
 }
 
 /// What [`Consumer::on_committed`] calls.
 type CommittedObserver = dyn Fn(&Message) + Send + Sync;
 
-impl<DB: Backend, H> Clone for Consumer<DB, H> {
+impl<DB: Backend, H, S: Clone> Clone for Consumer<DB, H, S> {
     fn clone(&self) -> Self {
         Self {
             name: Arc::clone(&self.name),
             pool: self.pool.clone(),
             handler: Arc::clone(&self.handler),
-            max_attempts: self.max_attempts,
-            retention: self.retention,
-            max_backoff: self.max_backoff,
+            options: self.options.clone(),
+            subscriber: self.subscriber.clone(),
             on_committed: self.on_committed.clone(),
         }
     }
 }
 
-impl<DB: Backend, H> std::fmt::Debug for Consumer<DB, H> {
+impl<DB: Backend, H, S> std::fmt::Debug for Consumer<DB, H, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
-            .field("name", &self.name)
-            .field("max_attempts", &self.max_attempts)
-            .field("retention", &self.retention)
+            .field("options", &self.options)
             .finish_non_exhaustive()
     }
 }
 
-impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
-    /// A consumer named `name` (the key its processed ids are recorded under: give each
-    /// consumer its own), over `pool`'s database, running `handler`. Processed ids are kept 7
-    /// days; a message may fail [`DEFAULT_MAX_ATTEMPTS`] times.
-    ///
-    /// # Panics
-    ///
-    /// If `name` is empty.
-    pub fn new(name: &str, pool: Pool<DB>, handler: H) -> Self {
-        assert!(!name.is_empty(), "a consumer needs a name");
+impl<DB: Backend, H: EventHandler<DB>> Consumer<DB, H> {
+    /// A consumer over `pool`'s database, running `handler`, without a subscriber yet: it
+    /// [processes](Consumer::process) deliveries handed to it, and
+    /// [`Consumer::with_subscriber`] gives it the subscriber to [spawn](Consumer::spawn) it
+    /// on.
+    pub fn new(pool: Pool<DB>, handler: H, options: ConsumerOptions) -> Self {
         Self {
-            name: name.into(),
+            name: options.name().into(),
             pool,
             handler: Arc::new(handler),
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            retention: Duration::from_secs(7 * 24 * 3600),
-            max_backoff: Duration::from_secs(30),
+            options,
+            subscriber: (),
             on_committed: None,
+        }
+    }
+}
+
+impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
+    /// The same consumer, taking its messages from `subscriber` once spawned.
+    #[must_use]
+    pub fn with_subscriber<T: Subscriber>(self, subscriber: T) -> Consumer<DB, H, T> {
+        Consumer {
+            name: self.name,
+            pool: self.pool,
+            handler: self.handler,
+            options: self.options,
+            subscriber,
+            on_committed: self.on_committed,
         }
     }
 
@@ -175,32 +271,14 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
         self
     }
 
-    /// How many failures send a message to the dead-letter place (at least 1).
-    #[must_use]
-    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
-        self.max_attempts = max_attempts.max(1);
-        self
-    }
-
-    /// How long the ids of processed messages are kept. Make it longer than the broker may
-    /// take to deliver a message again (its redelivery and retention settings).
-    #[must_use]
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
-        self
-    }
-
-    /// The longest wait between two attempts to reach the broker or the database (default
-    /// 30 s).
-    #[must_use]
-    pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
-        self.max_backoff = max_backoff;
-        self
-    }
-
     /// The consumer's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The consumer's options.
+    pub fn options(&self) -> &ConsumerOptions {
+        &self.options
     }
 
     /// Processes one delivery and settles it with the broker.
@@ -251,7 +329,7 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
                 Ok(attempts) => attempts,
                 Err(error) => return self.give_back(delivery, error).await,
             };
-            if attempts >= self.max_attempts {
+            if attempts >= self.options.max_attempts {
                 return self
                     .dead_letter(delivery, attempts, "it failed too often before")
                     .await;
@@ -290,7 +368,7 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
             Ok(attempts) => attempts,
             Err(error) => return self.give_back(delivery, error).await,
         };
-        if attempts >= self.max_attempts {
+        if attempts >= self.options.max_attempts {
             return self.dead_letter(delivery, attempts, &failure).await;
         }
         tracing::warn!(
@@ -302,7 +380,7 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
         );
         // A little later each time: a failure that passes (a deadlock, a service restarting)
         // gets time to pass before the attempts run out.
-        tokio::time::sleep(retry_delay(attempts, self.max_backoff)).await;
+        tokio::time::sleep(retry_delay(attempts, self.options.max_backoff)).await;
         delivery.retry().await?;
         Ok(Processed::Failed { attempts })
     }
@@ -368,129 +446,20 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
         Err(error.into())
     }
 
-    /// Deletes up to `limit` records older than [`Consumer::retention`].
+    /// Deletes up to `limit` records older than [`ConsumerOptions::retention`].
     ///
     /// # Errors
     ///
     /// When the database failed.
     pub async fn purge(&self, limit: i64) -> Result<u64, crate::Error> {
-        DB::purge_consumed(&self.pool, &self.name, self.retention, limit).await
+        DB::purge_consumed(&self.pool, &self.name, self.options.retention, limit).await
     }
 
-    /// Consumes from `subscriber` until `shutdown` is cancelled, one message at a time.
-    ///
-    /// It subscribes again whenever the connection breaks, with a capped backoff, logging one
-    /// warning when the trouble starts and one line when it ends. After a cancellation it
-    /// takes no new message; the message in flight is finished and settled first. Records
-    /// past their retention are purged now and then.
-    pub async fn run<S: Subscriber>(self, subscriber: S, shutdown: CancellationToken) {
-        let mut broker = Backoff::new(Duration::from_millis(100), self.max_backoff);
-        let mut store = Backoff::new(Duration::from_millis(100), self.max_backoff);
-        let purge_every =
-            (self.retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600));
-        let mut next_purge = Instant::now();
-        'subscribe: loop {
-            let subscribed = tokio::select! {
-                () = shutdown.cancelled() => return,
-                subscribed = subscriber.subscribe() => subscribed,
-            };
-            let mut subscription = match subscribed {
-                Ok(subscription) => subscription,
-                Err(error) => {
-                    if !self.pause(&mut broker, &error, &shutdown).await {
-                        return;
-                    }
-                    continue 'subscribe;
-                }
-            };
-            loop {
-                if Instant::now() >= next_purge {
-                    next_purge = Instant::now() + purge_every;
-                    self.purge_all(&shutdown).await;
-                }
-                let next = tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    next = subscription.next() => next,
-                };
-                let delivery = match next {
-                    Ok(delivery) => {
-                        // Only a delivery ends an outage: a subscription that opens and then
-                        // breaks every time stays one outage, with one warning.
-                        if broker.succeeded() {
-                            tracing::info!(consumer = %self.name, "the consumer receives messages again");
-                        }
-                        delivery
-                    }
-                    Err(error) => {
-                        if !self.pause(&mut broker, &error, &shutdown).await {
-                            return;
-                        }
-                        continue 'subscribe;
-                    }
-                };
-                // Not raced against the shutdown: the message in flight is settled first.
-                match self.process(delivery).await {
-                    Ok(_) => {
-                        if store.succeeded() {
-                            tracing::info!(consumer = %self.name, "the consumer's database answers again");
-                        }
-                    }
-                    Err(ConsumeError::Database(error)) => {
-                        if !self.pause(&mut store, &error, &shutdown).await {
-                            return;
-                        }
-                    }
-                    Err(ConsumeError::Broker(error)) => {
-                        if !self.pause(&mut broker, &error, &shutdown).await {
-                            return;
-                        }
-                        continue 'subscribe;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Spawns [`Consumer::run`] on the current runtime.
-    pub fn spawn<S: Subscriber>(
-        self,
-        subscriber: S,
-        shutdown: CancellationToken,
-    ) -> JoinHandle<()> {
-        tokio::spawn(self.run(subscriber, shutdown))
-    }
-
-    /// Waits out one backoff step; `false` if `shutdown` was cancelled meanwhile.
-    async fn pause(
-        &self,
-        backoff: &mut Backoff,
-        error: &(dyn std::fmt::Display + Sync),
-        shutdown: &CancellationToken,
-    ) -> bool {
-        let (wait, started) = backoff.failed();
-        if started {
-            tracing::warn!(
-                consumer = %self.name,
-                %error,
-                "the consumer cannot go on; it retries with backoff"
-            );
-        } else {
-            tracing::debug!(consumer = %self.name, %error, ?wait, "the consumer still cannot go on");
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => false,
-            () = tokio::time::sleep(wait) => true,
-        }
-    }
-
-    async fn purge_all(&self, shutdown: &CancellationToken) {
+    /// Purges in batches until no record is past its retention.
+    async fn purge_all(&self) {
         const BATCH: i64 = 1000;
         loop {
-            let purged = tokio::select! {
-                () = shutdown.cancelled() => return,
-                purged = self.purge(BATCH) => purged,
-            };
-            match purged {
+            match self.purge(BATCH).await {
                 Ok(deleted) if deleted >= BATCH.unsigned_abs() => {}
                 Ok(_) => return,
                 Err(error) => {
@@ -498,6 +467,127 @@ impl<DB: Backend, H: Handler<DB>> Consumer<DB, H> {
                     return;
                 }
             }
+        }
+    }
+}
+
+impl<DB: Backend, H: EventHandler<DB>, S: Subscriber> Consumer<DB, H, S> {
+    /// Consumes from the subscriber in a task of its own until `shutdown` is cancelled, one
+    /// message at a time.
+    ///
+    /// It subscribes again whenever the connection breaks, with a capped backoff, logging one
+    /// warning when the trouble starts and one line when it ends (the broker's and the
+    /// database's troubles each their own). After a cancellation it takes no new message; the
+    /// message in flight is finished and settled first. Records past their retention are
+    /// purged now and then.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn spawn(self, shutdown: CancellationToken) -> TaskHandle {
+        let schedule = Schedule::new(Duration::ZERO)
+            .with_backoff(Duration::from_millis(100), self.options.max_backoff)
+            .with_housekeeping(
+                (self.options.retention / 10)
+                    .clamp(Duration::from_secs(1), Duration::from_secs(3600)),
+            )
+            // Not cut short: the message in flight is settled first.
+            .with_interrupt(false);
+        let consuming = Consuming {
+            consumer: self,
+            subscription: None,
+        };
+        idem_task::spawn(consuming, schedule, shutdown)
+    }
+}
+
+/// A spawned consumer: the consumer, and its subscription while it has one.
+struct Consuming<DB: Backend, H, S: Subscriber> {
+    consumer: Consumer<DB, H, S>,
+    subscription: Option<S::Subscription>,
+}
+
+/// What held a spawned consumer up.
+#[derive(Debug, thiserror::Error)]
+enum Stalled {
+    #[error(transparent)]
+    Broker(BrokerError),
+    #[error(transparent)]
+    Database(crate::Error),
+}
+
+/// The outage of a spawned consumer's broker.
+const BROKER: usize = 0;
+/// The outage of a spawned consumer's database.
+const DATABASE: usize = 1;
+
+impl<DB: Backend, H: EventHandler<DB>, S: Subscriber> Work for Consuming<DB, H, S> {
+    type Error = Stalled;
+
+    async fn pass(&mut self, cx: &mut PassContext<'_>) -> Result<Next, Stalled> {
+        let shutdown = cx.shutdown().clone();
+        if self.subscription.is_none() {
+            let subscribed = tokio::select! {
+                () = shutdown.cancelled() => return Ok(Next::Busy),
+                subscribed = self.consumer.subscriber.subscribe() => subscribed,
+            };
+            self.subscription = Some(subscribed.map_err(Stalled::Broker)?);
+        }
+        let Some(subscription) = self.subscription.as_mut() else {
+            return Ok(Next::Busy);
+        };
+        let next = tokio::select! {
+            () = shutdown.cancelled() => return Ok(Next::Busy),
+            next = subscription.next() => next,
+        };
+        let delivery = match next {
+            Ok(delivery) => delivery,
+            Err(error) => {
+                self.subscription = None;
+                return Err(Stalled::Broker(error));
+            }
+        };
+        // Only a delivery ends the broker's outage: a subscription that opens and then breaks
+        // every time stays one outage, with one warning.
+        cx.recovered(BROKER);
+        match self.consumer.process(delivery).await {
+            Ok(_) => Ok(Next::Busy),
+            Err(ConsumeError::Database(error)) => Err(Stalled::Database(error)),
+            Err(ConsumeError::Broker(error)) => {
+                self.subscription = None;
+                Err(Stalled::Broker(error))
+            }
+        }
+    }
+
+    fn outage(&self, error: &Stalled) -> usize {
+        match error {
+            Stalled::Broker(_) => BROKER,
+            Stalled::Database(_) => DATABASE,
+        }
+    }
+
+    async fn housekeep(&mut self) {
+        self.consumer.purge_all().await;
+    }
+
+    fn outage_started(&self, error: &Stalled) {
+        tracing::warn!(
+            consumer = %self.consumer.name,
+            %error,
+            "the consumer cannot go on; it retries with backoff"
+        );
+    }
+
+    fn still_failing(&self, error: &Stalled, wait: Duration) {
+        tracing::debug!(consumer = %self.consumer.name, %error, ?wait, "the consumer still cannot go on");
+    }
+
+    fn outage_ended(&self, outage: usize) {
+        if outage == BROKER {
+            tracing::info!(consumer = %self.consumer.name, "the consumer receives messages again");
+        } else {
+            tracing::info!(consumer = %self.consumer.name, "the consumer's database answers again");
         }
     }
 }

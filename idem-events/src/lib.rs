@@ -11,7 +11,7 @@
 //! after the broker confirmed them. Delivery is at least once: a relay stopped between the
 //! confirm and the mark publishes those events again.
 //!
-//! **Consuming.** A [`Consumer`] runs a [`Handler`] for each message inside one transaction
+//! **Consuming.** A [`Consumer`] runs an [`EventHandler`] for each message inside one transaction
 //! that also records `(consumer name, message id)`, commits, and only then acknowledges. A
 //! message recorded before is acknowledged and skipped, so the handler's writes happen once per
 //! message (effectively once); anything it does outside its transaction happens at least once.
@@ -21,6 +21,12 @@
 //! **Brokers.** The relay and the consumers see a broker only through [`Publisher`],
 //! [`Subscriber`], [`Subscription`] and [`Delivery`]. The `rabbitmq` feature implements them
 //! with lapin ([`rabbitmq`]), the `redis` feature on Redis Streams ([`redis`](mod@redis)).
+//!
+//! **Running.** The relay and the consumers are built from their parts and an options value
+//! ([`RelayOptions`], [`ConsumerOptions`]) and run by `spawn(shutdown)`, which returns a
+//! [`TaskHandle`]: cancel the token (the server's graceful shutdown) or call
+//! [`TaskHandle::stop`] to end them. [`Relay::pass`] and [`Consumer::process`] do one step by
+//! hand. They run the loop of crate `idem-task`, as the background tasks of `idem-runtime` do.
 //!
 //! Both ends work on PostgreSQL and SQLite; [`migrate`] creates their tables.
 //!
@@ -37,7 +43,6 @@
 compile_error!("idem-events needs a database: enable its feature `postgres` or `sqlite` (or both)");
 
 mod backend;
-mod backoff;
 mod broker;
 mod consumer;
 mod error;
@@ -53,8 +58,11 @@ pub mod redis;
 
 pub use backend::{Backend, migrate};
 pub use broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription};
-pub use consumer::{ConsumeError, Consumer, DEFAULT_MAX_ATTEMPTS, Handler, Processed};
+pub use consumer::{
+    ConsumeError, Consumer, ConsumerOptions, DEFAULT_MAX_ATTEMPTS, EventHandler, Processed,
+};
 pub use error::Error;
+pub use idem_task::TaskHandle;
 pub use message::Message;
 pub use outbox::{EventId, MAX_TOPIC_LEN, enqueue, enqueue_with_id};
 pub use relay::{Pass, Relay, RelayError, RelayOptions, Waiting};

@@ -4,13 +4,14 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) {
-//! use idem_events::{CancellationToken, Relay, rabbitmq::RabbitMq};
+//! use idem_events::{CancellationToken, Relay, RelayOptions, rabbitmq::RabbitMq};
 //!
 //! let broker = RabbitMq::new("amqp://guest:guest@127.0.0.1:5672/%2f", "idem.events");
 //! let shutdown = CancellationToken::new();
-//! Relay::new(pool, broker.publisher()).spawn(shutdown.clone());
-//! // A consumer: Consumer::new("ledger", pool, Ledger).spawn(
-//! //     broker.subscriber("ledger").bind("payment.succeeded"), shutdown)
+//! Relay::new(pool, broker.publisher(), RelayOptions::default()).spawn(shutdown.clone());
+//! // A consumer: Consumer::new(pool, Ledger, ConsumerOptions::new("ledger"))
+//! //     .with_subscriber(broker.subscriber("ledger").bind("payment.succeeded"))
+//! //     .spawn(shutdown)
 //! # }
 //! ```
 //!

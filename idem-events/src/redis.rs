@@ -4,12 +4,14 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), idem_events::BrokerError> {
-//! use idem_events::{CancellationToken, Relay, redis::RedisStreams};
+//! use idem_events::{CancellationToken, Relay, RelayOptions, redis::RedisStreams};
 //!
 //! let broker = RedisStreams::new("redis://127.0.0.1:6379", "idem.events")?;
 //! let shutdown = CancellationToken::new();
-//! Relay::new(pool, broker.publisher()).spawn(shutdown.clone());
-//! // A consumer: Consumer::new("ledger", pool, Ledger).spawn(broker.subscriber("ledger"), shutdown)
+//! Relay::new(pool, broker.publisher(), RelayOptions::default()).spawn(shutdown.clone());
+//! // A consumer: Consumer::new(pool, Ledger, ConsumerOptions::new("ledger"))
+//! //     .with_subscriber(broker.subscriber("ledger"))
+//! //     .spawn(shutdown)
 //! # Ok(())
 //! # }
 //! ```

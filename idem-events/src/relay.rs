@@ -7,90 +7,133 @@ use std::{
     time::Duration,
 };
 
+use idem_task::{Backoff, Next, PassContext, Schedule, TaskHandle, Work};
 use sqlx::Pool;
-use tokio::{task::JoinHandle, time::Instant};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerError, Message, Publisher, backoff::Backoff};
+use super::{BrokerError, Message, Publisher};
 use crate::Backend;
 
 /// How a [`Relay`] works; [`RelayOptions::default`] suits most services.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayOptions {
-    /// The most events published in one batch (default 100).
-    pub batch: u16,
-    /// How often an idle relay looks for new events (default 200 ms).
-    pub poll: Duration,
-    /// How long published events stay in the outbox before they are purged (default 24 h).
-    pub retention: Duration,
-    /// The longest wait between two attempts while the broker is away (default 30 s).
-    pub max_backoff: Duration,
-    /// How long the broker has to confirm a batch before the relay gives up on it and tries
-    /// again (default 20 s).
-    pub publish_timeout: Duration,
-    /// On SQLite, how long a relay's hold on a topic lasts if it stops without letting go:
-    /// another relay takes the topic over after it (default 60 s), a relay of the same
-    /// [name](Relay::name) at once. PostgreSQL holds topics with row locks, which die with the
-    /// relay's connection.
-    pub lease: Duration,
+    name: Option<String>,
+    batch: u16,
+    poll: Duration,
+    retention: Duration,
+    max_backoff: Duration,
+    publish_timeout: Duration,
+    hold: Duration,
 }
 
 impl Default for RelayOptions {
     fn default() -> Self {
         Self {
+            name: None,
             batch: 100,
             poll: Duration::from_millis(200),
             retention: Duration::from_secs(24 * 3600),
             max_backoff: Duration::from_secs(30),
             publish_timeout: Duration::from_secs(20),
-            lease: Duration::from_secs(60),
+            hold: Duration::from_secs(60),
         }
     }
 }
 
 impl RelayOptions {
+    /// Sets [`RelayOptions::name`].
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// Sets [`RelayOptions::batch`] (at least 1).
     #[must_use]
-    pub fn batch(mut self, batch: u16) -> Self {
+    pub fn with_batch(mut self, batch: u16) -> Self {
         self.batch = batch.max(1);
         self
     }
 
     /// Sets [`RelayOptions::poll`].
     #[must_use]
-    pub fn poll(mut self, poll: Duration) -> Self {
+    pub fn with_poll(mut self, poll: Duration) -> Self {
         self.poll = poll;
         self
     }
 
     /// Sets [`RelayOptions::retention`].
     #[must_use]
-    pub fn retention(mut self, retention: Duration) -> Self {
+    pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
     }
 
     /// Sets [`RelayOptions::max_backoff`].
     #[must_use]
-    pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
+    pub fn with_max_backoff(mut self, max_backoff: Duration) -> Self {
         self.max_backoff = max_backoff;
         self
     }
 
     /// Sets [`RelayOptions::publish_timeout`].
     #[must_use]
-    pub fn publish_timeout(mut self, publish_timeout: Duration) -> Self {
+    pub fn with_publish_timeout(mut self, publish_timeout: Duration) -> Self {
         self.publish_timeout = publish_timeout;
         self
     }
 
-    /// Sets [`RelayOptions::lease`], which should be longer than
+    /// Sets [`RelayOptions::hold`], which should be longer than
     /// [`RelayOptions::publish_timeout`].
     #[must_use]
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+    pub fn with_hold(mut self, hold: Duration) -> Self {
+        self.hold = hold;
         self
+    }
+
+    /// The relay's name (default: none, and the relay takes a random one). On SQLite a relay
+    /// holds a topic under its name; one restarted under the same name takes its topics back at
+    /// once, where another waits for [`RelayOptions::hold`]. Give each relay process its own
+    /// name, kept across restarts: two relays running under one name would publish the same
+    /// topic together.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The most events published in one batch (default 100).
+    pub fn batch(&self) -> u16 {
+        self.batch
+    }
+
+    /// How often an idle relay looks for new events (default 200 ms).
+    pub fn poll(&self) -> Duration {
+        self.poll
+    }
+
+    /// How long published events stay in the outbox before they are purged (default 24 h).
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// The longest wait between two attempts while the broker is away (default 30 s).
+    pub fn max_backoff(&self) -> Duration {
+        self.max_backoff
+    }
+
+    /// How long the broker has to confirm a batch before the relay gives up on it and tries
+    /// again (default 20 s).
+    pub fn publish_timeout(&self) -> Duration {
+        self.publish_timeout
+    }
+
+    /// On SQLite, how long a relay's hold on a topic lasts if it stops without letting go:
+    /// another relay takes the topic over after it (default 60 s), a relay of the same
+    /// [name](RelayOptions::name) at once. PostgreSQL holds topics with row locks, which die
+    /// with the relay's connection.
+    pub fn hold(&self) -> Duration {
+        self.hold
     }
 }
 
@@ -116,10 +159,10 @@ pub enum RelayError {
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool, publisher: impl idem_events::Publisher) {
-/// use idem_events::{CancellationToken, Relay};
+/// use idem_events::{CancellationToken, Relay, RelayOptions};
 ///
 /// let shutdown = CancellationToken::new();
-/// let relay = Relay::new(pool, publisher).spawn(shutdown.clone());
+/// let relay = Relay::new(pool, publisher, RelayOptions::default()).spawn(shutdown.clone());
 /// // ... serve until shutdown is cancelled, then:
 /// relay.await.ok();
 /// # }
@@ -174,7 +217,7 @@ pub enum Pass {
         count: usize,
     },
     /// The topic it took had no event left: another relay published them in the meantime
-    /// (SQLite, after a lease ran out).
+    /// (SQLite, after a relay's hold on the topic ran out).
     NotReady {
         /// The topic.
         topic: String,
@@ -192,13 +235,16 @@ pub enum Pass {
 }
 
 impl<DB: Backend, P: Publisher> Relay<DB, P> {
-    /// A relay of the outbox in `pool`'s database to `publisher`, with default options.
-    pub fn new(pool: Pool<DB>, publisher: P) -> Self {
+    /// A relay of the outbox in `pool`'s database to `publisher`.
+    pub fn new(pool: Pool<DB>, publisher: P, options: RelayOptions) -> Self {
+        let id = options
+            .name()
+            .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
         Self {
             pool,
             publisher: Arc::new(publisher),
-            options: RelayOptions::default(),
-            id: uuid::Uuid::new_v4().to_string(),
+            options,
+            id,
             last_topic: None,
             on_confirmed: None,
             refused: HashMap::new(),
@@ -213,21 +259,15 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         self
     }
 
-    /// Names the relay (default: a random name). On SQLite a relay holds a topic under its
-    /// name; one restarted under the same name takes its topics back at once, where another
-    /// waits for [`RelayOptions::lease`]. Give each relay process its own name, kept across
-    /// restarts: two relays running under one name would publish the same topic together.
-    #[must_use]
-    pub fn name(mut self, name: &str) -> Self {
-        name.clone_into(&mut self.id);
-        self
+    /// The name the relay holds topics under: [`RelayOptions::name`], or the random one it
+    /// took.
+    pub fn name(&self) -> &str {
+        &self.id
     }
 
-    /// Sets the options.
-    #[must_use]
-    pub fn options(mut self, options: RelayOptions) -> Self {
-        self.options = options;
-        self
+    /// The relay's options.
+    pub fn options(&self) -> &RelayOptions {
+        &self.options
     }
 
     /// Publishes one batch of one topic.
@@ -252,7 +292,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             self.last_topic.as_deref(),
             &skip,
             i64::from(self.options.batch),
-            self.options.lease,
+            self.options.hold,
         )
         .await?
         else {
@@ -388,94 +428,97 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         }
     }
 
-    /// Runs the relay until `shutdown` is cancelled: batch after batch while events wait,
-    /// then a look every [`RelayOptions::poll`]; published events past their retention are
-    /// purged now and then.
+    /// Runs the relay in a task of its own until `shutdown` is cancelled: batch after batch
+    /// while events wait, then a look every [`RelayOptions::poll`]; published events past
+    /// their retention are purged now and then.
     ///
     /// While the broker or the database is away, events wait in the outbox and the relay
     /// retries with a capped backoff. It logs one warning when the trouble starts and one line
     /// when it ends, not one per attempt; a topic the broker refuses is skipped with a backoff
     /// (and a warning) of its own. A cancellation stops it at once: a batch it was publishing
     /// stays unmarked and is published again by the next relay.
-    pub async fn run(mut self, shutdown: CancellationToken) {
-        let mut backoff = Backoff::new(
-            self.options.poll.max(Duration::from_millis(50)),
-            self.options.max_backoff,
-        );
-        let purge_every =
-            (self.options.retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600));
-        let mut next_purge = Instant::now();
-        let mut passed_over = HashSet::new();
-        loop {
-            let passed = tokio::select! {
-                () = shutdown.cancelled() => return,
-                passed = self.pass() => passed,
-            };
-            let wait = match passed {
-                Ok(pass) => {
-                    if backoff.succeeded() {
-                        tracing::info!("the outbox relay publishes again");
-                    }
-                    match pass {
-                        Pass::Published { .. } => {
-                            passed_over.clear();
-                            None
-                        }
-                        // Another topic may be ready: go on until one comes round again.
-                        Pass::NotReady { topic } | Pass::Refused { topic, .. }
-                            if passed_over.insert(topic.clone()) =>
-                        {
-                            None
-                        }
-                        _ => {
-                            passed_over.clear();
-                            Some(self.options.poll)
-                        }
-                    }
-                }
-                Err(error) => {
-                    metrics::counter!("idem_outbox_pass_failures_total").increment(1);
-                    let (wait, started) = backoff.failed();
-                    if started {
-                        tracing::warn!(
-                            %error,
-                            "the outbox relay cannot publish; events wait in the outbox \
-                             and the relay retries with backoff"
-                        );
-                    } else {
-                        tracing::debug!(%error, ?wait, "the outbox relay still cannot publish");
-                    }
-                    Some(wait)
-                }
-            };
-            // Checked after every pass, so that a relay that never runs out of events purges
-            // too.
-            if Instant::now() >= next_purge {
-                next_purge = Instant::now() + purge_every;
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    purged = self.purge_all() => if let Err(error) = purged {
-                        tracing::debug!(%error, "purging published outbox events failed");
-                    },
-                }
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn spawn(self, shutdown: CancellationToken) -> TaskHandle {
+        let schedule = Schedule::new(self.options.poll)
+            .with_backoff(
+                self.options.poll.max(Duration::from_millis(50)),
+                self.options.max_backoff,
+            )
+            .with_housekeeping(
+                (self.options.retention / 10)
+                    .clamp(Duration::from_secs(1), Duration::from_secs(3600)),
+            );
+        let relaying = Relaying {
+            relay: self,
+            passed_over: HashSet::new(),
+        };
+        idem_task::spawn(relaying, schedule, shutdown)
+    }
+}
+
+/// A spawned relay: the relay, and the topics passed over since the last published batch.
+struct Relaying<DB: Backend, P> {
+    relay: Relay<DB, P>,
+    passed_over: HashSet<String>,
+}
+
+impl<DB: Backend, P: Publisher> Work for Relaying<DB, P> {
+    type Error = RelayError;
+
+    async fn pass(&mut self, _cx: &mut PassContext<'_>) -> Result<Next, RelayError> {
+        match self.relay.pass().await {
+            Ok(Pass::Published { .. }) => {
+                self.passed_over.clear();
+                Ok(Next::Busy)
             }
-            if let Some(wait) = wait {
-                // Idle or held up: a good time to report the backlog.
-                if let Ok(waiting) = self.waiting().await {
-                    metrics::gauge!("idem_outbox_waiting_events").set(waiting.events as f64);
-                    metrics::gauge!("idem_outbox_oldest_waiting_seconds")
-                        .set(waiting.oldest.unwrap_or_default().as_secs_f64());
-                }
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(wait) => {}
-                }
+            // Another topic may be ready: go on until one comes round again.
+            Ok(Pass::NotReady { topic } | Pass::Refused { topic, .. })
+                if self.passed_over.insert(topic.clone()) =>
+            {
+                Ok(Next::Busy)
+            }
+            Ok(_) => {
+                self.passed_over.clear();
+                Ok(Next::Idle)
+            }
+            Err(error) => {
+                metrics::counter!("idem_outbox_pass_failures_total").increment(1);
+                Err(error)
             }
         }
     }
 
-    /// Spawns [`Relay::run`] on the current runtime.
-    pub fn spawn(self, shutdown: CancellationToken) -> JoinHandle<()> {
-        tokio::spawn(self.run(shutdown))
+    async fn housekeep(&mut self) {
+        if let Err(error) = self.relay.purge_all().await {
+            tracing::debug!(%error, "purging published outbox events failed");
+        }
+    }
+
+    async fn before_wait(&mut self) {
+        // Idle or held up: a good time to report the backlog.
+        if let Ok(waiting) = self.relay.waiting().await {
+            metrics::gauge!("idem_outbox_waiting_events").set(waiting.events as f64);
+            metrics::gauge!("idem_outbox_oldest_waiting_seconds")
+                .set(waiting.oldest.unwrap_or_default().as_secs_f64());
+        }
+    }
+
+    fn outage_started(&self, error: &RelayError) {
+        tracing::warn!(
+            %error,
+            "the outbox relay cannot publish; events wait in the outbox \
+             and the relay retries with backoff"
+        );
+    }
+
+    fn still_failing(&self, error: &RelayError, wait: Duration) {
+        tracing::debug!(%error, ?wait, "the outbox relay still cannot publish");
+    }
+
+    fn outage_ended(&self, _outage: usize) {
+        tracing::info!("the outbox relay publishes again");
     }
 }

@@ -30,7 +30,7 @@ use crate::{
 /// lives: a retry after a crash, after a 5xx that is not stored, or after the lease ran out
 /// gets the recorded output back at once and goes on from there. A step that fails records
 /// nothing. The recorded steps go with the key: when it expires, and when a recovery hook
-/// answers [`Recovery::Release`](crate::tasks::Recovery::Release) (after undoing them).
+/// answers [`Verdict::Release`](crate::tasks::Verdict::Release) (after undoing them).
 /// Compensation (giving a reservation back when a charge is declined) is a step like any
 /// other.
 ///

@@ -17,28 +17,22 @@ use crate::{
     run_to_end::RunToEnd,
 };
 
-/// Limits and answers of the idempotency layer.
+/// Limits and answers of the idempotency layer, given to [`Store::with_settings`].
+///
+/// ```
+/// use idem_runtime::Settings;
+///
+/// let settings = Settings::default().with_max_request_body(64 * 1024);
+/// assert_eq!(settings.max_request_body(), 64 * 1024);
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Settings {
-    /// The largest request body the layer buffers and fingerprints; larger bodies get 413 and
-    /// nothing is stored. Default: 1 MiB.
-    pub max_request_body: usize,
-    /// The largest response body the layer stores; a larger one is rolled back and answered
-    /// with a 500 problem. Default: 1 MiB.
-    pub max_response_body: usize,
-    /// The `Retry-After` sent with a 409 while the key is held by another request. Default: 1 s.
-    pub retry_after: Duration,
-    /// The longest a request waits for a pooled connection before the claim is answered 503
-    /// (`StoreUnavailable`). When the database is unreachable, sqlx keeps retrying the
-    /// connection until the pool's own `acquire_timeout` (30 s by default); this bounds the
-    /// wait for idem's requests whichever is shorter. Default: 5 s.
-    pub acquire_timeout: Duration,
-    /// Where the `type` URIs of the layer's own problems point: the kind's name in lower case is
-    /// appended (`KeyReused` → `<base>keyreused`). Default
-    /// [`DEFAULT_PROBLEM_TYPE_BASE`](crate::DEFAULT_PROBLEM_TYPE_BASE), the repository's
-    /// `docs/problems.md`; point it at your own API documentation to publish them there.
-    pub problem_type_base: String,
+    max_request_body: usize,
+    max_response_body: usize,
+    retry_after: Duration,
+    acquire_timeout: Duration,
+    problem_type_base: String,
 }
 
 impl Default for Settings {
@@ -53,6 +47,76 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    /// Sets [`Settings::max_request_body`].
+    #[must_use]
+    pub fn with_max_request_body(mut self, bytes: usize) -> Self {
+        self.max_request_body = bytes;
+        self
+    }
+
+    /// Sets [`Settings::max_response_body`].
+    #[must_use]
+    pub fn with_max_response_body(mut self, bytes: usize) -> Self {
+        self.max_response_body = bytes;
+        self
+    }
+
+    /// Sets [`Settings::retry_after`].
+    #[must_use]
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = after;
+        self
+    }
+
+    /// Sets [`Settings::acquire_timeout`].
+    #[must_use]
+    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Settings::problem_type_base`].
+    #[must_use]
+    pub fn with_problem_type_base(mut self, base: impl Into<String>) -> Self {
+        self.problem_type_base = base.into();
+        self
+    }
+
+    /// The largest request body the layer buffers and fingerprints; larger bodies get 413 and
+    /// nothing is stored. Default: 1 MiB.
+    pub fn max_request_body(&self) -> usize {
+        self.max_request_body
+    }
+
+    /// The largest response body the layer stores; a larger one is rolled back and answered
+    /// with a 500 problem. Default: 1 MiB.
+    pub fn max_response_body(&self) -> usize {
+        self.max_response_body
+    }
+
+    /// The `Retry-After` sent with a 409 while the key is held by another request. Default: 1 s.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// The longest a request waits for a pooled connection before the claim is answered 503
+    /// (`StoreUnavailable`). When the database is unreachable, sqlx keeps retrying the
+    /// connection until the pool's own `acquire_timeout` (30 s by default); this bounds the
+    /// wait for idem's requests whichever is shorter. Default: 5 s.
+    pub fn acquire_timeout(&self) -> Duration {
+        self.acquire_timeout
+    }
+
+    /// Where the `type` URIs of the layer's own problems point: the kind's name in lower case is
+    /// appended (`KeyReused` → `<base>keyreused`). Default
+    /// [`DEFAULT_PROBLEM_TYPE_BASE`](crate::DEFAULT_PROBLEM_TYPE_BASE), the repository's
+    /// `docs/problems.md`; point it at your own API documentation to publish them there.
+    pub fn problem_type_base(&self) -> &str {
+        &self.problem_type_base
+    }
+}
+
 /// The idempotency store: the database pool the handlers' transactions come from, and the
 /// [`Settings`] of the layer. Put it in your router state and implement
 /// [`FromRef`](axum::extract::FromRef) for it (or use the store itself as the state).
@@ -63,12 +127,12 @@ impl Default for Settings {
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_runtime::Store;
+/// use idem_runtime::{Settings, Store};
 /// use sqlx::PgPool;
 ///
 /// let pool = PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
 /// idem_runtime::migrate(&pool).await?;
-/// let store = Store::new(pool).max_request_body(64 * 1024);
+/// let store = Store::new(pool).with_settings(Settings::default().with_max_request_body(64 * 1024));
 /// # Ok(()) }
 /// ```
 pub struct Store<DB: Backend> {
@@ -147,44 +211,20 @@ impl<DB: Backend> std::fmt::Debug for Store<DB> {
 impl<DB: Backend> Store<DB> {
     /// A store over `pool` with default [`Settings`].
     pub fn new(pool: Pool<DB>) -> Self {
-        Self::with_settings(pool, Settings::default())
-    }
-
-    /// A store over `pool` with the given settings.
-    pub fn with_settings(pool: Pool<DB>, settings: Settings) -> Self {
         Self {
             pool,
-            settings: Arc::new(settings),
+            settings: Arc::new(Settings::default()),
             held: Arc::default(),
             writers: Arc::new(tokio::sync::Semaphore::new(1)),
             queued_writers: Arc::default(),
         }
     }
 
-    /// Sets [`Settings::max_request_body`].
-    pub fn max_request_body(self, bytes: usize) -> Self {
-        self.map_settings(|s| s.max_request_body = bytes)
-    }
-
-    /// Sets [`Settings::max_response_body`].
-    pub fn max_response_body(self, bytes: usize) -> Self {
-        self.map_settings(|s| s.max_response_body = bytes)
-    }
-
-    /// Sets [`Settings::retry_after`].
-    pub fn retry_after(self, after: Duration) -> Self {
-        self.map_settings(|s| s.retry_after = after)
-    }
-
-    /// Sets [`Settings::problem_type_base`].
-    pub fn problem_type_base(self, base: impl Into<String>) -> Self {
-        let base = base.into();
-        self.map_settings(|s| s.problem_type_base = base)
-    }
-
-    /// Sets [`Settings::acquire_timeout`].
-    pub fn acquire_timeout(self, timeout: Duration) -> Self {
-        self.map_settings(|s| s.acquire_timeout = timeout)
+    /// The same store with `settings` in place of its own.
+    #[must_use]
+    pub fn with_settings(mut self, settings: Settings) -> Self {
+        self.settings = Arc::new(settings);
+        self
     }
 
     /// The pool the handlers' transactions are taken from.
@@ -329,10 +369,5 @@ impl<DB: Backend> Store<DB> {
         self.queued_writers.fetch_add(1, Ordering::SeqCst);
         let _queued = Queued(&self.queued_writers);
         Arc::clone(&self.writers).acquire_owned().await.ok()
-    }
-
-    fn map_settings(mut self, change: impl FnOnce(&mut Settings)) -> Self {
-        change(Arc::make_mut(&mut self.settings));
-        self
     }
 }

@@ -187,8 +187,10 @@ impl App {
         dir: Option<Arc<tempfile::TempDir>>,
     ) -> Self {
         let store = match &db {
-            Db::Postgres(pool) => AnyStore::Postgres(Store::with_settings(pool.clone(), settings)),
-            Db::Sqlite(pool) => AnyStore::Sqlite(Store::with_settings(pool.clone(), settings)),
+            Db::Postgres(pool) => {
+                AnyStore::Postgres(Store::new(pool.clone()).with_settings(settings))
+            }
+            Db::Sqlite(pool) => AnyStore::Sqlite(Store::new(pool.clone()).with_settings(settings)),
         };
         let calls = Arc::new(Calls::default());
         let gate = Arc::new(tokio::sync::Semaphore::new(0));

@@ -4,7 +4,10 @@
 use idem_runtime::{
     Store,
     sqlx::{Postgres, Sqlite},
-    tasks::{PurgeOptions, PurgeReport, RecoveryHook, RecoveryReport},
+    tasks::{
+        Purge, PurgeOptions, PurgeReport, Recovery, RecoveryHook, RecoveryOptions, RecoveryReport,
+        TaskHandle,
+    },
 };
 
 use crate::{App, Db};
@@ -312,40 +315,32 @@ impl App {
         .expect("recover")
     }
 
-    /// The background purge task.
+    /// The background purge task, a pass every `every`.
     pub fn spawn_purge(
         &self,
         every: std::time::Duration,
         stop: idem_runtime::CancellationToken,
-    ) -> tokio::task::JoinHandle<()> {
-        use idem_runtime::tasks::spawn_purge;
+    ) -> TaskHandle {
+        let options = PurgeOptions::default().with_every(every);
         match &self.db {
-            Db::Postgres(pool) => spawn_purge(
-                Store::new(pool.clone()),
-                every,
-                PurgeOptions::default(),
-                stop,
-            ),
-            Db::Sqlite(pool) => spawn_purge(
-                Store::new(pool.clone()),
-                every,
-                PurgeOptions::default(),
-                stop,
-            ),
+            Db::Postgres(pool) => Purge::new(Store::new(pool.clone()), options).spawn(stop),
+            Db::Sqlite(pool) => Purge::new(Store::new(pool.clone()), options).spawn(stop),
         }
     }
 
-    /// The background recovery task with `hook`.
+    /// The background recovery task with `hook`, a pass every `every`.
     pub fn spawn_recovery<H: RecoveryHook<Postgres> + RecoveryHook<Sqlite>>(
         &self,
         hook: H,
         every: std::time::Duration,
         stop: idem_runtime::CancellationToken,
-    ) -> tokio::task::JoinHandle<()> {
-        use idem_runtime::tasks::spawn_recovery;
+    ) -> TaskHandle {
+        let options = RecoveryOptions::default().with_every(every);
         match &self.db {
-            Db::Postgres(pool) => spawn_recovery(Store::new(pool.clone()), hook, every, stop),
-            Db::Sqlite(pool) => spawn_recovery(Store::new(pool.clone()), hook, every, stop),
+            Db::Postgres(pool) => {
+                Recovery::new(Store::new(pool.clone()), hook, options).spawn(stop)
+            }
+            Db::Sqlite(pool) => Recovery::new(Store::new(pool.clone()), hook, options).spawn(stop),
         }
     }
 }

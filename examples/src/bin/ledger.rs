@@ -12,7 +12,7 @@
 
 use std::process::ExitCode;
 
-use idem_events::{CancellationToken, Consumer};
+use idem_events::{CancellationToken, Consumer, ConsumerOptions};
 use idem_examples::{
     api_doc,
     ledger::{self, CONSUMER, Ledger, LedgerSql, TOPIC},
@@ -52,9 +52,9 @@ async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Erro
     let stop = CancellationToken::new();
     let crash_after = std::env::var("CRASH_AFTER").unwrap_or_default();
     let mut consumer = Consumer::new(
-        CONSUMER,
         pool.clone(),
         Ledger::default().abort_after_apply(crash_after == "apply"),
+        ConsumerOptions::new(CONSUMER),
     );
     if crash_after == "commit" {
         consumer = consumer.on_committed(|_| std::process::abort());
@@ -62,11 +62,15 @@ async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Erro
     let consuming = match broker {
         Broker::RabbitMq(broker) => {
             tracing::info!("consuming from RabbitMQ");
-            consumer.spawn(broker.subscriber(CONSUMER).bind(TOPIC), stop.clone())
+            consumer
+                .with_subscriber(broker.subscriber(CONSUMER).bind(TOPIC))
+                .spawn(stop.clone())
         }
         Broker::Redis(broker) => {
             tracing::info!("consuming from Redis");
-            consumer.spawn(broker.subscriber(CONSUMER), stop.clone())
+            consumer
+                .with_subscriber(broker.subscriber(CONSUMER))
+                .spawn(stop.clone())
         }
     };
     tracing::info!(addr = %listener.local_addr()?, "ledger listening");

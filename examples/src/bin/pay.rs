@@ -44,9 +44,10 @@ async fn main() -> ExitCode {
     let tenant = std::env::var("TENANT").unwrap_or_else(|_| "tenant_1".into());
     // The key is forgotten here, once the answer's body is read: a connection cut in the
     // middle of it leaves the key for the next run.
-    let mut retry =
-        IdempotentRetry::new(RetryPolicy::default().budget(Duration::from_secs(args.budget_secs)))
-            .forget_on_final(false);
+    let mut retry = IdempotentRetry::new(
+        RetryPolicy::default().with_budget(Duration::from_secs(args.budget_secs)),
+    )
+    .forget_on_final(false);
     let store: Option<Arc<dyn KeyStore>> = args
         .key_file
         .as_ref()

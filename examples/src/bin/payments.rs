@@ -21,7 +21,7 @@
 use std::{process::ExitCode, time::Duration};
 
 use axum::Router;
-use idem_events::{Publisher, Relay};
+use idem_events::{Publisher, Relay, RelayOptions};
 use idem_examples::{
     api_doc,
     orders::SettleAbandoned,
@@ -34,7 +34,7 @@ use idem_examples::{
 };
 use idem_runtime::{
     CancellationToken, Store,
-    tasks::{self, PurgeOptions},
+    tasks::{Purge, PurgeOptions, Recovery, RecoveryOptions, TaskHandle},
 };
 use sqlx::{Pool, Postgres, Sqlite};
 
@@ -86,31 +86,30 @@ async fn serve<DB: Sql>(
         }
         None => {
             tracing::info!("event relay off (EVENTS=off); events wait in the outbox");
-            tokio::spawn(async {})
+            TaskHandle::spawn(&stop, |_| async {})
         }
     };
     // Keys expire per route (24 h, 7 d); sweeping every minute keeps the table small. Refund
     // and order claims lease for 5 s; abandoned refunds are released so that a retry runs again
     // (the processor deduplicates through the derived key), abandoned orders are finished or
     // have their stock given back.
-    let purge = tasks::spawn_purge(
+    let purge = Purge::new(
         store.clone(),
-        Duration::from_secs(60),
-        PurgeOptions::default(),
-        stop.clone(),
-    );
+        PurgeOptions::default().with_every(Duration::from_secs(60)),
+    )
+    .spawn(stop.clone());
     let processor = ProcessorClient::new(processor_url);
     // Where several instances share a database, one running the recovery is enough.
     let recovery = match recovery_every()? {
-        Some(every) => tasks::spawn_recovery(
+        Some(every) => Recovery::new(
             store.clone(),
             SettleAbandoned::new(processor.clone()),
-            every,
-            stop.clone(),
-        ),
+            RecoveryOptions::default().with_every(every),
+        )
+        .spawn(stop.clone()),
         None => {
             tracing::info!("recovery task off (RECOVERY_EVERY=0)");
-            tokio::spawn(async {})
+            TaskHandle::spawn(&stop, |_| async {})
         }
     };
     let state = AppState {
@@ -136,7 +135,7 @@ fn relay<DB: Sql, P: Publisher>(
     abort_after_publish: bool,
 ) -> Relay<DB, P> {
     let name = std::env::var("RELAY_NAME").unwrap_or_else(|_| "payments".to_owned());
-    let relay = Relay::new(pool, publisher).name(&name);
+    let relay = Relay::new(pool, publisher, RelayOptions::default().with_name(name));
     if abort_after_publish {
         relay.on_confirmed(|_| std::process::abort())
     } else {

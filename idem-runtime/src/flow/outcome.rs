@@ -81,14 +81,14 @@ impl<DB: Backend> IdemRequest<DB> {
     ///
     /// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
     pub(super) fn problem(&self, kind: ProblemKind, detail: impl Into<String>) -> Problem {
-        kind.problem_under(&self.store.settings().problem_type_base, detail)
+        kind.problem_under(self.store.settings().problem_type_base(), detail)
     }
 
     /// The handler's `response`, with a problem of the layer that was made without the
     /// store's settings (a `StepError`) given the store's problem type base. Status and
     /// headers stay; only the body's `type` changes.
     pub(super) fn rebase(&self, response: Response) -> Response {
-        let base = &self.store.settings().problem_type_base;
+        let base = self.store.settings().problem_type_base();
         let Some(marked) = response.extensions().get::<Rebasable>().cloned() else {
             return response;
         };
@@ -143,7 +143,7 @@ impl<DB: Backend> IdemRequest<DB> {
 
     /// 409: the key is held by another request, for about `retry_after`.
     pub(super) fn in_progress(&self, retry_after: Option<Duration>) -> Response {
-        let default = self.store.settings().retry_after;
+        let default = self.store.settings().retry_after();
         let seconds = retry_after.unwrap_or(default).as_secs_f64().ceil().max(1.0) as u64;
         self.finish(
             Outcome::Conflict,
@@ -184,7 +184,7 @@ impl<DB: Backend> IdemRequest<DB> {
 
     /// Reads the handler's response for storage.
     pub(super) async fn capture(&self, response: Response) -> Result<Captured, Response> {
-        let limit = self.store.settings().max_response_body;
+        let limit = self.store.settings().max_response_body();
         match Captured::read(response, limit).await {
             Ok(captured) => Ok(captured),
             Err(error @ CaptureError::TooLarge { .. }) => Err(self.finish(

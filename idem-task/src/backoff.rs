@@ -1,11 +1,14 @@
-//! How long the relay and the consumers wait before trying a broker or the database again.
+//! How long a failing task waits before it tries again.
 
-use std::time::Duration;
+use std::{
+    hash::{BuildHasher, Hasher},
+    time::Duration,
+};
 
 /// A capped exponential backoff with jitter, and whether the trouble was already reported:
 /// an outage gives one warning when it starts and one line when it ends, not one per attempt.
 #[derive(Debug)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     first: Duration,
     cap: Duration,
     next: Duration,
@@ -13,7 +16,8 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    pub(crate) fn new(first: Duration, cap: Duration) -> Self {
+    /// A backoff whose first wait is about `first`, doubling with each failure up to `cap`.
+    pub fn new(first: Duration, cap: Duration) -> Self {
         Self {
             first,
             cap,
@@ -24,7 +28,7 @@ impl Backoff {
 
     /// Counts a failure; returns how long to wait, and whether this failure starts an outage
     /// (the one to report).
-    pub(crate) fn failed(&mut self) -> (Duration, bool) {
+    pub fn failed(&mut self) -> (Duration, bool) {
         let started = !self.failing;
         self.failing = true;
         let base = self.next;
@@ -33,17 +37,26 @@ impl Backoff {
         // do not all come back at the same instant.
         let half = base / 2;
         let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let jitter = Duration::from_nanos(
-            u64::try_from(uuid::Uuid::new_v4().as_u128() % u128::from(nanos)).unwrap_or(0),
-        );
+        let jitter = Duration::from_nanos(random() % nanos);
         (half + jitter, started)
     }
 
     /// Counts a success; returns whether it ends an outage (the one to report).
-    pub(crate) fn succeeded(&mut self) -> bool {
+    pub fn succeeded(&mut self) -> bool {
         self.next = self.first;
         std::mem::take(&mut self.failing)
     }
+}
+
+/// A random number from the standard library's randomly keyed hasher: enough for a jitter.
+fn random() -> u64 {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.subsec_nanos().into()),
+    );
+    hasher.finish()
 }
 
 #[cfg(test)]

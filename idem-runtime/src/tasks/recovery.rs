@@ -1,0 +1,241 @@
+//! The recovery of abandoned claims: its options, its report, its task.
+
+use std::{sync::Arc, time::Duration};
+
+use idem_task::{Next, PassContext, Schedule, TaskHandle, Work};
+use tokio_util::sync::CancellationToken;
+
+use super::{AbandonedClaim, RecoveryHook, Verdict};
+use crate::{
+    Steps,
+    backend::Backend,
+    record::{Abandoned, Completion, fresh_token},
+    store::Store,
+};
+
+/// How a spawned [`Recovery`] works: how often it looks for abandoned claims, and how many it
+/// takes per pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecoveryOptions {
+    every: Duration,
+    limit: u32,
+}
+
+impl Default for RecoveryOptions {
+    /// A pass every 10 s, of at most 100 claims.
+    fn default() -> Self {
+        Self {
+            every: Duration::from_secs(10),
+            limit: 100,
+        }
+    }
+}
+
+impl RecoveryOptions {
+    /// Sets [`RecoveryOptions::every`].
+    #[must_use]
+    pub fn with_every(mut self, every: Duration) -> Self {
+        self.every = every;
+        self
+    }
+
+    /// Sets [`RecoveryOptions::limit`] (at least 1).
+    #[must_use]
+    pub fn with_limit(mut self, limit: u32) -> Self {
+        self.limit = limit.max(1);
+        self
+    }
+
+    /// The wait between the end of one pass and the next. Default 10 s.
+    pub fn every(&self) -> Duration {
+        self.every
+    }
+
+    /// The most claims one pass hands to the hook. Default 100.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+}
+
+/// What one recovery pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Abandoned claims found (their lease had run out).
+    pub found: u64,
+    /// Claims released: a retry will run the handler again.
+    pub released: u64,
+    /// Claims completed with a response from the hook: a retry replays it.
+    pub completed: u64,
+    /// Claims the hook left for a later pass.
+    pub kept: u64,
+    /// Age of the oldest claim found.
+    pub oldest: Duration,
+}
+
+/// The recovery of abandoned claims as a background task: [`Store::recover_abandoned`] with
+/// its hook at once, then every [`RecoveryOptions::every`].
+pub struct Recovery<DB: Backend, H> {
+    store: Store<DB>,
+    hook: Arc<H>,
+    options: RecoveryOptions,
+}
+
+impl<DB: Backend, H> std::fmt::Debug for Recovery<DB, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recovery")
+            .field("store", &self.store)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend, H: RecoveryHook<DB>> Recovery<DB, H> {
+    /// The recovery of `store`'s abandoned claims, decided by `hook`.
+    pub fn new(store: Store<DB>, hook: H, options: RecoveryOptions) -> Self {
+        Self {
+            store,
+            hook: Arc::new(hook),
+            options,
+        }
+    }
+
+    /// Runs one pass now (a cron job, a test): [`Store::recover_abandoned`] with the hook and
+    /// [`RecoveryOptions::limit`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::recover_abandoned`].
+    pub async fn pass(&self) -> Result<RecoveryReport, crate::Error> {
+        self.store
+            .recover_abandoned(&*self.hook, self.options.limit)
+            .await
+    }
+
+    /// Runs a pass now and then every [`RecoveryOptions::every`] until `shutdown` is
+    /// cancelled, which stops it between passes or cuts a pass short. A failed pass is retried
+    /// after the same wait; a run of failures gives one warning.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn spawn(self, shutdown: CancellationToken) -> TaskHandle {
+        let schedule = Schedule::new(self.options.every);
+        idem_task::spawn(self, schedule, shutdown)
+    }
+}
+
+impl<DB: Backend, H: RecoveryHook<DB>> Work for Recovery<DB, H> {
+    type Error = crate::Error;
+
+    async fn pass(&mut self, _cx: &mut PassContext<'_>) -> Result<Next, crate::Error> {
+        Recovery::pass(self).await.map(|_| Next::Idle)
+    }
+
+    fn outage_started(&self, error: &crate::Error) {
+        tracing::warn!(%error, "recovering idempotency claims failed; retrying later");
+    }
+
+    fn still_failing(&self, error: &crate::Error, wait: Duration) {
+        tracing::debug!(%error, ?wait, "recovering idempotency claims still fails");
+    }
+
+    fn outage_ended(&self, _outage: usize) {
+        tracing::info!("recovering idempotency claims works again");
+    }
+}
+
+/// How long the recovery holds a claim while its hook decides.
+const RECOVERY_LEASE: Duration = Duration::from_secs(60);
+
+impl<DB: Backend> Store<DB> {
+    /// Finds claims whose lease ran out and hands each to `hook`, up to `limit` per pass.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`](crate::Error::Database) while finding or settling claims, or
+    /// [`Error::CorruptRow`](crate::Error::CorruptRow) for a claim idem did not write; claims
+    /// not settled stay reclaimed until the recovery lease (60 s) runs out, then are found
+    /// again.
+    pub async fn recover_abandoned<H: RecoveryHook<DB>>(
+        &self,
+        hook: &H,
+        limit: u32,
+    ) -> Result<RecoveryReport, crate::Error> {
+        let token = fresh_token();
+        let claims = {
+            let _permit = self.write_permit().await;
+            DB::reclaim_abandoned(
+                self.pool(),
+                i64::from(limit.max(1)),
+                RECOVERY_LEASE,
+                token,
+                hook.handles_steps(),
+            )
+            .await?
+        };
+        let mut report = RecoveryReport {
+            found: claims.len() as u64,
+            ..RecoveryReport::default()
+        };
+        for Abandoned {
+            key,
+            method,
+            path,
+            fingerprint,
+            age,
+            steps,
+        } in claims
+        {
+            report.oldest = report.oldest.max(age);
+            let claim = AbandonedClaim {
+                scope: key.scope.clone(),
+                method: method.clone(),
+                path: path.clone(),
+                age,
+                steps: Steps::new(self.clone(), key.clone(), token, steps),
+            };
+            match hook.recover(claim).await {
+                Verdict::Release => {
+                    // A claim taken over meanwhile is no longer the recovery's to release.
+                    if self.release(&key, token).await? {
+                        report.released += 1;
+                        metrics::counter!("idem_recovered_total", "result" => "released")
+                            .increment(1);
+                    }
+                }
+                Verdict::Complete(response) => {
+                    let completion = Completion {
+                        key: &key,
+                        method: &method,
+                        path: &path,
+                        fingerprint: &fingerprint,
+                        response: &response,
+                        mark: None,
+                    };
+                    // The row keeps the expiry its claim was given.
+                    if self.finish(&completion, token, None).await? {
+                        report.completed += 1;
+                        metrics::counter!("idem_recovered_total", "result" => "completed")
+                            .increment(1);
+                    }
+                }
+                Verdict::Keep => {
+                    report.kept += 1;
+                    metrics::counter!("idem_recovered_total", "result" => "kept").increment(1);
+                }
+            }
+        }
+        if report.found > 0 {
+            tracing::warn!(
+                found = report.found,
+                released = report.released,
+                completed = report.completed,
+                kept = report.kept,
+                oldest_secs = report.oldest.as_secs(),
+                "recovered abandoned idempotency claims"
+            );
+        }
+        Ok(report)
+    }
+}
