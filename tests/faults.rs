@@ -349,6 +349,15 @@ async fn an_unopenable_sqlite_file_is_503_store_unavailable() {
 /// `StoreUnavailable`, and that it came before the test's deadline (the pools here would wait
 /// an hour).
 async fn store_unavailable(store: AnyStore) {
+    let reply = send_to_test_app(store).await;
+    assert_eq!(
+        reply.problem(StatusCode::SERVICE_UNAVAILABLE),
+        ProblemKind::StoreUnavailable.type_uri()
+    );
+}
+
+/// Sends one entry to the test app over `store`, within the test's deadline.
+async fn send_to_test_app(store: AnyStore) -> idem_tests::Reply {
     let parts = Parts {
         store: store.clone(),
         calls: std::sync::Arc::default(),
@@ -358,17 +367,52 @@ async fn store_unavailable(store: AnyStore) {
         AnyStore::Postgres(store) => TestApp::default().routes(store, parts),
         AnyStore::Sqlite(store) => TestApp::default().routes(store, parts),
     };
-    let reply = tokio::time::timeout(idem_tests::DEADLINE, async {
+    tokio::time::timeout(idem_tests::DEADLINE, async {
         let response = tower::ServiceExt::oneshot(router, post("k1").build())
             .await
             .unwrap();
         idem_tests::Reply::read(response).await
     })
     .await
-    .expect("the answer did not wait for the pool's acquire timeout");
+    .expect("the answer did not wait for the pool's acquire timeout")
+}
+
+/// A store over a PostgreSQL database that `migrate` never ran on.
+#[sqlx::test(migrations = false)]
+async fn a_store_never_migrated_on_postgres_says_to_run_migrate_in_its_answer_and_its_log(
+    pool: sqlx::PgPool,
+) {
+    not_migrated(AnyStore::Postgres(Store::new(pool))).await;
+}
+
+/// A store over a new SQLite file that `migrate` never ran on.
+#[tokio::test]
+async fn a_store_never_migrated_on_sqlite_says_to_run_migrate_in_its_answer_and_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().connect_lazy_with(
+        sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.path().join("new.db"))
+            .create_if_missing(true),
+    );
+    not_migrated(AnyStore::Sqlite(Store::new(pool))).await;
+}
+
+/// Sends an entry to the test app over `store`, whose database has no key table, and checks
+/// that the 503 and the error logged both name `idem_runtime::migrate`.
+async fn not_migrated(store: AnyStore) {
+    let log = idem_tests::CapturedLog::default();
+    let _guard = tracing::subscriber::set_default(log.subscriber());
+    let reply = send_to_test_app(store).await;
     assert_eq!(
         reply.problem(StatusCode::SERVICE_UNAVAILABLE),
         ProblemKind::StoreUnavailable.type_uri()
+    );
+    let detail = reply.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("idem_runtime::migrate"), "{detail}");
+    let logged = log.text();
+    assert!(
+        logged.contains("ERROR") && logged.contains("idem_runtime::migrate"),
+        "the log does not say to run migrate:\n{logged}"
     );
 }
 

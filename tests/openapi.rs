@@ -1,11 +1,11 @@
-//! `idem_runtime::openapi::Idempotency` on documents of its own: what it adds to an idempotent
+//! `idem_openapi::Idempotency` on documents of its own: what it adds to an idempotent
 //! operation (and merges with what the operation says itself), what it leaves alone, and the
 //! policy text it derives from each handler's attribute.
 
 use axum::{extract::Path, http::StatusCode};
+use idem_openapi::{Idempotency, PROBLEM_SCHEMA, retention_policy, undocumented_handlers};
 use idem_runtime::{
     idempotent,
-    openapi::{Idempotency, PROBLEM_SCHEMA, retention_policy, undocumented_handlers},
     policy::{KeyScope, Mode, handlers},
 };
 use serde_json::Value;
@@ -35,7 +35,7 @@ async fn create_thing(
 
 /// Keys shared by everyone, in external mode.
 #[utoipa::path(post, path = "/global", responses((status = 202, description = "Accepted.")))]
-#[idempotent(global, retention = "7d", lease = "45s", backend = Sqlite)]
+#[idempotent(external, global, retention = "7d", lease = "45s", backend = Sqlite)]
 async fn global_job() -> StatusCode {
     StatusCode::ACCEPTED
 }

@@ -87,7 +87,7 @@ async fn stuck<DB: TestBackend>(
 
 /// External mode: performs its side effect (a committed row, keyed by the derived key as a
 /// downstream call would be), then waits on the gate.
-#[idempotent(scope = "tenant", lease = "5s", timeout = "3s", backend = DB)]
+#[idempotent(external, scope = "tenant", lease = "5s", timeout = "3s", backend = DB)]
 async fn stuck_external<DB: TestBackend>(
     tenant: Tenant,
     ctx: IdempotencyContext,

@@ -15,7 +15,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use idem_runtime::openapi::{Idempotency, retention_policy};
+use idem_openapi::{Idempotency, retention_policy};
 use utoipa::{
     Modify, OpenApi, ToSchema,
     openapi::{

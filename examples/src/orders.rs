@@ -123,7 +123,7 @@ type OrderCreated = (StatusCode, [(header::HeaderName, String); 1], Json<Order>)
         (status = 503, description = "The processor did not answer; a retry with the same key resumes at the charge.", body = crate::api_doc::Problem, content_type = "application/problem+json"),
     )
 )]
-#[idempotent(scope = "tenant", retention = "24h", lease = "5s", state = AppState<DB>)]
+#[idempotent(external, scope = "tenant", retention = "24h", lease = "5s", state = AppState<DB>)]
 pub async fn create_order<DB: Sql>(
     tenant: Tenant,
     steps: Steps<DB>,

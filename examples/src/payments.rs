@@ -442,6 +442,7 @@ async fn fetch<DB: Sql>(
     )
 )]
 #[idempotent(
+    external,
     scope = "tenant",
     retention = "24h",
     lease = "5s",

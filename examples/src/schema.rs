@@ -1,12 +1,9 @@
 //! The example's own tables, created on start, for each database.
 
-use std::{future::Future, path::Path, time::Duration};
+use std::{future::Future, path::Path};
 
 use idem_runtime::Backend;
-use sqlx::{
-    Pool, Postgres, Sqlite, SqlitePool,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
-};
+use sqlx::{Pool, Postgres, Sqlite, SqlitePool};
 
 const POSTGRES_TABLES: &str = r"
 CREATE TABLE IF NOT EXISTS payments (
@@ -154,22 +151,14 @@ pub async fn create<DB: Tables>(
     Ok(())
 }
 
-/// Opens (creating it if needed) the SQLite file at `path` the way idem wants it: WAL, so that
-/// readers never wait for the writer; a busy timeout, so that writers queue for SQLite's single
-/// write lock instead of failing with "database is locked".
+/// Opens (creating it if needed) the SQLite file at `path` the way idem wants it
+/// ([`idem_runtime::sqlite::connect`]): WAL, so that readers never wait for the writer; a busy
+/// timeout, so that writers queue for SQLite's single write lock instead of failing with
+/// "database is locked".
 ///
 /// # Errors
 ///
 /// When the file cannot be opened or created.
 pub async fn connect_sqlite(path: &Path) -> Result<SqlitePool, sqlx::Error> {
-    let options = SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
-        .busy_timeout(Duration::from_secs(30));
-    SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(options)
-        .await
+    idem_runtime::sqlite::connect(path).await
 }

@@ -108,15 +108,24 @@ pub fn broker() -> Result<Option<Broker>, Error> {
 
 /// Logs to stderr as `$RUST_LOG` says (default `info`), runs `run`, and turns its error into
 /// a line on stderr (`<binary>: <error>`) and a failure exit code.
+///
+/// lapin logs every message RabbitMQ returns as unroutable (no queue bound to its topic yet),
+/// whole, as a warning; the relay reports the same condition once per outage and keeps the
+/// event in the outbox, so those lines are filtered out at any level but `error`.
 pub async fn main<F>(binary: &str, run: F) -> std::process::ExitCode
 where
     F: Future<Output = Result<(), Error>>,
 {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        .add_directive(
+            "lapin::returned_messages=error"
+                .parse()
+                .expect("a valid directive"),
+        );
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
         .init();
     match run.await {
         Ok(()) => std::process::ExitCode::SUCCESS,

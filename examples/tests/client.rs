@@ -263,6 +263,19 @@ backend_tests! {
         assert!(stderr.contains("402"), "{stderr}");
         assert!(!key_file.exists(), "a final answer ends the action");
     }
+
+    async fn pay_sends_a_negative_amount_for_the_service_to_refuse_with_400(db) {
+        let app = service::app(db).await;
+        let proxy = proxied(&app).await;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let key_file = dir.path().join("pay.key");
+        let output = run(pay_command_for(proxy.url(), &key_file, "cus_1", "-5")).await;
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("400"), "the service's answer, not clap's: {stderr}");
+        assert_eq!(proxy.forwarded(), 1, "the request reached the service");
+        assert_eq!(payments(&app).await, 0);
+    }
 }
 
 /// Runs `command` to its end off the test's runtime, whose thread serves the service and the
@@ -275,11 +288,16 @@ async fn run(mut command: Command) -> std::process::Output {
 
 /// `pay` against `url` with a key file, for `customer`.
 fn pay_command(url: &str, key_file: &std::path::Path, customer: &str) -> Command {
+    pay_command_for(url, key_file, customer, "4200")
+}
+
+/// `pay` against `url` with a key file, for `customer`, of `amount` as typed on the command line.
+fn pay_command_for(url: &str, key_file: &std::path::Path, customer: &str, amount: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pay"));
     command
         .env("PAYMENTS_URL", url)
         .env("TENANT", "t1")
-        .args(["--amount", "4200", "--currency", "usd", "--key-file"])
+        .args(["--amount", amount, "--currency", "usd", "--key-file"])
         .arg(key_file)
         .args(["--customer", customer])
         .stdin(Stdio::null())

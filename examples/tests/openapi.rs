@@ -458,7 +458,7 @@ fn every_idempotent_handler_linked_in_is_documented() {
     ] {
         assert!(names.contains(name), "{name} is registered: {names:?}");
     }
-    let missing: Vec<_> = idem_runtime::openapi::undocumented_handlers(&document)
+    let missing: Vec<_> = idem_openapi::undocumented_handlers(&document)
         .iter()
         .map(|h| format!("{}::{}", h.module(), h.name()))
         .collect();

@@ -1,6 +1,6 @@
 //! The attribute's arguments, each declared once in [`ARGUMENTS`]: `scope`, `global`,
-//! `retention`, `replay_5xx`, `lease`, `timeout`, `backend`, `state` (and `lock_timeout`, the
-//! old name of `lease`, refused with an error that names the new one).
+//! `retention`, `replay_5xx`, `external`, `lease`, `timeout`, `backend`, `state` (and
+//! `lock_timeout`, the old name of `lease`, refused with an error that names the new one).
 
 use proc_macro2::{Span, TokenStream};
 use syn::{Expr, ExprLit, Lit, LitStr, meta::ParseNestedMeta, parse::Parser};
@@ -21,6 +21,7 @@ const ARGUMENTS: &[(&str, ParseArgument)] = &[
     ("global", parse_global),
     ("retention", parse_retention),
     ("replay_5xx", parse_replay_5xx),
+    ("external", parse_external),
     ("lease", parse_lease),
     ("lock_timeout", parse_lock_timeout),
     ("timeout", parse_timeout),
@@ -48,6 +49,8 @@ pub struct Args {
     pub scope: Option<ScopeArg>,
     pub retention_secs: u64,
     pub replay_5xx: bool,
+    /// `external` was written, and where: the handler has no transaction on purpose.
+    pub external: Option<Span>,
     /// The lease of external mode, and where it was written (an error in transactional mode).
     pub lease_secs: u64,
     pub lease_span: Option<Span>,
@@ -67,6 +70,7 @@ struct Raw {
     scope_attempted: bool,
     retention: Option<u64>,
     replay_5xx: Option<bool>,
+    external: Option<Span>,
     lease: Option<(u64, Span)>,
     timeout: Option<(u64, Span)>,
     backend: Option<syn::Type>,
@@ -118,6 +122,7 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
         scope,
         retention_secs: raw.retention.unwrap_or(DEFAULT_RETENTION),
         replay_5xx: raw.replay_5xx.unwrap_or(false),
+        external: raw.external,
         lease_secs: raw.lease.map_or(DEFAULT_LOCK_TIMEOUT, |(secs, _)| secs),
         lease_span: raw.lease.map(|(_, span)| span),
         timeout: raw.timeout,
@@ -196,6 +201,18 @@ fn parse_global(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
     Ok(())
 }
 
+fn parse_external(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.external.is_some() {
+        return Err(repeated(meta, "external"));
+    }
+    // Recorded even when refused below, so that the mode it meant is not reported missing too.
+    raw.external = Some(path_span(meta));
+    if !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
+        return Err(meta.error("`external` takes no value: write `#[idempotent(external, ...)]`"));
+    }
+    Ok(())
+}
+
 fn parse_retention(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
     if raw.retention.is_some() {
         return Err(repeated(meta, "retention"));
@@ -218,7 +235,7 @@ fn parse_lease(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
 fn parse_lock_timeout(meta: &ParseNestedMeta<'_>, _: &mut Raw) -> syn::Result<()> {
     Err(syn::Error::new(
         path_span(meta),
-        "`lock_timeout` is now `lease`: write `lease = \"30s\"` (the time a claim of external mode is exclusive before a retry may take it over)",
+        "`lock_timeout` is now `lease`: write `lease = \"30s\"` (the time a claim of an `external` handler is exclusive before a retry may take it over)",
     ))
 }
 

@@ -73,6 +73,14 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         .as_ref()
         .map(|state| state_checks(state, &db, &extractors, &sig.generics));
 
+    // With `state = S`, the handler is an Axum handler for that state only, so that a router
+    // built with it is not inferred to have another state (the store's) when `S` lacks the
+    // store: the one error is then the missing `FromRef`, at the attribute.
+    let state_pin = args.state.as_ref().map(|state| {
+        quote_spanned! {syn::spanned::Spanned::span(state)=>
+            _: #private::StateIs<#state>,
+        }
+    });
     let (generics, _, where_clause) = sig.generics.split_for_impl();
     let extractors = extractors.iter().map(|arg| quote!(#arg));
 
@@ -197,7 +205,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
 
     quote! {
         #(#attrs)*
-        #vis async fn #ident #generics (#(#extractors,)* #input) -> #private::Response #where_clause {
+        #vis async fn #ident #generics (#state_pin #(#extractors,)* #input) -> #private::Response #where_clause {
             #state_checks
             #policy
             let __idem_span = __idem_request.span();

@@ -109,6 +109,8 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
     let mut context: Option<PatType> = None;
     let mut steps: Option<(PatType, Type)> = None;
     let mut extractors = Vec::new();
+    let mut tx_attempted = false;
+    let mut steps_attempted = false;
     for input in &sig.inputs {
         let arg = match input {
             FnArg::Receiver(receiver) => {
@@ -137,6 +139,7 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
             continue;
         }
         if let Some((by_value, db)) = steps_param(&arg.ty) {
+            steps_attempted = true;
             if !by_value {
                 errors.push(syn::Error::new_spanned(
                     &arg.ty,
@@ -165,12 +168,14 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
                 }
             }
             TxKind::OtherMutRef => {
+                tx_attempted = true;
                 errors.push(syn::Error::new_spanned(
                     &arg.ty,
                     "`&mut` parameters are not extractors: write the transaction as `&mut sqlx::Transaction<'_, DB>` (type aliases such as `PgTransaction` are not recognised)",
                 ));
             }
             TxKind::Other => {
+                tx_attempted = true;
                 errors.push(syn::Error::new_spanned(
                     &arg.ty,
                     "take the transaction as `&mut Transaction<'_, DB>`: the macro begins and commits it, so the handler only borrows it",
@@ -178,10 +183,46 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
             }
         }
     }
+    // The mode is chosen by the signature and confirmed by the attribute, so that a handler
+    // that loses its transaction parameter does not become an external one unnoticed.
+    match (&tx, args.external) {
+        (Some(_), Some(span)) => errors.push(syn::Error::new(
+            span,
+            "`external` is for handlers without a transaction parameter; this one's writes commit together with its key: drop `external`",
+        )),
+        // A parameter meant as the transaction was refused above, with its own fix.
+        (None, None) if tx_attempted => {}
+        (None, None) if steps_attempted => errors.push(syn::Error::new_spanned(
+            &sig.ident,
+            format!(
+                "`{}` takes `Steps`, which run without a transaction parameter: write `external` in the attribute (`#[idempotent(external, ...)]`)",
+                sig.ident
+            ),
+        )),
+        (None, None) => errors.push(syn::Error::new_spanned(
+            &sig.ident,
+            format!(
+                "`{}` has no transaction parameter: add `tx: &mut sqlx::Transaction<'_, DB>` so that its writes commit together with its key, or, if its side effect is outside the database, write `external` in the attribute (`#[idempotent(external, ...)]`): the key is then claimed with a lease before the body runs",
+                sig.ident
+            ),
+        )),
+        _ => {}
+    }
+    if tx.is_none()
+        && args.backend.is_none()
+        && !steps_attempted
+        && cfg!(all(feature = "postgres", feature = "sqlite"))
+        && let Some(span) = args.external
+    {
+        errors.push(syn::Error::new(
+            span,
+            "this handler has no transaction to name its database, and idem-runtime has both `postgres` and `sqlite` on: add `backend = sqlx::Postgres` or `backend = sqlx::Sqlite`",
+        ));
+    }
     if let (Some(_), Some((arg, _))) = (&tx, &steps) {
         errors.push(syn::Error::new_spanned(
             &arg.ty,
-            "`Steps` are for handlers without a transaction parameter (external mode): each step commits on its own, and a retry resumes after the last one; drop the `&mut Transaction` parameter",
+            "`Steps` are for `external` handlers, without a transaction parameter: each step commits on its own, and a retry resumes after the last one; drop the `&mut Transaction` parameter",
         ));
     }
     if let Some((arg, _)) = &steps {
@@ -202,7 +243,7 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
     if let (Some(_), Some(span)) = (&tx, args.lease_span) {
         errors.push(syn::Error::new(
             span,
-            "`lease` applies only to handlers without a transaction parameter (external mode); with a transaction the key is held by the transaction itself and freed by its end",
+            "`lease` applies only to `external` handlers; with a transaction the key is held by the transaction itself and freed by its end",
         ));
     }
 

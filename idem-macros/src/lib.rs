@@ -40,12 +40,16 @@ mod handler;
 ///   Needs a Tokio runtime with the time driver (as `#[tokio::main]` builds). Default: none, the
 ///   body runs for as long as it takes.
 ///
+/// - `external`: the handler has no transaction parameter, on purpose: its side effect is
+///   outside the database (external mode, below). Required then, and refused otherwise, so
+///   that a handler that loses its transaction parameter never changes mode unnoticed.
 /// - `lease = "<duration>"`: external mode only: how long a claim is exclusive, after which a
 ///   retry may take the key over. Longer than the slowest legitimate run, at most `retention`.
 ///   Default `"30s"`.
 /// - `backend = <type>`: external mode only: the database of the key table, `sqlx::Postgres`
-///   or `sqlx::Sqlite` (a transactional handler's transaction names it). Default PostgreSQL if
-///   `idem-runtime`'s `postgres` feature is on, else SQLite.
+///   or `sqlx::Sqlite` (a transactional handler's transaction names it, a `Steps<DB>`
+///   parameter its `DB`). Default: the database whose feature is on in `idem-runtime`; with
+///   both on, required.
 ///
 /// - `state = <type>`: the router's state. Optional, recommended: the handler is then checked
 ///   at its definition, with errors on the type at fault, that the state provides
@@ -63,9 +67,10 @@ mod handler;
 /// - **Transactional**: the handler takes one `&mut sqlx::Transaction<'_, DB>`; the macro
 ///   begins it, claims the key in it, and commits the handler's writes together with the
 ///   stored response, or neither.
-/// - **External**: the handler takes no transaction; the claim is committed first as a
-///   `started` row with a lease, the body runs (a call to another system), and the response is
-///   stored afterwards. Pass `IdempotencyContext::derive` keys downstream.
+/// - **External** (`external`): the handler takes no transaction; the claim is committed first
+///   as a `started` row with a lease, the body runs (a call to another system), and the
+///   response is stored afterwards. Pass `IdempotencyContext::derive` keys downstream. A
+///   handler with an `idem_runtime::Steps<DB>` parameter runs in this mode too.
 ///
 /// Any handler may take an `idem_runtime::IdempotencyContext` parameter. The router's state
 /// must provide `idem_runtime::Store<DB>` through `FromRef`.

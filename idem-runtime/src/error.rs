@@ -25,6 +25,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the database says that idem's key table does not exist: [`migrate`](crate::migrate)
+    /// was not run on it.
+    pub fn is_missing_key_table(&self) -> bool {
+        let Self::Database(sqlx::Error::Database(error)) = self else {
+            return false;
+        };
+        // PostgreSQL: undefined_table; SQLite: "no such table: idem_keys" (SQLITE_ERROR).
+        error.message().contains("idem_keys")
+            && (error.code().as_deref() == Some("42P01")
+                || error.message().contains("no such table"))
+    }
+
     pub(crate) fn corrupt(reason: impl Into<String>) -> Self {
         Self::CorruptRow {
             reason: reason.into(),

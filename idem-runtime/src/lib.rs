@@ -6,19 +6,18 @@
 //! gets that response back.
 //!
 //! ```no_run
-//! use axum::{Json, extract::Path, http::StatusCode};
-//! use idem_runtime::idempotent;
-//! use sqlx::{Postgres, Transaction};
+//! use axum::{Json, Router, extract::Path, http::StatusCode, routing::post};
+//! use idem_runtime::{Store, idempotent};
+//! use sqlx::{PgPool, Postgres, Transaction};
 //!
 //! #[derive(serde::Deserialize)]
 //! struct NewPayment { amount: i64 }
 //!
-//! // POST /accounts/{account}/payments; in a real service the scope is the authenticated
-//! // caller, from an extractor of your own.
+//! // In a real service the scope is the authenticated caller, from an extractor of your own.
 //! #[idempotent(scope = "account", retention = "24h")]
 //! async fn create_payment(
 //!     Path(account): Path<String>,
-//!     tx: &mut Transaction<'_, Postgres>,
+//!     tx: &mut Transaction<'_, Postgres>, // begun, claimed and committed by the macro
 //!     Json(body): Json<NewPayment>,
 //! ) -> Result<StatusCode, StatusCode> {
 //!     sqlx::query("INSERT INTO payments (account, amount) VALUES ($1, $2)")
@@ -29,23 +28,127 @@
 //!         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
 //!     Ok(StatusCode::CREATED)
 //! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
+//! idem_runtime::migrate(&pool).await?; // creates the key table, once per database
+//! let app: Router = Router::new()
+//!     .route("/accounts/{account}/payments", post(create_payment))
+//!     .with_state(Store::new(pool));
+//! # let _ = app; Ok(()) }
 //! ```
 //!
-//! The handler's router state must provide a [`Store`] through
-//! [`FromRef`](axum::extract::FromRef), and [`migrate`] must have created the key table.
-//! The guide's chapter "What a request gets" (`docs/guide/requests.md` in the repository) has
-//! the full behaviour table.
+//! The handler only borrows the transaction, so it cannot commit half its work: the macro
+//! commits the business writes and the completed key together, or neither. The router's state
+//! provides the [`Store`], as the state itself or through [`FromRef`](axum::extract::FromRef)
+//! (write `state = AppState` in the attribute to have that checked at the handler).
 //!
-//! A handler without a transaction parameter is in external mode, for a side effect in another
-//! system: the key is claimed with a lease first, and [`IdempotencyContext::derive`] gives the
-//! downstream call a key of its own. Work in several steps (reserve, charge, ship) takes a
-//! [`Steps`] parameter: each step is recorded on the key as it completes, and a retry resumes
-//! after the last one. The [`tasks`] purge expired keys and settle abandoned claims. The
-//! crate `idem-events` adds a transactional outbox and idempotent queue consumers.
+//! ## Features
+//!
+//! No database is on by default; pick one (or both):
+//!
+//! - `postgres`: handlers on `Transaction<'_, sqlx::Postgres>` (PostgreSQL 13 or newer).
+//! - `sqlite`: handlers on `Transaction<'_, sqlx::Sqlite>` (SQLite 3.35 or newer, bundled), and
+//!   [`sqlite::connect`], which opens a file the way idem expects. It pulls in no PostgreSQL
+//!   driver.
+//! - `uuid`: [`IdempotencyScope`] for `uuid::Uuid`.
+//!
+//! ```toml
+//! [dependencies]
+//! idem-runtime = { version = "0.1", features = ["sqlite"] }
+//! sqlx = { version = "0.9", features = ["runtime-tokio", "sqlite"] }
+//! ```
+//!
+//! ## What a request gets
+//!
+//! | Situation | Response |
+//! |---|---|
+//! | `Idempotency-Key` missing or malformed | 400 `application/problem+json`, handler not run |
+//! | First request with this (scope, key) | the handler runs once; its response is returned and stored in the same commit as its writes |
+//! | Retry after the first finished, same request | the stored status, body, `Content-Type` and `Location`, plus `Idempotent-Replayed: true`; handler not run |
+//! | Retry while the first is still running | 409 problem with `Retry-After`, at once; handler not run |
+//! | Same key, different request (method, path, query or body) | 422 problem, handler not run |
+//! | Same key from another scope | an independent request |
+//! | Outcome 2xx, 3xx, 4xx | final: stored and replayed, writes committed |
+//! | Outcome 5xx | not stored, rolled back, a retry runs again; with `replay_5xx = true` the writes are undone and the 5xx is stored |
+//! | Panic, crash, dropped connection | nothing committed; a retry runs the handler |
+//! | Key past its `retention` | unknown: a reuse is a new request |
+//!
+//! Every answer of the layer's own is a [`Problem`] with a stable `type` URI per
+//! [`ProblemKind`]. This example runs the table's main rows against a SQLite file:
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+//! use idem_runtime::{Store, idempotent};
+//! use sqlx::{Sqlite, Transaction};
+//! use tower::ServiceExt;
+//!
+//! #[idempotent(global, retention = "1h")]
+//! async fn create(tx: &mut Transaction<'_, Sqlite>, body: String) -> (StatusCode, String) {
+//!     sqlx::query("INSERT INTO notes (body) VALUES ($1)").bind(&body).execute(&mut **tx)
+//!         .await.expect("insert");
+//!     (StatusCode::CREATED, format!("noted {body}"))
+//! }
+//!
+//! let dir = tempfile::tempdir()?;
+//! let pool = idem_runtime::sqlite::connect(dir.path().join("app.db")).await?;
+//! idem_runtime::migrate(&pool).await?;
+//! sqlx::query("CREATE TABLE notes (body TEXT)").execute(&pool).await?;
+//! let app = Router::new().route("/notes", post(create)).with_state(Store::new(pool.clone()));
+//! let send = async |key: Option<&str>, body: &str| {
+//!     let mut request = Request::post("/notes");
+//!     if let Some(key) = key {
+//!         request = request.header("idempotency-key", key);
+//!     }
+//!     let response = app.clone().oneshot(request.body(Body::from(body.to_owned()))?).await?;
+//!     Ok::<_, Box<dyn std::error::Error>>((
+//!         response.status(),
+//!         response.headers().contains_key("idempotent-replayed"),
+//!     ))
+//! };
+//!
+//! assert_eq!(send(Some("k1"), "a").await?, (StatusCode::CREATED, false)); // runs
+//! assert_eq!(send(Some("k1"), "a").await?, (StatusCode::CREATED, true)); // replayed
+//! assert_eq!(send(Some("k1"), "b").await?.0, StatusCode::UNPROCESSABLE_ENTITY); // reused
+//! assert_eq!(send(None, "a").await?.0, StatusCode::BAD_REQUEST); // no key
+//! let notes: i64 = sqlx::query_scalar("SELECT count(*) FROM notes").fetch_one(&pool).await?;
+//! assert_eq!(notes, 1, "the handler ran once");
+//! # Ok(()) }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
+//! ```
+//!
+//! ## Three modes
+//!
+//! - **Transactional** (above): the handler takes `&mut Transaction<'_, DB>`; key and writes
+//!   commit together.
+//! - **External**, for a side effect in another system (a card processor, an email API): the
+//!   handler takes no transaction and says `external` in the attribute. The key is claimed
+//!   first with a `lease`, and [`IdempotencyContext::derive`] gives the downstream call a key of
+//!   its own, so that the other system executes the side effect once.
+//! - **Multi-step**, for work in several commits and calls (reserve, charge, ship): an
+//!   `external` handler that takes [`Steps`]; each step is recorded on the key as it completes,
+//!   and a retry resumes after the last one.
+//!
+//! The [`tasks`] purge expired keys and settle claims their process abandoned. Beside this
+//! crate: `idem-events`, a transactional outbox and idempotent queue consumers; `idem-openapi`,
+//! the idempotency part of a `utoipa` OpenAPI document, from the handlers' attributes;
+//! `idem-client`, a client that retries by these rules.
+//!
+//! ## Read on
+//!
+//! The attribute's arguments and what the compiler refuses: [`idempotent`]. The guide, in the
+//! repository's `docs/guide/`, has a chapter per subject: the attribute, what a request gets
+//! (headers, fingerprints, every problem), external mode, multi-step handlers, events, the
+//! client, operations (timeouts, metrics, the `idem` command), performance, limits, and a
+//! glossary.
 
-#[cfg(feature = "openapi")]
-pub mod openapi;
 pub mod policy;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 #[cfg(not(any(feature = "postgres", feature = "sqlite")))]
 compile_error!(
@@ -69,7 +172,7 @@ pub use backend::{Backend, migrate};
 pub use context::IdempotencyContext;
 pub use error::Error;
 pub use idem_macros::idempotent;
-pub use problem::{DEFAULT_PROBLEM_TYPE_BASE, Problem, ProblemKind};
+pub use problem::{DEFAULT_PROBLEM_TYPE_BASE, PROBLEM_JSON, Problem, ProblemKind};
 pub use record::RecordedStep;
 pub use scope::IdempotencyScope;
 pub use steps::{StepError, Steps};
@@ -92,12 +195,12 @@ pub mod __private {
     pub use crate::flow::{Claim, ExternalClaim, Input, Scope, hint, scope_of, within};
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use inventory;
-    /// The backend of handlers that have no transaction parameter to name one: PostgreSQL
-    /// when its feature is on, else SQLite.
+    /// The backend of `external` handlers that name none, when only one database feature is
+    /// on (with both, the attribute requires `backend = ...`).
     #[cfg(feature = "postgres")]
     pub type DefaultBackend = sqlx::Postgres;
-    /// The backend of handlers that have no transaction parameter to name one: PostgreSQL
-    /// when its feature is on, else SQLite.
+    /// The backend of `external` handlers that name none, when only one database feature is
+    /// on (with both, the attribute requires `backend = ...`).
     #[cfg(all(feature = "sqlite", not(feature = "postgres")))]
     pub type DefaultBackend = sqlx::Sqlite;
     pub use axum::response::{IntoResponse, Response};
@@ -112,6 +215,21 @@ pub mod __private {
 
     /// Compiles only when `S` provides `Store<DB>`.
     pub fn state_provides_store<S: ProvidesStore<DB>, DB: crate::Backend>() {}
+
+    /// `#[idempotent(state = S)]`: an extractor of nothing, for state `S` only, that makes the
+    /// handler an Axum handler of that one state.
+    pub struct StateIs<S>(::core::marker::PhantomData<fn() -> S>);
+
+    impl<S: Send + Sync> axum::extract::FromRequestParts<S> for StateIs<S> {
+        type Rejection = ::core::convert::Infallible;
+
+        async fn from_request_parts(
+            _: &mut http::request::Parts,
+            _: &S,
+        ) -> Result<Self, Self::Rejection> {
+            Ok(Self(::core::marker::PhantomData))
+        }
+    }
 
     /// `#[idempotent(state = S)]`: every argument but the last reads only the request's parts.
     #[diagnostic::on_unimplemented(

@@ -173,7 +173,7 @@ pub struct NewTransfer {
 /// service executes the transfer under a key derived from the client's (503, not stored, when
 /// it cannot be reached), the transfer is written (idempotently: a takeover may find it
 /// there), and the answer is 201 with it.
-#[idempotent(scope = "tenant", retention = "24h", lease = "5s", backend = DB)]
+#[idempotent(external, scope = "tenant", retention = "24h", lease = "5s", backend = DB)]
 async fn create_transfer<DB: TestBackend>(
     tenant: Tenant,
     ctx: IdempotencyContext,

@@ -230,7 +230,7 @@ async fn account<DB: TestBackend>(
 }
 
 /// External mode: counts its calls; the first waits for the test to open the gate.
-#[idempotent(scope = "tenant", retention = "1h", lease = "5s", backend = DB)]
+#[idempotent(external, scope = "tenant", retention = "1h", lease = "5s", backend = DB)]
 async fn external_slow<DB: TestBackend>(
     tenant: Tenant,
     Extension(calls): Extension<Arc<Calls>>,

@@ -106,7 +106,7 @@ async fn take<DB: TestBackend>(
 }
 
 /// External mode with steps: `take`, `transfer`, `book`; 201 with every step's output.
-#[idempotent(scope = "tenant", retention = "24h", lease = "5s")]
+#[idempotent(external, scope = "tenant", retention = "24h", lease = "5s")]
 async fn create_order<DB: TestBackend>(
     tenant: Tenant,
     steps: Steps<DB>,

@@ -20,8 +20,9 @@ use idem_client::{
 #[derive(Debug, Parser)]
 #[command(name = "pay")]
 struct Args {
-    /// The amount, in minor units (4200 is 42.00).
-    #[arg(long)]
+    /// The amount, in minor units (4200 is 42.00). A negative or zero amount is sent as it is,
+    /// for the service to refuse (400).
+    #[arg(long, allow_negative_numbers = true)]
     amount: i64,
     /// The currency (three letters).
     #[arg(long)]

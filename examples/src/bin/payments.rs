@@ -21,9 +21,9 @@
 use std::{process::ExitCode, time::Duration};
 
 use axum::Router;
-use idem_events::{Publisher, Relay, RelayOptions};
+use idem_events::{Publisher, Relay, RelayOptions, rabbitmq::RabbitMq};
 use idem_examples::{
-    api_doc,
+    api_doc, ledger,
     orders::SettleAbandoned,
     payments::{self, AppState},
     refunds::ProcessorClient,
@@ -78,6 +78,8 @@ async fn serve<DB: Sql>(
     let relay = match broker {
         Some(Broker::RabbitMq(broker)) => {
             tracing::info!("relaying events to RabbitMQ");
+            // In the background: a broker that does not answer must not hold up the start.
+            tokio::spawn(declare_ledger_queue(broker.clone()));
             relay(pool, broker.publisher(), abort_after_publish).spawn(stop.clone())
         }
         Some(Broker::Redis(broker)) => {
@@ -140,6 +142,24 @@ fn relay<DB: Sql, P: Publisher>(
         relay.on_confirmed(|_| std::process::abort())
     } else {
         relay
+    }
+}
+
+/// Declares the ledger's queue, bound to the payments' topic, so that events wait in the broker
+/// (not in the outbox, refused as unroutable) until a ledger runs. A broker that is away now is
+/// no reason not to start: the relay waits for it, and the ledger declares the queue itself.
+async fn declare_ledger_queue(broker: RabbitMq) {
+    let queue = broker.subscriber(ledger::CONSUMER).bind(ledger::TOPIC);
+    match queue.declare().await {
+        Ok(()) => tracing::info!(
+            queue = %broker.queue(ledger::CONSUMER),
+            "the ledger's queue is declared: events wait there until a ledger runs"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            "cannot declare the ledger's queue now; events wait in the outbox until the broker \
+             answers and a queue is bound"
+        ),
     }
 }
 

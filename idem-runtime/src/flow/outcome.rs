@@ -110,14 +110,23 @@ impl<DB: Backend> IdemRequest<DB> {
     }
 
     pub(super) fn store_failed(&self, error: &crate::Error) -> Response {
-        tracing::error!(parent: &self.span, %error, "idempotency store failed");
+        let detail = if error.is_missing_key_table() {
+            tracing::error!(
+                parent: &self.span,
+                %error,
+                "the idempotency key table does not exist: run `idem_runtime::migrate(&pool)` \
+                 on this database when the service starts"
+            );
+            "the idempotency store is not set up (its key table is missing: the service must \
+             run `idem_runtime::migrate`); nothing was stored, retry with the same key later"
+        } else {
+            tracing::error!(parent: &self.span, %error, "idempotency store failed");
+            "the idempotency store failed; nothing was stored, retry with the same key"
+        };
         self.finish(
             Outcome::Failed,
-            self.problem(
-                ProblemKind::StoreUnavailable,
-                "the idempotency store failed; nothing was stored, retry with the same key",
-            )
-            .into_response(),
+            self.problem(ProblemKind::StoreUnavailable, detail)
+                .into_response(),
         )
     }
 

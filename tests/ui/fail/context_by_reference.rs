@@ -1,7 +1,7 @@
 use axum::extract::Path;
 use idem_runtime::{IdempotencyContext, idempotent};
 
-#[idempotent(scope = "account")]
+#[idempotent(external, scope = "account", backend = sqlx::Postgres)]
 async fn create(Path(account): Path<String>, ctx: &IdempotencyContext) -> String {
     let _ = ctx;
     account

@@ -1,7 +1,7 @@
 use idem_runtime::idempotent;
 
 // `lock_timeout` was renamed `lease`: the old spelling is an error that names the new one.
-#[idempotent(scope = "tenant", lock_timeout = "5s")]
+#[idempotent(external, scope = "tenant", lock_timeout = "5s", backend = sqlx::Postgres)]
 async fn refund(tenant: String) {
     let _ = tenant;
 }

@@ -1,7 +1,7 @@
 use idem_runtime::{StepError, Steps, idempotent};
 use sqlx::Postgres;
 
-#[idempotent(global)]
+#[idempotent(external, global)]
 async fn create(steps: Steps<Postgres>) -> Result<String, StepError> {
     let first: String = steps
         .call("charge", async |key| Ok::<_, StepError>(key.to_owned()))

@@ -1,7 +1,7 @@
 use idem_runtime::{Steps, idempotent};
 use sqlx::Postgres;
 
-#[idempotent(global)]
+#[idempotent(external, global)]
 async fn create(steps: &Steps<Postgres>) {
     let _ = steps;
 }

@@ -1,7 +1,7 @@
 use axum::extract::Path;
 use idem_runtime::idempotent;
 
-#[idempotent(scope = "account", timeout = "1m")]
+#[idempotent(external, scope = "account", timeout = "1m", backend = sqlx::Postgres)]
 async fn create(Path(account): Path<String>) -> String {
     account
 }

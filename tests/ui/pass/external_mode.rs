@@ -1,11 +1,12 @@
-//! External mode: no transaction parameter; a `lease`; the idempotency context
-//! for a downstream key; with and without a body; on the default backend and on SQLite.
+//! External mode: no transaction parameter, `external` in the attribute; a `lease`; the
+//! idempotency context for a downstream key; with and without a body; on each backend, named
+//! with `backend` (this crate enables both, so none is the default).
 
 use axum::{Json, Router, extract::Path, http::StatusCode, routing::post};
 use idem_runtime::{IdempotencyContext, Store, idempotent};
 use sqlx::Postgres;
 
-#[idempotent(scope = "account", retention = "24h", lease = "5s")]
+#[idempotent(external, scope = "account", retention = "24h", lease = "5s", backend = Postgres)]
 async fn send_email(
     Path(account): Path<String>,
     ctx: IdempotencyContext,
@@ -16,7 +17,7 @@ async fn send_email(
 }
 
 /// Default lease, no context, no body.
-#[idempotent(scope = "account")]
+#[idempotent(external, scope = "account", backend = Postgres)]
 async fn ping(Path(account): Path<String>) -> String {
     account
 }
@@ -29,7 +30,7 @@ async fn charge(ctx: IdempotencyContext, tx: &mut sqlx::Transaction<'_, Postgres
 }
 
 /// External mode on SQLite: no transaction names the database, `backend` does.
-#[idempotent(scope = "account", backend = sqlx::Sqlite)]
+#[idempotent(external, scope = "account", backend = sqlx::Sqlite)]
 async fn ping_sqlite(Path(account): Path<String>) -> String {
     account
 }

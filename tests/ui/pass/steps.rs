@@ -35,7 +35,7 @@ async fn charge(_key: &str, amount: i64) -> Result<String, OrderError> {
     if amount > 0 { Ok(String::from("ch_1")) } else { Err(OrderError::Declined) }
 }
 
-#[idempotent(scope = "tenant", retention = "24h", lease = "5s")]
+#[idempotent(external, scope = "tenant", retention = "24h", lease = "5s")]
 async fn create_order(
     Path(tenant): Path<String>,
     steps: Steps<Postgres>,
@@ -56,7 +56,7 @@ async fn create_order(
     Ok((StatusCode::CREATED, format!("{tenant} {charge}")))
 }
 
-#[idempotent(scope = "tenant")]
+#[idempotent(external, scope = "tenant")]
 async fn create_order_sqlite(
     Path(tenant): Path<String>,
     steps: Steps<Sqlite>,

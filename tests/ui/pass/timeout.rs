@@ -31,13 +31,13 @@ async fn create_sqlite(tx: &mut Transaction<'_, Sqlite>) -> Response {
     StatusCode::CREATED.into_response()
 }
 
-#[idempotent(scope = "account", lease = "1m", timeout = "59s")]
+#[idempotent(external, scope = "account", lease = "1m", timeout = "59s", backend = sqlx::Postgres)]
 async fn send_email(Path(account): Path<String>, ctx: IdempotencyContext) -> String {
     format!("{account} {}", ctx.derive("email"))
 }
 
 /// Shorter than the default lease (30 s).
-#[idempotent(scope = "account", timeout = "10s", backend = sqlx::Sqlite)]
+#[idempotent(external, scope = "account", timeout = "10s", backend = sqlx::Sqlite)]
 async fn ping_sqlite(Path(account): Path<String>) -> String {
     account
 }

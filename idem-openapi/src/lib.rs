@@ -1,5 +1,10 @@
-//! The idempotency part of an OpenAPI document, contributed by the library (feature `openapi`,
-//! with `utoipa`).
+//! # idem-openapi: the idempotency part of an OpenAPI document
+//!
+//! For services built with `idem-runtime`'s `#[idempotent]` handlers and documented with
+//! `utoipa`. It reads what each handler's attribute registered (`idem_runtime::policy`), so the
+//! document says exactly what the runtime does. A crate of its own, so that `utoipa`'s major
+//! versions are not part of `idem-runtime`'s, and a service that publishes no document compiles
+//! none of it.
 //!
 //! Add [`Idempotency`] to a document's modifiers. Every operation whose `operationId` is the
 //! name of an `#[idempotent]` handler (utoipa's default for `#[utoipa::path]`) then gets:
@@ -28,7 +33,7 @@
 //! gives the same for serving elsewhere.
 //!
 //! ```
-//! use idem_runtime::openapi::Idempotency;
+//! use idem_openapi::Idempotency;
 //! use utoipa::OpenApi;
 //!
 //! #[derive(OpenApi)]
@@ -48,9 +53,10 @@ use utoipa::openapi::{
     response::Response,
 };
 
-use crate::ProblemKind;
-use crate::policy::{HandlerPolicy, KeyScope, Mode, RetentionPolicy, handlers};
-use crate::problem::PROBLEM_JSON;
+use idem_runtime::{
+    PROBLEM_JSON, ProblemKind,
+    policy::{HandlerPolicy, KeyScope, Mode, RetentionPolicy, handlers},
+};
 
 /// The name of the problem details schema this modifier adds to `components.schemas`.
 pub const PROBLEM_SCHEMA: &str = "IdempotencyProblem";
