@@ -14,13 +14,12 @@ use idem_events::{
     self as events, Backend, BrokerError, CancellationToken, Delivery, Handler, Message, Pass,
     Processed, Publisher, Relay, RelayOptions, Subscriber, Subscription, Waiting,
 };
-use idem_tests::{AnySubscription, BrokerKind, RedisServer, TcpProxy, TestBroker};
+use idem_tests::{
+    AnySubscription, BrokerKind, DEADLINE, RedisServer, TcpProxy, TestBroker, wait_until,
+};
 use serde_json::json;
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
 use tokio::time::Instant;
-
-/// How long a test waits for the brokers and the relay before it fails with a message.
-const DEADLINE: Duration = Duration::from_secs(60);
 
 const CONSUMER: &str = "ledger";
 
@@ -241,19 +240,6 @@ fn assert_in_order(
     }
 }
 
-/// Waits until `done` holds, checking every 20 ms, or fails with `what` after [`DEADLINE`].
-async fn eventually<F, Fut>(what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    while !done().await {
-        assert!(Instant::now() < deadline, "not within {DEADLINE:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn a_rolled_back_transaction_enqueues_nothing<DB: TestDatabase>(
     pool: Pool<DB>,
     broker: TestBroker,
@@ -373,7 +359,7 @@ async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow
     let shutdown = CancellationToken::new();
     let running = events::Consumer::new(CONSUMER, pool.clone(), applier.clone())
         .spawn(broker.subscriber(CONSUMER), shutdown.clone());
-    eventually(
+    wait_until(
         "both good messages applied and the poison one dead-lettered",
         || async {
             let applied = DB::applied(&pool).await;
@@ -545,7 +531,7 @@ async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestDatabase>(
     let mut holding = Relay::new(pool.clone(), stalled)
         .options(RelayOptions::default().publish_timeout(Duration::from_secs(3600)));
     let held = tokio::spawn(async move { holding.pass().await });
-    eventually("the stalled relay holds a topic", || {
+    wait_until("the stalled relay holds a topic", || {
         let reached = Arc::clone(&reached);
         async move { reached.load(Ordering::SeqCst) > 0 }
     })
@@ -598,7 +584,7 @@ async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestDatabas
         .publish(&[Message::new("in-flight", "payment.succeeded", "{}")])
         .await
         .expect("publish");
-    eventually("the handler to start on the message", || async {
+    wait_until("the handler to start on the message", || async {
         applier.calls("in-flight") == 1
     })
     .await;
@@ -630,7 +616,7 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
         .publish(&[Message::new("before", "payment.succeeded", "{}")])
         .await
         .expect("publish");
-    eventually("the first message applied", || async {
+    wait_until("the first message applied", || async {
         DB::applied(&pool).await.contains(&"before".to_owned())
     })
     .await;
@@ -639,7 +625,7 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
         .publish(&[Message::new("after", "payment.succeeded", "{}")])
         .await
         .expect("publish");
-    eventually("the message sent after the cut applied", || async {
+    wait_until("the message sent after the cut applied", || async {
         DB::applied(&pool).await.contains(&"after".to_owned())
     })
     .await;
@@ -680,7 +666,7 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
         let received = next(&mut subscription, "the killer message again").await;
         let consumer = consumer.clone();
         let processing = tokio::spawn(async move { consumer.process(received).await });
-        eventually(
+        wait_until(
             "the handler to run, or the message to be settled",
             || async { applier.calls("killer") == delivery || processing.is_finished() },
         )
@@ -699,7 +685,7 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
         6,
         "the first delivery and five counted ones"
     );
-    eventually("the message in the dead-letter place", || async {
+    wait_until("the message in the dead-letter place", || async {
         broker.dead_letters(CONSUMER).await == ["killer"]
     })
     .await;
@@ -830,7 +816,7 @@ async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: TestDatab
         .max_backoff(Duration::from_millis(500))
         .spawn(broker.subscriber(CONSUMER), shutdown.clone());
     let before = enqueue_committed(&pool, "payment.succeeded", 0).await;
-    eventually("the first event applied", || async {
+    wait_until("the first event applied", || async {
         DB::applied(&pool).await.contains(&before)
     })
     .await;
@@ -850,7 +836,7 @@ async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: TestDatab
         "with the broker down, the events wait in the outbox"
     );
     server.restart().await;
-    eventually(
+    wait_until(
         "the events enqueued while Redis was down applied",
         || async {
             let applied = DB::applied(&pool).await;

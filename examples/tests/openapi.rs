@@ -458,8 +458,10 @@ fn every_idempotent_handler_linked_in_is_documented() {
     ] {
         assert!(names.contains(name), "{name} is registered: {names:?}");
     }
+    // The example's own: the harness of idem-tests, linked in beside it, has test handlers.
     let missing: Vec<_> = idem_runtime::openapi::undocumented_handlers(&document)
         .iter()
+        .filter(|h| h.module().starts_with("idem_examples"))
         .map(|h| format!("{}::{}", h.module(), h.name()))
         .collect();
     assert!(missing.is_empty(), "undocumented: {missing:?}");
