@@ -285,7 +285,6 @@ async fn a_rolled_back_transaction_enqueues_nothing<DB: TestDatabase>(
         0,
         "the event is marked published"
     );
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn a_redelivered_message_is_applied_once<DB: TestDatabase>(
@@ -334,7 +333,6 @@ async fn a_redelivered_message_is_applied_once<DB: TestDatabase>(
         "applied once"
     );
     assert_eq!(applier.calls("evt-1"), 1, "the handler ran once");
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow<
@@ -385,7 +383,6 @@ async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow
         !DB::applied(&pool).await.contains(&"bad".to_owned()),
         "the failed attempts rolled back"
     );
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broker_is_away<
@@ -463,7 +460,6 @@ async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broke
         .expect("subscribe");
     let arrived = receive_all(&mut subscription, &expected).await;
     assert_in_order(&arrived, &enqueued);
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestDatabase>(
@@ -514,7 +510,6 @@ async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestDat
         relay.await.expect("the relay stops");
     }
     assert_in_order(&arrived, &enqueued);
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestDatabase>(
@@ -552,7 +547,6 @@ async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestDatabase>(
     );
     held.abort();
     let _ = held.await;
-    broker.remove(&[CONSUMER]).await;
 }
 
 /// A publisher that never answers, and counts the batches it was given.
@@ -596,7 +590,6 @@ async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestDatabas
         0,
         "the message was acknowledged before the consumer stopped"
     );
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
@@ -635,7 +628,6 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
     applied.sort();
     assert_eq!(applied, ["after", "before"], "each message once");
     assert!(proxy.cuts() >= 1);
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_place<
@@ -693,7 +685,6 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
         DB::applied(&pool).await.is_empty(),
         "every attempt rolled back"
     );
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn the_relay_reports_its_backlog<DB: TestDatabase>(pool: Pool<DB>, broker: TestBroker) {
@@ -719,7 +710,6 @@ async fn the_relay_reports_its_backlog<DB: TestDatabase>(pool: Pool<DB>, broker:
         empty,
         "published events do not wait"
     );
-    broker.remove(&[CONSUMER]).await;
 }
 
 /// Each test on one database and one broker, as `<database>::<broker>::<name>`.
@@ -934,7 +924,6 @@ async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: TestDatabase>
     let delivery = subscription.next().await.expect("a message");
     assert_eq!(delivery.message().id(), a);
     delivery.ack().await.expect("ack");
-    broker.remove(&[CONSUMER]).await;
 }
 
 #[sqlx::test(migrations = false)]
