@@ -736,16 +736,16 @@ macro_rules! on_both_databases_and_brokers {
             _: sqlx::postgres::PgPoolOptions,
             connect: sqlx::postgres::PgConnectOptions,
         ) {
-            let pool = crate::postgres_pool(connect).await;
-            crate::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
+            let pool = crate::events::postgres_pool(connect).await;
+            crate::events::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
         }
     )*};
     (@tests sqlite, $broker:ident; $($name:ident),*) => {$(
         #[tokio::test]
         async fn $name() {
             let dir = tempfile::tempdir().expect("a temporary directory");
-            let pool = crate::sqlite_pool(&dir).await;
-            crate::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
+            let pool = crate::events::sqlite_pool(&dir).await;
+            crate::events::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
         }
     )*};
 }
@@ -1042,7 +1042,7 @@ async fn postgres_event_tables_an_earlier_release_created_are_adopted(
     connect: sqlx::postgres::PgConnectOptions,
 ) {
     let sql = earlier_event_sql(include_str!(
-        "../idem-events/migrations/postgres/20261201000001_events.sql"
+        "../../idem-events/migrations/postgres/20261201000001_events.sql"
     ));
     let pool = postgres_pool(connect).await;
     event_tables_an_earlier_release_created_are_adopted(pool, &sql, "'\\x00'::bytea").await;
@@ -1052,7 +1052,7 @@ async fn postgres_event_tables_an_earlier_release_created_are_adopted(
 async fn sqlite_event_tables_an_earlier_release_created_are_adopted() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let sql = earlier_event_sql(include_str!(
-        "../idem-events/migrations/sqlite/20261201000001_events.sql"
+        "../../idem-events/migrations/sqlite/20261201000001_events.sql"
     ));
     let pool = sqlite_pool(&dir).await;
     event_tables_an_earlier_release_created_are_adopted(pool, &sql, "X'00'").await;
