@@ -5,7 +5,7 @@
 //! its commit but before its acknowledgement. In the end every tenant's ledger holds exactly
 //! one entry per succeeded payment and their sum, whatever was delivered twice.
 
-mod support;
+use crate::support;
 
 use std::{
     collections::BTreeMap,
