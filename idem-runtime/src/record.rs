@@ -156,6 +156,7 @@ pub struct Completion<'a> {
     /// What the claim gave to identify its transaction, where the database gives something
     /// ([`Begun::Acquired`](crate::backend::Begun::Acquired)): the completion writes only in
     /// that same transaction.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub mark: Option<&'a str>,
 }
 
@@ -217,6 +218,7 @@ pub enum Started {
         lease_left: Option<Duration>,
     },
     /// Another request is claiming the key this instant.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Busy,
 }
 

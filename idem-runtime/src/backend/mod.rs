@@ -15,6 +15,7 @@ pub(crate) enum Begun<DB: sqlx::Database> {
     /// ([`Completion::mark`](crate::record::Completion::mark)).
     Acquired(Transaction<'static, DB>, Option<String>),
     /// Another transaction holds the key.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Busy,
     /// The key has a live row.
     Live(KeyRecord),
@@ -41,7 +42,7 @@ mod sqlite;
 /// `sqlx::Postgres` (feature `postgres`) or `sqlx::Sqlite` (feature `sqlite`).
 ///
 /// The `#[idempotent]` macro picks the backend from the handler's transaction type
-/// (`&mut Transaction<'_, Postgres>` selects [`sqlx::Postgres`]); its output has the same shape
+/// (`&mut Transaction<'_, Postgres>` selects `sqlx::Postgres`); its output has the same shape
 /// for every backend. Use it as a bound to write code generic over the database
 /// (`Store<DB: Backend>`); it is sealed: idem implements it, applications do not.
 #[diagnostic::on_unimplemented(
