@@ -20,7 +20,7 @@
 //!
 //! **Brokers.** The relay and the consumers see a broker only through [`Publisher`],
 //! [`Subscriber`], [`Subscription`] and [`Delivery`]. The `rabbitmq` feature implements them
-//! with lapin ([`rabbitmq`]), the `redis` feature on Redis Streams ([`redis`](mod@redis)).
+//! with lapin (module `rabbitmq`), the `redis` feature on Redis Streams (module `redis`).
 //!
 //! **Running.** The relay and the consumers are built from their parts and an options value
 //! ([`RelayOptions`], [`ConsumerOptions`]) and run by `spawn(shutdown)`, which returns a

@@ -1,9 +1,14 @@
 //! The real brokers the event tests run against, behind one type: RabbitMQ at `$AMQP_URL`
 //! (default `amqp://guest:guest@127.0.0.1:5672/%2f`) and Redis at `$REDIS_URL` (default
 //! `redis://127.0.0.1:6379`). Each test gets names of its own (an exchange or a stream), so
-//! tests run side by side on one broker, and removes them when done.
+//! tests run side by side on one broker; they are removed when the test's last [`TestBroker`]
+//! is dropped, whether the test passed or panicked.
 
-use std::time::Duration;
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use idem_events::{
     BrokerError, Delivery, Message, Publisher, Subscriber, Subscription,
@@ -30,12 +35,125 @@ pub enum BrokerKind {
     Redis,
 }
 
-/// A broker with names of the test's own.
+/// How long dropping a [`TestBroker`] may spend removing its names from the broker.
+const REMOVAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A broker with names of the test's own. Its clones (and [`TestBroker::through`]) share the
+/// names; when the last of them is dropped, the exchange or stream and the queues of the
+/// consumers it was used with are removed from the broker.
 #[derive(Debug, Clone)]
 pub struct TestBroker {
     kind: BrokerKind,
     url: Url,
+    names: Arc<Names>,
+}
+
+/// The names a test made on a broker, removed when dropped.
+#[derive(Debug)]
+struct Names {
+    kind: BrokerKind,
+    /// The broker itself, never a proxy in front of it (which may be down by then).
+    url: Url,
     name: String,
+    /// The consumers whose queues (RabbitMQ) to remove.
+    consumers: Mutex<BTreeSet<String>>,
+}
+
+impl Drop for Names {
+    /// Removes the names on a thread of its own with its own runtime, and waits for it: there
+    /// is no async drop, and the test's runtime may be gone or shutting down (a panicking test
+    /// drops its broker while unwinding). A broker that does not answer within
+    /// [`REMOVAL_TIMEOUT`] leaves the names behind, and the drop says so.
+    fn drop(&mut self) {
+        let removal = Removal {
+            kind: self.kind,
+            url: self.url.clone(),
+            name: std::mem::take(&mut self.name),
+            consumers: std::mem::take(self.consumers.get_mut().unwrap_or_else(|e| e.into_inner())),
+        };
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|error| format!("no runtime for the removal: {error}"))?;
+            runtime.block_on(async {
+                tokio::time::timeout(REMOVAL_TIMEOUT, removal.run())
+                    .await
+                    .map_err(|_| format!("the broker did not answer within {REMOVAL_TIMEOUT:?}"))?
+            })
+        });
+        let outcome = thread
+            .join()
+            .unwrap_or_else(|_| Err("the removal panicked".to_owned()));
+        if let Err(error) = outcome {
+            eprintln!("test broker names left behind at {}: {error}", self.url);
+        }
+    }
+}
+
+/// What [`Names`] removes, moved to the thread that removes it.
+struct Removal {
+    kind: BrokerKind,
+    url: Url,
+    name: String,
+    consumers: BTreeSet<String>,
+}
+
+impl Removal {
+    async fn run(self) -> Result<(), String> {
+        match self.kind {
+            BrokerKind::RabbitMq => {
+                let connection = lapin::Connection::connect(
+                    self.url.as_str(),
+                    lapin::ConnectionProperties::default(),
+                )
+                .await
+                .map_err(|error| error.to_string())?;
+                let channel = connection
+                    .create_channel()
+                    .await
+                    .map_err(|error| error.to_string())?;
+                let names = RabbitMq::new(self.url.as_str(), &self.name);
+                let mut failed = Vec::new();
+                for consumer in &self.consumers {
+                    for queue in [names.queue(consumer), names.dead_letter_queue(consumer)] {
+                        if let Err(error) = channel
+                            .queue_delete(queue.as_str().into(), Default::default())
+                            .await
+                        {
+                            failed.push(format!("queue {queue}: {error}"));
+                        }
+                    }
+                }
+                if let Err(error) = channel
+                    .exchange_delete(self.name.as_str().into(), Default::default())
+                    .await
+                {
+                    failed.push(format!("exchange {}: {error}", self.name));
+                }
+                let _ = connection.close(200, "removed".into()).await;
+                if !failed.is_empty() {
+                    return Err(failed.join("; "));
+                }
+            }
+            BrokerKind::Redis => {
+                let streams =
+                    RedisStreams::new(self.url.as_str(), &self.name).map_err(|e| e.to_string())?;
+                let mut conn = redis::Client::open(self.url.as_str())
+                    .map_err(|error| error.to_string())?
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|error| error.to_string())?;
+                redis::AsyncCommands::del::<_, ()>(
+                    &mut conn,
+                    &[self.name.clone(), streams.dead_letter_stream()],
+                )
+                .await
+                .map_err(|error| error.to_string())?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The URL of `kind` from the environment, or the local default.
@@ -53,19 +171,42 @@ impl TestBroker {
     /// `kind`, with a fresh exchange or stream name.
     pub fn new(kind: BrokerKind) -> Self {
         let url = Url::parse(&broker_url(kind)).expect("a broker URL");
-        let name = format!(
-            "idem.test.{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        );
-        Self { kind, url, name }
+        Self::named(kind, url)
     }
 
     /// `kind` at `url`, with a fresh exchange or stream name.
     pub fn at(kind: BrokerKind, url: &str) -> Self {
-        Self {
-            url: Url::parse(url).expect("a broker URL"),
-            ..Self::new(kind)
-        }
+        Self::named(kind, Url::parse(url).expect("a broker URL"))
+    }
+
+    fn named(kind: BrokerKind, url: Url) -> Self {
+        let name = format!(
+            "idem.test.{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        let names = Arc::new(Names {
+            kind,
+            url: url.clone(),
+            name,
+            consumers: Mutex::default(),
+        });
+        Self { kind, url, names }
+    }
+
+    /// Notes that the consumer `consumer` reads from these names (from another process, say),
+    /// so that its queues are removed with them. The methods here that take a consumer note it
+    /// themselves.
+    pub fn used_by(self, consumer: &str) -> Self {
+        self.note(consumer);
+        self
+    }
+
+    fn note(&self, consumer: &str) {
+        self.names
+            .consumers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(consumer.to_owned());
     }
 
     /// Which broker it is.
@@ -75,7 +216,7 @@ impl TestBroker {
 
     /// The exchange (RabbitMQ) or stream (Redis) name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.names.name
     }
 
     /// The broker's `host:port`, for a proxy in front of it.
@@ -98,7 +239,7 @@ impl TestBroker {
         Self {
             kind: self.kind,
             url,
-            name: self.name.clone(),
+            names: Arc::clone(&self.names),
         }
     }
 
@@ -112,6 +253,7 @@ impl TestBroker {
 
     /// The subscriber of the consumer `consumer`, bound to every topic.
     pub fn subscriber(&self, consumer: &str) -> AnySubscriber {
+        self.note(consumer);
         match self.kind {
             BrokerKind::RabbitMq => {
                 AnySubscriber::RabbitMq(self.rabbitmq_subscriber(consumer, "#"))
@@ -127,6 +269,7 @@ impl TestBroker {
     /// Declares the consumer's queue (RabbitMQ) or group (Redis) without reading from it, so
     /// that events published from now on reach it.
     pub async fn declare(&self, consumer: &str) {
+        self.note(consumer);
         match self.kind {
             BrokerKind::RabbitMq => self.rabbitmq_subscriber(consumer, "#").declare().await,
             BrokerKind::Redis => self.redis().subscriber(consumer).declare().await,
@@ -136,15 +279,16 @@ impl TestBroker {
 
     /// The RabbitMQ subscriber of `consumer`, bound to `pattern` only.
     pub fn rabbitmq_subscriber(&self, consumer: &str, pattern: &str) -> RabbitMqSubscriber {
+        self.note(consumer);
         self.rabbitmq().subscriber(consumer).bind(pattern)
     }
 
     fn rabbitmq(&self) -> RabbitMq {
-        RabbitMq::new(self.url.as_str(), &self.name)
+        RabbitMq::new(self.url.as_str(), self.name())
     }
 
     fn redis(&self) -> RedisStreams {
-        RedisStreams::new(self.url.as_str(), &self.name).expect("a Redis URL")
+        RedisStreams::new(self.url.as_str(), self.name()).expect("a Redis URL")
     }
 
     /// The ids of the messages in the consumer's dead-letter place, oldest first (read
@@ -186,7 +330,7 @@ impl TestBroker {
                 let channel = connection.create_channel().await.expect("a channel");
                 // Unacknowledged messages count as ready only once their consumer's
                 // connection is gone, which the broker learns a moment after it closes.
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+                let deadline = tokio::time::Instant::now() + crate::DEADLINE;
                 loop {
                     let queue = channel
                         .queue_declare(
@@ -204,7 +348,8 @@ impl TestBroker {
                     }
                     assert!(
                         tokio::time::Instant::now() < deadline,
-                        "the consumer's connection did not close within a minute"
+                        "the consumer's connection did not close within {:?}",
+                        crate::DEADLINE
                     );
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -212,7 +357,7 @@ impl TestBroker {
             BrokerKind::Redis => {
                 let mut conn = self.redis_connection().await;
                 let groups: redis::streams::StreamInfoGroupsReply =
-                    redis::AsyncCommands::xinfo_groups(&mut conn, &self.name)
+                    redis::AsyncCommands::xinfo_groups(&mut conn, self.name())
                         .await
                         .expect("XINFO GROUPS");
                 groups
@@ -231,48 +376,6 @@ impl TestBroker {
             .get_multiplexed_async_connection()
             .await
             .expect("connect to Redis")
-    }
-
-    /// Removes what the test created on the broker.
-    pub async fn remove(&self, consumers: &[&str]) {
-        match self.kind {
-            BrokerKind::RabbitMq => {
-                let Ok(connection) = lapin::Connection::connect(
-                    self.url.as_str(),
-                    lapin::ConnectionProperties::default(),
-                )
-                .await
-                else {
-                    return;
-                };
-                let Ok(channel) = connection.create_channel().await else {
-                    return;
-                };
-                for consumer in consumers {
-                    for queue in [
-                        self.rabbitmq().queue(consumer),
-                        self.rabbitmq().dead_letter_queue(consumer),
-                    ] {
-                        let _ = channel
-                            .queue_delete(queue.as_str().into(), Default::default())
-                            .await;
-                    }
-                }
-                let _ = channel
-                    .exchange_delete(self.name.as_str().into(), Default::default())
-                    .await;
-            }
-            BrokerKind::Redis => {
-                let client = redis::Client::open(self.url.as_str()).expect("a Redis URL");
-                if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                    let _: Result<(), _> = redis::AsyncCommands::del(
-                        &mut conn,
-                        &[self.name.clone(), self.redis().dead_letter_stream()],
-                    )
-                    .await;
-                }
-            }
-        }
     }
 }
 
@@ -409,5 +512,73 @@ impl Delivery for AnyDelivery {
             Self::RabbitMq(delivery) => (*delivery).dead_letter(reason).await,
             Self::Redis(delivery) => delivery.dead_letter(reason).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the exchange (RabbitMQ) or the stream (Redis) `name` is on the broker.
+    async fn on_the_broker(kind: BrokerKind, name: &str) -> bool {
+        let url = broker_url(kind);
+        match kind {
+            BrokerKind::RabbitMq => {
+                let connection =
+                    lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+                        .await
+                        .expect("connect to RabbitMQ");
+                let channel = connection.create_channel().await.expect("a channel");
+                // A passive declaration of a missing exchange fails (and closes the channel).
+                channel
+                    .exchange_declare(
+                        name.into(),
+                        lapin::ExchangeKind::Topic,
+                        lapin::options::ExchangeDeclareOptions {
+                            passive: true,
+                            ..Default::default()
+                        },
+                        Default::default(),
+                    )
+                    .await
+                    .is_ok()
+            }
+            BrokerKind::Redis => {
+                let mut conn = redis::Client::open(url)
+                    .expect("a Redis URL")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect to Redis");
+                redis::AsyncCommands::exists(&mut conn, name)
+                    .await
+                    .expect("EXISTS")
+            }
+        }
+    }
+
+    async fn names_are_removed_when_a_panicking_test_drops_them(kind: BrokerKind) {
+        let broker = TestBroker::new(kind);
+        broker.declare("ledger").await;
+        let name = broker.name().to_owned();
+        assert!(on_the_broker(kind, &name).await, "{name} declared");
+        let test = tokio::spawn(async move {
+            let _broker = broker;
+            panic!("a failing test");
+        });
+        assert!(test.await.expect_err("the test panics").is_panic());
+        assert!(
+            !on_the_broker(kind, &name).await,
+            "{name} is left on the broker"
+        );
+    }
+
+    #[tokio::test]
+    async fn rabbitmq_names_are_removed_when_a_panicking_test_drops_them() {
+        names_are_removed_when_a_panicking_test_drops_them(BrokerKind::RabbitMq).await;
+    }
+
+    #[tokio::test]
+    async fn redis_names_are_removed_when_a_panicking_test_drops_them() {
+        names_are_removed_when_a_panicking_test_drops_them(BrokerKind::Redis).await;
     }
 }

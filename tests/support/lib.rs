@@ -81,7 +81,8 @@ macro_rules! backend_tests {
 /// takes on a loaded machine, so that only a real hang ends there.
 pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Polls `condition` until it holds; panics, saying what it waited for, after [`DEADLINE`].
+/// Polls `condition` every 10 ms until it holds; panics, saying what it waited for, after
+/// [`DEADLINE`]. The one wait of the suites: the library's tests and the example's use it alike.
 pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
 where
     F: FnMut() -> Fut,
@@ -93,7 +94,7 @@ where
             tokio::time::Instant::now() < deadline,
             "waited {DEADLINE:?} for {what}"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
 

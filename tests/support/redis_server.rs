@@ -5,7 +5,6 @@
 use std::{
     net::TcpListener,
     process::{Child, Command, Stdio},
-    time::Duration,
 };
 
 /// The server process and its port.
@@ -61,21 +60,17 @@ impl RedisServer {
             .expect("start redis-server: the Redis restart tests need it installed (Debian: apt-get install redis-server)");
         self.process = Some(process);
         let client = redis::Client::open(self.url()).expect("a Redis URL");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+        crate::wait_until(
+            &format!("redis-server on port {} to answer", self.port),
+            || async {
+                let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                    return false;
+                };
                 let pong: Result<String, _> = redis::cmd("PING").query_async(&mut conn).await;
-                if pong.is_ok() {
-                    return;
-                }
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "redis-server on port {} did not answer within a minute",
-                self.port
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                pong.is_ok()
+            },
+        )
+        .await;
     }
 }
 

@@ -53,7 +53,7 @@ mod sqlite;
 /// `sqlx::Postgres` (feature `postgres`) or `sqlx::Sqlite` (feature `sqlite`).
 ///
 /// The `#[idempotent]` macro picks the backend from the handler's transaction type
-/// (`&mut Transaction<'_, Postgres>` selects [`sqlx::Postgres`]); its output has the same shape
+/// (`&mut Transaction<'_, Postgres>` selects `sqlx::Postgres`); its output has the same shape
 /// for every backend. Use it as a bound to write code generic over the database
 /// (`Store<DB: Backend>`); it is sealed: idem implements it, applications do not.
 #[diagnostic::on_unimplemented(

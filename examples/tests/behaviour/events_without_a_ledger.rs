@@ -3,15 +3,14 @@
 //! the outbox; and an event the broker cannot route (no queue bound to its topic) costs the log
 //! one warning per outage, not a line per message. On SQLite: the broker's side is the subject.
 
-mod support;
-
 use std::process::{Command, Stdio};
 
+use crate::support::{self, Database, Process, free_addr, wait_until_up};
 use idem_events::rabbitmq::RabbitMq;
+use idem_tests::wait_until;
 use idem_tests::{BrokerKind, TestBroker};
 use reqwest::{Client, StatusCode};
 use serde_json::json;
-use support::{Database, Process, free_addr, wait_until, wait_until_up};
 
 /// Payments each test makes.
 const PAYMENTS: usize = 20;
@@ -92,7 +91,7 @@ impl Service {
 async fn with_no_ledger_running_the_events_wait_in_the_ledgers_queue() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let database = support::sqlite(&dir).await;
-    let names = TestBroker::new(BrokerKind::RabbitMq);
+    let names = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
     let service = Service::start(&database, &names, &dir).await;
     for n in 0..PAYMENTS {
         service.pay(n).await;
@@ -107,14 +106,13 @@ async fn with_no_ledger_running_the_events_wait_in_the_ledgers_queue() {
         !log.contains("refuses the topic"),
         "no event was refused as unroutable:\n{log}"
     );
-    names.remove(&["ledger"]).await;
 }
 
 #[tokio::test]
 async fn an_unroutable_event_logs_one_warning_per_outage_not_one_per_message() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let database = support::sqlite(&dir).await;
-    let names = TestBroker::new(BrokerKind::RabbitMq);
+    let names = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
     let service = Service::start(&database, &names, &dir).await;
     // Nothing is bound to the topic once the queue the service declared is gone.
     wait_until("the service to declare the ledger's queue", || {
@@ -140,7 +138,6 @@ async fn an_unroutable_event_logs_one_warning_per_outage_not_one_per_message() {
         .filter(|line| line.contains("WARN") && line.contains("refuses the topic"))
         .count();
     assert_eq!(warnings, 1, "one warning for the outage:\n{log}");
-    names.remove(&["ledger"]).await;
 }
 
 /// Deletes `consumer`'s queue (not the exchange): its topic is then bound to nothing.

@@ -2,7 +2,7 @@
 //! reads answer, beyond what the library's own tests check (the idempotency rules themselves
 //! are checked on the suite's test app in `tests/`).
 
-mod service;
+use crate::service;
 
 use axum::http::StatusCode;
 use idem_tests::{Req, backend_tests};

@@ -15,13 +15,12 @@ use idem_events::{
     EventHandler, Message, Pass, Processed, Publisher, Relay, RelayOptions, Subscriber,
     Subscription, Waiting,
 };
-use idem_tests::{AnySubscription, BrokerKind, RedisServer, TcpProxy, TestBroker};
+use idem_tests::{
+    AnySubscription, BrokerKind, DEADLINE, RedisServer, TcpProxy, TestBroker, wait_until,
+};
 use serde_json::json;
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
 use tokio::time::Instant;
-
-/// How long a test waits for the brokers and the relay before it fails with a message.
-const DEADLINE: Duration = Duration::from_secs(60);
 
 const CONSUMER: &str = "ledger";
 
@@ -242,19 +241,6 @@ fn assert_in_order(
     }
 }
 
-/// Waits until `done` holds, checking every 20 ms, or fails with `what` after [`DEADLINE`].
-async fn eventually<F, Fut>(what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    while !done().await {
-        assert!(Instant::now() < deadline, "not within {DEADLINE:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn a_rolled_back_transaction_enqueues_nothing<DB: TestDatabase>(
     pool: Pool<DB>,
     broker: TestBroker,
@@ -300,7 +286,6 @@ async fn a_rolled_back_transaction_enqueues_nothing<DB: TestDatabase>(
         0,
         "the event is marked published"
     );
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn a_redelivered_message_is_applied_once<DB: TestDatabase>(
@@ -353,7 +338,6 @@ async fn a_redelivered_message_is_applied_once<DB: TestDatabase>(
         "applied once"
     );
     assert_eq!(applier.calls("evt-1"), 1, "the handler ran once");
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow<
@@ -383,7 +367,7 @@ async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow
     )
     .with_subscriber(broker.subscriber(CONSUMER))
     .spawn(shutdown.clone());
-    eventually(
+    wait_until(
         "both good messages applied and the poison one dead-lettered",
         || async {
             let applied = DB::applied(&pool).await;
@@ -409,7 +393,6 @@ async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow
         !DB::applied(&pool).await.contains(&"bad".to_owned()),
         "the failed attempts rolled back"
     );
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broker_is_away<
@@ -490,7 +473,6 @@ async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broke
         .expect("subscribe");
     let arrived = receive_all(&mut subscription, &expected).await;
     assert_in_order(&arrived, &enqueued);
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestDatabase>(
@@ -539,7 +521,6 @@ async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestDat
         relay.await.expect("the relay stops");
     }
     assert_in_order(&arrived, &enqueued);
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestDatabase>(
@@ -559,7 +540,7 @@ async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestDatabase>(
         RelayOptions::default().with_publish_timeout(Duration::from_secs(3600)),
     );
     let held = tokio::spawn(async move { holding.pass().await });
-    eventually("the stalled relay holds a topic", || {
+    wait_until("the stalled relay holds a topic", || {
         let reached = Arc::clone(&reached);
         async move { reached.load(Ordering::SeqCst) > 0 }
     })
@@ -580,7 +561,6 @@ async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestDatabase>(
     );
     held.abort();
     let _ = held.await;
-    broker.remove(&[CONSUMER]).await;
 }
 
 /// A publisher that never answers, and counts the batches it was given.
@@ -617,7 +597,7 @@ async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestDatabas
         .publish(&[Message::new("in-flight", "payment.succeeded", "{}")])
         .await
         .expect("publish");
-    eventually("the handler to start on the message", || async {
+    wait_until("the handler to start on the message", || async {
         applier.calls("in-flight") == 1
     })
     .await;
@@ -629,7 +609,6 @@ async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestDatabas
         0,
         "the message was acknowledged before the consumer stopped"
     );
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
@@ -652,7 +631,7 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
         .publish(&[Message::new("before", "payment.succeeded", "{}")])
         .await
         .expect("publish");
-    eventually("the first message applied", || async {
+    wait_until("the first message applied", || async {
         DB::applied(&pool).await.contains(&"before".to_owned())
     })
     .await;
@@ -661,7 +640,7 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
         .publish(&[Message::new("after", "payment.succeeded", "{}")])
         .await
         .expect("publish");
-    eventually("the message sent after the cut applied", || async {
+    wait_until("the message sent after the cut applied", || async {
         DB::applied(&pool).await.contains(&"after".to_owned())
     })
     .await;
@@ -671,7 +650,6 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
     applied.sort();
     assert_eq!(applied, ["after", "before"], "each message once");
     assert!(proxy.cuts() >= 1);
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_place<
@@ -706,7 +684,7 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
         let received = next(&mut subscription, "the killer message again").await;
         let consumer = consumer.clone();
         let processing = tokio::spawn(async move { consumer.process(received).await });
-        eventually(
+        wait_until(
             "the handler to run, or the message to be settled",
             || async { applier.calls("killer") == delivery || processing.is_finished() },
         )
@@ -725,7 +703,7 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
         6,
         "the first delivery and five counted ones"
     );
-    eventually("the message in the dead-letter place", || async {
+    wait_until("the message in the dead-letter place", || async {
         broker.dead_letters(CONSUMER).await == ["killer"]
     })
     .await;
@@ -733,7 +711,6 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
         DB::applied(&pool).await.is_empty(),
         "every attempt rolled back"
     );
-    broker.remove(&[CONSUMER]).await;
 }
 
 async fn the_relay_reports_its_backlog<DB: TestDatabase>(pool: Pool<DB>, broker: TestBroker) {
@@ -759,7 +736,6 @@ async fn the_relay_reports_its_backlog<DB: TestDatabase>(pool: Pool<DB>, broker:
         empty,
         "published events do not wait"
     );
-    broker.remove(&[CONSUMER]).await;
 }
 
 /// Each test on one database and one broker, as `<database>::<broker>::<name>`.
@@ -786,16 +762,16 @@ macro_rules! on_both_databases_and_brokers {
             _: sqlx::postgres::PgPoolOptions,
             connect: sqlx::postgres::PgConnectOptions,
         ) {
-            let pool = crate::postgres_pool(connect).await;
-            crate::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
+            let pool = crate::events::postgres_pool(connect).await;
+            crate::events::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
         }
     )*};
     (@tests sqlite, $broker:ident; $($name:ident),*) => {$(
         #[tokio::test]
         async fn $name() {
             let dir = tempfile::tempdir().expect("a temporary directory");
-            let pool = crate::sqlite_pool(&dir).await;
-            crate::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
+            let pool = crate::events::sqlite_pool(&dir).await;
+            crate::events::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
         }
     )*};
 }
@@ -858,7 +834,7 @@ async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: TestDatab
     .with_subscriber(broker.subscriber(CONSUMER))
     .spawn(shutdown.clone());
     let before = enqueue_committed(&pool, "payment.succeeded", 0).await;
-    eventually("the first event applied", || async {
+    wait_until("the first event applied", || async {
         DB::applied(&pool).await.contains(&before)
     })
     .await;
@@ -878,7 +854,7 @@ async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: TestDatab
         "with the broker down, the events wait in the outbox"
     );
     server.restart().await;
-    eventually(
+    wait_until(
         "the events enqueued while Redis was down applied",
         || async {
             let applied = DB::applied(&pool).await;
@@ -976,7 +952,6 @@ async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: TestDatabase>
     let delivery = subscription.next().await.expect("a message");
     assert_eq!(delivery.message().id(), a);
     delivery.ack().await.expect("ack");
-    broker.remove(&[CONSUMER]).await;
 }
 
 #[sqlx::test(migrations = false)]
@@ -1095,7 +1070,7 @@ async fn postgres_event_tables_an_earlier_release_created_are_adopted(
     connect: sqlx::postgres::PgConnectOptions,
 ) {
     let sql = earlier_event_sql(include_str!(
-        "../idem-events/migrations/postgres/20261201000001_events.sql"
+        "../../idem-events/migrations/postgres/20261201000001_events.sql"
     ));
     let pool = postgres_pool(connect).await;
     event_tables_an_earlier_release_created_are_adopted(pool, &sql, "'\\x00'::bytea").await;
@@ -1105,7 +1080,7 @@ async fn postgres_event_tables_an_earlier_release_created_are_adopted(
 async fn sqlite_event_tables_an_earlier_release_created_are_adopted() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let sql = earlier_event_sql(include_str!(
-        "../idem-events/migrations/sqlite/20261201000001_events.sql"
+        "../../idem-events/migrations/sqlite/20261201000001_events.sql"
     ));
     let pool = sqlite_pool(&dir).await;
     event_tables_an_earlier_release_created_are_adopted(pool, &sql, "X'00'").await;

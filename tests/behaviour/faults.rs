@@ -420,7 +420,7 @@ async fn not_migrated(store: AnyStore) {
 /// named after each kind, which is the anchor the URI ends with.
 #[test]
 fn every_problem_type_points_at_a_section_of_docs_problems_md() {
-    let page = include_str!("../docs/problems.md");
+    let page = include_str!("../../docs/problems.md");
     for kind in [
         ProblemKind::MissingKey,
         ProblemKind::MalformedKey,

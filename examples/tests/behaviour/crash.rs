@@ -4,7 +4,7 @@
 //! service is dead: the kill lands between the two steps on any machine, however slow.
 //! (These tests live beside the binaries so that Cargo builds them and hands over their paths.)
 
-mod support;
+use crate::support;
 
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};

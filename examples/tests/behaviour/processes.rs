@@ -2,7 +2,7 @@
 //! shared between them but the database. Duplicates sent to all of them at once make one
 //! payment, and every process replays it.
 
-mod support;
+use crate::support;
 
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};

@@ -5,7 +5,7 @@
 //! client never came back. The processor runs in the test process, where it counts the charge
 //! requests it is sent and can hold its first answer (`support::Processor`).
 
-mod support;
+use crate::support;
 
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};

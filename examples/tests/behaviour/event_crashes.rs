@@ -5,7 +5,7 @@
 //! its commit but before its acknowledgement. In the end every tenant's ledger holds exactly
 //! one entry per succeeded payment and their sum, whatever was delivered twice.
 
-mod support;
+use crate::support;
 
 use std::{
     collections::BTreeMap,
@@ -38,10 +38,12 @@ impl Run {
             client: Client::new(),
             database,
             broker,
+            // The ledger's process reads as the consumer `ledger`.
             names: TestBroker::new(match broker {
                 "redis" => BrokerKind::Redis,
                 _ => BrokerKind::RabbitMq,
-            }),
+            })
+            .used_by("ledger"),
             ledger_addr: free_addr(),
             sent: 0,
         }
@@ -258,7 +260,6 @@ async fn every_ledger_equals_its_succeeded_payments(database: Database, broker: 
         run.database.count("ledger_entries").await,
         expected.values().map(|(n, _)| n).sum::<i64>(),
     );
-    run.names.remove(&["ledger"]).await;
 }
 
 #[sqlx::test(migrations = false)]

@@ -4,7 +4,7 @@
 //! retried; the time budget holds; a key file outlives a killed `pay` process; a key never goes
 //! with another body. On both databases.
 
-mod service;
+use crate::service;
 
 use std::{
     process::{Command, Stdio},

@@ -8,7 +8,7 @@
 //! <https://spec.openapis.org/oas/3.1/schema/2022-10-07>), its component schemas against JSON
 //! Schema 2020-12, and every `$ref` is resolved.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 
@@ -208,7 +208,7 @@ async fn the_ledgers_document_is_valid_and_describes_its_routes() {
 fn assert_valid_openapi(document: &Value) -> jsonschema::Validator {
     assert_eq!(document["openapi"], "3.1.0");
     let schema: Value =
-        serde_json::from_str(include_str!("data/openapi-3.1.schema.json")).expect("the schema");
+        serde_json::from_str(include_str!("../data/openapi-3.1.schema.json")).expect("the schema");
     let validator = jsonschema::validator_for(&schema).expect("the OpenAPI 3.1 schema compiles");
     let errors: Vec<String> = validator
         .iter_errors(document)
@@ -438,7 +438,7 @@ async fn the_published_policy_comes_from_the_attributes_and_the_readme_quotes_it
         assert!(generated.contains(row), "{row} in:\n{generated}");
     }
 
-    let chapter = include_str!("../../docs/guide/operations.md");
+    let chapter = include_str!("../../../docs/guide/operations.md");
     assert!(
         chapter.contains(&generated),
         "the guide's \"The published retention policy\" (docs/guide/operations.md) is not the \
@@ -458,8 +458,10 @@ fn every_idempotent_handler_linked_in_is_documented() {
     ] {
         assert!(names.contains(name), "{name} is registered: {names:?}");
     }
+    // The example's own: the harness of idem-tests, linked in beside it, has test handlers.
     let missing: Vec<_> = idem_openapi::undocumented_handlers(&document)
         .iter()
+        .filter(|h| h.module().starts_with("idem_examples"))
         .map(|h| format!("{}::{}", h.module(), h.name()))
         .collect();
     assert!(missing.is_empty(), "undocumented: {missing:?}");

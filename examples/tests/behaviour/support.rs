@@ -10,9 +10,9 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
 };
 
+pub use idem_tests::wait_until;
 use reqwest::Client;
 use serde_json::Value;
 use sqlx::{PgPool, SqlitePool, postgres::PgConnectOptions};
@@ -133,22 +133,6 @@ pub fn url_of(database: &str) -> String {
     };
     let (server, _) = without_query.rsplit_once('/').expect("a database path");
     format!("{server}/{database}{query}")
-}
-
-/// Polls `condition` until it holds; panics, saying what it waited for, after a minute.
-pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "waited a minute for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 pub async fn wait_until_up(client: &Client, url: &str) {

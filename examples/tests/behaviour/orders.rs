@@ -2,7 +2,7 @@
 //! answer, a declined charge, an unavailable processor and a retry that resumes, too little
 //! stock. (Crashes of a real process at each step are in `order_crashes.rs`.)
 
-mod service;
+use crate::service;
 
 use std::sync::Arc;
 

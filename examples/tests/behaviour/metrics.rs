@@ -2,7 +2,7 @@
 //! the `metrics` facade and the example's Prometheus recorder, labelled by route template and
 //! outcome, never by key, scope or raw path.
 
-mod support;
+use crate::support;
 
 use reqwest::{Client, StatusCode};
 use serde_json::json;
