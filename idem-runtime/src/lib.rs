@@ -49,7 +49,7 @@
 //!
 //! - `postgres`: handlers on `Transaction<'_, sqlx::Postgres>` (PostgreSQL 13 or newer).
 //! - `sqlite`: handlers on `Transaction<'_, sqlx::Sqlite>` (SQLite 3.35 or newer, bundled), and
-//!   [`sqlite::connect`], which opens a file the way idem expects. It pulls in no PostgreSQL
+//!   `sqlite::connect`, which opens a file the way idem expects. It pulls in no PostgreSQL
 //!   driver.
 //! - `uuid`: [`IdempotencyScope`] for `uuid::Uuid`.
 //!
