@@ -11,92 +11,18 @@ use std::{
 };
 
 use idem_events::{
-    self as events, Backend, BrokerError, CancellationToken, ConsumerOptions, Delivery,
-    EventHandler, Message, Pass, Processed, Publisher, Relay, RelayOptions, Subscriber,
-    Subscription, Waiting,
+    self as events, BrokerError, CancellationToken, ConsumerOptions, Delivery, EventHandler,
+    Message, Pass, Processed, Publisher, Relay, RelayOptions, Subscriber, Subscription, Waiting,
 };
 use idem_tests::{
-    AnySubscription, BrokerKind, DEADLINE, RedisServer, TcpProxy, TestBroker, wait_until,
+    AnySubscription, BrokerKind, DEADLINE, RedisServer, TcpProxy, TestBackend, TestBroker,
+    wait_until,
 };
 use serde_json::json;
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
 use tokio::time::Instant;
 
 const CONSUMER: &str = "ledger";
-
-/// What the tests need of a database beyond [`Backend`]: their own table, and a look at
-/// idem's.
-trait TestDatabase: Backend + idem_runtime::Backend {
-    async fn prepare(pool: &Pool<Self>);
-    async fn applied(pool: &Pool<Self>) -> Vec<String>;
-    async fn count(pool: &Pool<Self>, sql: &str) -> i64;
-    async fn strings(pool: &Pool<Self>, sql: &str) -> Vec<String>;
-    async fn run(pool: &Pool<Self>, sql: &str);
-    fn apply<'a>(
-        tx: &'a mut Transaction<'static, Self>,
-        message: &'a Message,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
-}
-
-macro_rules! test_database {
-    ($db:ty) => {
-        impl TestDatabase for $db {
-            async fn prepare(pool: &Pool<Self>) {
-                events::migrate(pool).await.expect("migrate");
-                // No unique constraint: a message applied twice shows as two rows.
-                sqlx::query(
-                    "CREATE TABLE test_applied (message_id TEXT NOT NULL, topic TEXT NOT NULL)",
-                )
-                .execute(pool)
-                .await
-                .expect("create test_applied");
-            }
-
-            async fn applied(pool: &Pool<Self>) -> Vec<String> {
-                sqlx::query_scalar("SELECT message_id FROM test_applied")
-                    .fetch_all(pool)
-                    .await
-                    .expect("read test_applied")
-            }
-
-            async fn count(pool: &Pool<Self>, sql: &str) -> i64 {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .fetch_one(pool)
-                    .await
-                    .expect("count")
-            }
-
-            async fn strings(pool: &Pool<Self>, sql: &str) -> Vec<String> {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .fetch_all(pool)
-                    .await
-                    .unwrap_or_else(|error| panic!("{sql}: {error}"))
-            }
-
-            async fn run(pool: &Pool<Self>, sql: &str) {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .execute(pool)
-                    .await
-                    .unwrap_or_else(|error| panic!("{sql}: {error}"));
-            }
-
-            async fn apply(
-                tx: &mut Transaction<'static, Self>,
-                message: &Message,
-            ) -> Result<(), sqlx::Error> {
-                sqlx::query("INSERT INTO test_applied (message_id, topic) VALUES ($1, $2)")
-                    .bind(message.id())
-                    .bind(message.topic())
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
-            }
-        }
-    };
-}
-
-test_database!(Postgres);
-test_database!(Sqlite);
 
 /// The tests' consumer: records each message in `test_applied`, and fails every message whose
 /// topic is `poison`. Counts its calls per message id; one made with [`Applier::holding_until`]
@@ -120,7 +46,7 @@ impl Applier {
     }
 }
 
-impl<DB: TestDatabase> EventHandler<DB> for Applier {
+impl<DB: TestBackend> EventHandler<DB> for Applier {
     type Error = String;
 
     async fn handle(
@@ -184,7 +110,7 @@ async fn next(subscription: &mut AnySubscription, waiting_for: &str) -> idem_tes
 }
 
 /// Enqueues one event in a transaction of its own and commits; returns its id.
-async fn enqueue_committed<DB: TestDatabase>(pool: &Pool<DB>, topic: &str, seq: usize) -> String {
+async fn enqueue_committed<DB: TestBackend>(pool: &Pool<DB>, topic: &str, seq: usize) -> String {
     let mut tx = pool.begin().await.expect("begin");
     let id = events::enqueue(&mut tx, topic, &json!({ "seq": seq }))
         .await
@@ -241,11 +167,11 @@ fn assert_in_order(
     }
 }
 
-async fn a_rolled_back_transaction_enqueues_nothing<DB: TestDatabase>(
+async fn a_rolled_back_transaction_enqueues_nothing<DB: TestBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare(&pool).await;
+    DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
 
     let mut tx = pool.begin().await.expect("begin");
@@ -288,11 +214,11 @@ async fn a_rolled_back_transaction_enqueues_nothing<DB: TestDatabase>(
     );
 }
 
-async fn a_redelivered_message_is_applied_once<DB: TestDatabase>(
+async fn a_redelivered_message_is_applied_once<DB: TestBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare(&pool).await;
+    DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
     let message = Message::new("evt-1", "payment.succeeded", r#"{"amount":5}"#);
     // Published twice, as a relay that stopped before marking it would.
@@ -341,12 +267,12 @@ async fn a_redelivered_message_is_applied_once<DB: TestDatabase>(
 }
 
 async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow<
-    DB: TestDatabase,
+    DB: TestBackend,
 >(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare(&pool).await;
+    DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
     broker
         .publisher()
@@ -396,12 +322,12 @@ async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow
 }
 
 async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broker_is_away<
-    DB: TestDatabase,
+    DB: TestBackend,
 >(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare(&pool).await;
+    DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
     let proxy = TcpProxy::start(broker.address()).await;
     let mut relay = Relay::new(
@@ -475,11 +401,11 @@ async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broke
     assert_in_order(&arrived, &enqueued);
 }
 
-async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestDatabase>(
+async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare(&pool).await;
+    DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
     let shutdown = CancellationToken::new();
     let options = RelayOptions::default()
@@ -523,11 +449,11 @@ async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestDat
     assert_in_order(&arrived, &enqueued);
 }
 
-async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestDatabase>(
+async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare(&pool).await;
+    DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
     enqueue_committed(&pool, "a", 0).await;
     enqueue_committed(&pool, "b", 0).await;
@@ -576,11 +502,11 @@ impl Publisher for Stalled {
     }
 }
 
-async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestDatabase>(
+async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare(&pool).await;
+    DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
     let shutdown = CancellationToken::new();
     // The handler goes on only once the shutdown has come: the consumer must let it finish.
@@ -611,11 +537,11 @@ async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestDatabas
     );
 }
 
-async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
+async fn a_consumer_receives_again_after_its_connection_drops<DB: TestBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare(&pool).await;
+    DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
     let proxy = TcpProxy::start(broker.address()).await;
     let shutdown = CancellationToken::new();
@@ -653,12 +579,12 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: TestDatabase>(
 }
 
 async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_place<
-    DB: TestDatabase,
+    DB: TestBackend,
 >(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare(&pool).await;
+    DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
     broker
         .publisher()
@@ -713,8 +639,8 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
     );
 }
 
-async fn the_relay_reports_its_backlog<DB: TestDatabase>(pool: Pool<DB>, broker: TestBroker) {
-    DB::prepare(&pool).await;
+async fn the_relay_reports_its_backlog<DB: TestBackend>(pool: Pool<DB>, broker: TestBroker) {
+    DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
     let mut relay = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
     let empty = Waiting {
@@ -814,10 +740,10 @@ on_both_databases_and_brokers!(
 /// relay and a consumer run: both carry on, and what was enqueued meanwhile arrives. (This Redis
 /// keeps nothing on disk: what the stream held before is gone, as the events that were already
 /// applied.)
-async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: TestDatabase>(
+async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: TestBackend>(
     pool: Pool<DB>,
 ) {
-    DB::prepare(&pool).await;
+    DB::prepare_events(&pool).await;
     let mut server = RedisServer::start().await;
     let broker = TestBroker::at(BrokerKind::Redis, &server.url());
     broker.declare(CONSUMER).await;
@@ -887,8 +813,8 @@ async fn sqlite_the_relay_and_the_consumer_carry_on_after_a_redis_restart() {
 }
 
 /// RabbitMQ only: Redis takes every entry, so it never refuses a topic.
-async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: TestDatabase>(pool: Pool<DB>) {
-    DB::prepare(&pool).await;
+async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: TestBackend>(pool: Pool<DB>) {
+    DB::prepare_events(&pool).await;
     let broker = TestBroker::new(BrokerKind::RabbitMq);
     broker
         .rabbitmq_subscriber(CONSUMER, "b")
@@ -969,7 +895,7 @@ async fn sqlite_a_topic_no_queue_receives_waits_while_the_others_flow() {
 }
 
 /// The tables the database holds, by name, but sqlx's and SQLite's own.
-async fn tables<DB: TestDatabase>(pool: &Pool<DB>, sql: &str) -> Vec<String> {
+async fn tables<DB: TestBackend>(pool: &Pool<DB>, sql: &str) -> Vec<String> {
     let mut names = DB::strings(pool, sql).await;
     names.retain(|name| !name.starts_with("sqlite_"));
     names.sort();
@@ -978,7 +904,7 @@ async fn tables<DB: TestDatabase>(pool: &Pool<DB>, sql: &str) -> Vec<String> {
 
 /// The key table's migrations create only the key table: the event tables come with
 /// `idem_events::migrate`, which adds them beside it.
-async fn each_crate_migrates_only_its_own_tables<DB: TestDatabase>(pool: Pool<DB>, list: &str) {
+async fn each_crate_migrates_only_its_own_tables<DB: TestBackend>(pool: Pool<DB>, list: &str) {
     idem_runtime::migrate(&pool)
         .await
         .expect("migrate the key table");
@@ -1007,7 +933,7 @@ async fn each_crate_migrates_only_its_own_tables<DB: TestDatabase>(pool: Pool<DB
 /// A database whose event tables an earlier release created together with the key table (its
 /// migration recorded in `_idem_migrations`, which no longer lists it) keeps working: both
 /// migrations run again, and the waiting event is still there.
-async fn event_tables_an_earlier_release_created_are_adopted<DB: TestDatabase>(
+async fn event_tables_an_earlier_release_created_are_adopted<DB: TestBackend>(
     pool: Pool<DB>,
     event_sql: &str,
     checksum: &str,
@@ -1017,8 +943,8 @@ async fn event_tables_an_earlier_release_created_are_adopted<DB: TestDatabase>(
         .expect("migrate the key table");
     // As the earlier release left it: the tables, and their migration recorded with the key
     // table's.
-    DB::run(&pool, event_sql).await;
-    DB::run(
+    DB::run_sql(&pool, event_sql).await;
+    DB::run_sql(
         &pool,
         &format!(
             "INSERT INTO _idem_migrations \

@@ -75,9 +75,10 @@ pub enum Param<'a> {
     Int(i64),
 }
 
-/// A database the test app runs on: one of idem's backends, with the little SQL the test
-/// handlers send.
-pub trait TestBackend: Backend {
+/// A database the tests run on, the one per-database trait of the harness: a backend of both
+/// crates (`idem-runtime`'s and `idem-events`'), with the little SQL the test handlers and the
+/// event tests send.
+pub trait TestBackend: Backend + idem_events::Backend {
     /// Creates the test app's tables.
     fn create_tables(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
@@ -94,6 +95,32 @@ pub trait TestBackend: Backend {
         sql: &'static str,
         params: &'a [Param<'a>],
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
+
+    /// Creates the event tables (`idem_events::migrate`) and `test_applied`, where the event
+    /// tests' consumer records each message it applies (with no unique constraint: a message
+    /// applied twice shows as two rows).
+    fn prepare_events(pool: &Pool<Self>) -> impl Future<Output = ()> + Send;
+
+    /// The message ids in `test_applied`, one per application.
+    fn applied(pool: &Pool<Self>) -> impl Future<Output = Vec<String>> + Send;
+
+    /// Records `message` in `test_applied`, in the consumer's transaction.
+    fn apply<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        message: &'a idem_events::Message,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// The one integer `sql` selects.
+    fn count<'a>(pool: &'a Pool<Self>, sql: &'a str) -> impl Future<Output = i64> + Send + 'a;
+
+    /// The text column `sql` selects, row by row.
+    fn strings<'a>(
+        pool: &'a Pool<Self>,
+        sql: &'a str,
+    ) -> impl Future<Output = Vec<String>> + Send + 'a;
+
+    /// Runs the statements of `sql`.
+    fn run_sql<'a>(pool: &'a Pool<Self>, sql: &'a str) -> impl Future<Output = ()> + Send + 'a;
 }
 
 /// Runs `sql` in the handler's transaction.
@@ -175,6 +202,56 @@ macro_rules! test_backend {
                     };
                 }
                 query.fetch_optional(conn).await
+            }
+
+            async fn prepare_events(pool: &Pool<Self>) {
+                idem_events::migrate(pool).await.expect("migrate the event tables");
+                sqlx::query(
+                    "CREATE TABLE test_applied (message_id TEXT NOT NULL, topic TEXT NOT NULL)",
+                )
+                .execute(pool)
+                .await
+                .expect("create test_applied");
+            }
+
+            async fn applied(pool: &Pool<Self>) -> Vec<String> {
+                sqlx::query_scalar("SELECT message_id FROM test_applied")
+                    .fetch_all(pool)
+                    .await
+                    .expect("read test_applied")
+            }
+
+            async fn apply<'a>(
+                tx: &'a mut Transaction<'static, Self>,
+                message: &'a idem_events::Message,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query("INSERT INTO test_applied (message_id, topic) VALUES ($1, $2)")
+                    .bind(message.id())
+                    .bind(message.topic())
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            async fn count<'a>(pool: &'a Pool<Self>, sql: &'a str) -> i64 {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .fetch_one(pool)
+                    .await
+                    .unwrap_or_else(|error| panic!("{sql}: {error}"))
+            }
+
+            async fn strings<'a>(pool: &'a Pool<Self>, sql: &'a str) -> Vec<String> {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .fetch_all(pool)
+                    .await
+                    .unwrap_or_else(|error| panic!("{sql}: {error}"))
+            }
+
+            async fn run_sql<'a>(pool: &'a Pool<Self>, sql: &'a str) {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .execute(pool)
+                    .await
+                    .unwrap_or_else(|error| panic!("{sql}: {error}"));
             }
         }
     };
