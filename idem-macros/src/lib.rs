@@ -54,7 +54,8 @@ mod handler;
 /// - `state = <type>`: the router's state. Optional, recommended: the handler is then checked
 ///   at its definition, with errors on the type at fault, that the state provides
 ///   `Store<DB>` (`FromRef`) and that every argument but the last reads only the request's
-///   parts (instead of one `Handler` error at `.route(...)`).
+///   parts (instead of one `Handler` error at `.route(...)`). The handler is then an Axum
+///   handler of exactly that state (a hidden extractor pins it).
 ///
 /// On PostgreSQL a handler with a `timeout` also gets `statement_timeout` = twice the timeout
 /// for its transaction, so that a statement in flight when the body is stopped ends too.

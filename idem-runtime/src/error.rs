@@ -31,10 +31,14 @@ impl Error {
         let Self::Database(sqlx::Error::Database(error)) = self else {
             return false;
         };
-        // PostgreSQL: undefined_table; SQLite: "no such table: idem_keys" (SQLITE_ERROR).
-        error.message().contains("idem_keys")
-            && (error.code().as_deref() == Some("42P01")
-                || error.message().contains("no such table"))
+        // PostgreSQL: undefined_table, or undefined_function for the claim functions the
+        // migrations create (`idem_start`); SQLite: "no such table: idem_keys" (SQLITE_ERROR).
+        let message = error.message();
+        match error.code().as_deref() {
+            Some("42P01") => message.contains("idem_keys"),
+            Some("42883") => message.contains("idem_"),
+            _ => message.contains("no such table: idem_keys"),
+        }
     }
 
     pub(crate) fn corrupt(reason: impl Into<String>) -> Self {

@@ -4,8 +4,8 @@
 //! Every handler the attribute expands registers its [`HandlerPolicy`] at link time (through
 //! `inventory`), so [`handlers`] lists all of them without a list kept by hand. The same value
 //! drives the handler at run time, so the published policy cannot drift from the behaviour.
-//! [`RetentionPolicy`] renders the policy document of a set of routes; the `openapi` feature
-//! builds it from an OpenAPI document (`crate::openapi`).
+//! [`RetentionPolicy`] renders the policy document of a set of routes; the crate
+//! `idem-openapi` builds it from an OpenAPI document (`idem_openapi::retention_policy`).
 
 use std::fmt;
 use std::time::Duration;

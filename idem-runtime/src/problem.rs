@@ -10,7 +10,8 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// Where the problem types of idem's own answers are documented: the repository's
 /// `docs/problems.md` as of the tag `v0.1.0`, one section per kind; a kind's `type` is this
-/// base and the kind's fixed slug (`…#keyreused`). [`Settings::problem_type_base`] replaces it.
+/// base and the kind's fixed slug (`…#keyreused`). [`Settings::with_problem_type_base`] replaces
+/// it.
 ///
 /// The base names a tag, not a branch: a problem `type` is an identifier that clients compare
 /// and may store, so it must keep both its value and what it points at. A branch (`main`) moves,
@@ -19,7 +20,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// the set of kinds keep the URIs. A release that adds a kind (its section is not at the old
 /// tag) moves the base to its own tag, which changes every URI: a breaking release.
 ///
-/// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
+/// [`Settings::with_problem_type_base`]: crate::Settings::with_problem_type_base
 pub const DEFAULT_PROBLEM_TYPE_BASE: &str =
     "https://github.com/idem-rs/idem/blob/v0.1.0/docs/problems.md#";
 

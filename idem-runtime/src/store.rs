@@ -108,7 +108,7 @@ impl Settings {
         self.acquire_timeout
     }
 
-    /// Where the `type` URIs of the layer's own problems point: the kind's name in lower case is
+    /// Where the `type` URIs of the layer's own problems point: the kind's fixed slug is
     /// appended (`KeyReused` → `<base>keyreused`). Default
     /// [`DEFAULT_PROBLEM_TYPE_BASE`](crate::DEFAULT_PROBLEM_TYPE_BASE), the repository's
     /// `docs/problems.md`; point it at your own API documentation to publish them there.

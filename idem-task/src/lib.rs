@@ -2,7 +2,7 @@
 //!
 //! The purge of expired keys, the recovery of abandoned claims (crate `idem-runtime`), the
 //! outbox relay and the consumers (crate `idem-events`) all run the same loop and hand back the
-//! same handle. This crate holds both, and nothing else: it depends on tokio and tracing only,
+//! same handle. This crate holds both, and nothing else: it depends on tokio, tokio-util and tracing only,
 //! so that the events crate does not compile the HTTP side, nor the reverse.
 //!
 //! - [`Work`] is one task's pass, plus the wording of its reports and an optional

@@ -321,7 +321,7 @@ impl App {
         every: std::time::Duration,
         stop: idem_runtime::CancellationToken,
     ) -> TaskHandle {
-        let options = PurgeOptions::default().with_every(every);
+        let options = PurgeOptions::default().with_interval(every);
         match &self.db {
             Db::Postgres(pool) => Purge::new(Store::new(pool.clone()), options).spawn(stop),
             Db::Sqlite(pool) => Purge::new(Store::new(pool.clone()), options).spawn(stop),
@@ -335,7 +335,7 @@ impl App {
         every: std::time::Duration,
         stop: idem_runtime::CancellationToken,
     ) -> TaskHandle {
-        let options = RecoveryOptions::default().with_every(every);
+        let options = RecoveryOptions::default().with_interval(every);
         match &self.db {
             Db::Postgres(pool) => {
                 Recovery::new(Store::new(pool.clone()), hook, options).spawn(stop)

@@ -97,7 +97,7 @@ async fn serve<DB: Sql>(
     // have their stock given back.
     let purge = Purge::new(
         store.clone(),
-        PurgeOptions::default().with_every(Duration::from_secs(60)),
+        PurgeOptions::default().with_interval(Duration::from_secs(60)),
     )
     .spawn(stop.clone());
     let processor = ProcessorClient::new(processor_url);
@@ -106,7 +106,7 @@ async fn serve<DB: Sql>(
         Some(every) => Recovery::new(
             store.clone(),
             SettleAbandoned::new(processor.clone()),
-            RecoveryOptions::default().with_every(every),
+            RecoveryOptions::default().with_interval(every),
         )
         .spawn(stop.clone()),
         None => {

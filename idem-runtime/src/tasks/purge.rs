@@ -14,7 +14,7 @@ use crate::{backend::Backend, store::Store};
 pub struct PurgeOptions {
     batch_size: u32,
     pause: Duration,
-    every: Duration,
+    interval: Duration,
 }
 
 impl Default for PurgeOptions {
@@ -23,7 +23,7 @@ impl Default for PurgeOptions {
         Self {
             batch_size: 1000,
             pause: Duration::from_millis(10),
-            every: Duration::from_secs(60),
+            interval: Duration::from_secs(60),
         }
     }
 }
@@ -43,10 +43,10 @@ impl PurgeOptions {
         self
     }
 
-    /// Sets [`PurgeOptions::every`].
+    /// Sets [`PurgeOptions::interval`].
     #[must_use]
-    pub fn with_every(mut self, every: Duration) -> Self {
-        self.every = every;
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
         self
     }
 
@@ -61,8 +61,8 @@ impl PurgeOptions {
     }
 
     /// The wait between the end of one pass of a spawned [`Purge`] and the next. Default 60 s.
-    pub fn every(&self) -> Duration {
-        self.every
+    pub fn interval(&self) -> Duration {
+        self.interval
     }
 }
 
@@ -78,11 +78,21 @@ pub struct PurgeReport {
 }
 
 /// The purge of expired keys as a background task: [`Store::purge_expired`] at once, then
-/// every [`PurgeOptions::every`].
-#[derive(Debug, Clone)]
+/// every [`PurgeOptions::interval`].
+#[derive(Debug)]
 pub struct Purge<DB: Backend> {
     store: Store<DB>,
     options: PurgeOptions,
+}
+
+// By hand: a derive would require `DB: Clone`, which no database type is.
+impl<DB: Backend> Clone for Purge<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            options: self.options,
+        }
+    }
 }
 
 impl<DB: Backend> Purge<DB> {
@@ -100,7 +110,7 @@ impl<DB: Backend> Purge<DB> {
         self.store.purge_expired(self.options).await
     }
 
-    /// Runs a pass now and then every [`PurgeOptions::every`] until `shutdown` is cancelled,
+    /// Runs a pass now and then every [`PurgeOptions::interval`] until `shutdown` is cancelled,
     /// which stops it between passes or cuts a pass short (each statement is its own
     /// transaction, so nothing is half-done). A failed pass is retried after the same wait; a
     /// run of failures gives one warning.
@@ -109,7 +119,7 @@ impl<DB: Backend> Purge<DB> {
     ///
     /// Outside a tokio runtime.
     pub fn spawn(self, shutdown: CancellationToken) -> TaskHandle {
-        let schedule = Schedule::new(self.options.every);
+        let schedule = Schedule::new(self.options.interval);
         idem_task::spawn(self, schedule, shutdown)
     }
 }

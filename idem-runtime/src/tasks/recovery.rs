@@ -18,7 +18,7 @@ use crate::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecoveryOptions {
-    every: Duration,
+    interval: Duration,
     limit: u32,
 }
 
@@ -26,17 +26,17 @@ impl Default for RecoveryOptions {
     /// A pass every 10 s, of at most 100 claims.
     fn default() -> Self {
         Self {
-            every: Duration::from_secs(10),
+            interval: Duration::from_secs(10),
             limit: 100,
         }
     }
 }
 
 impl RecoveryOptions {
-    /// Sets [`RecoveryOptions::every`].
+    /// Sets [`RecoveryOptions::interval`].
     #[must_use]
-    pub fn with_every(mut self, every: Duration) -> Self {
-        self.every = every;
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
         self
     }
 
@@ -48,8 +48,8 @@ impl RecoveryOptions {
     }
 
     /// The wait between the end of one pass and the next. Default 10 s.
-    pub fn every(&self) -> Duration {
-        self.every
+    pub fn interval(&self) -> Duration {
+        self.interval
     }
 
     /// The most claims one pass hands to the hook. Default 100.
@@ -74,7 +74,7 @@ pub struct RecoveryReport {
 }
 
 /// The recovery of abandoned claims as a background task: [`Store::recover_abandoned`] with
-/// its hook at once, then every [`RecoveryOptions::every`].
+/// its hook at once, then every [`RecoveryOptions::interval`].
 pub struct Recovery<DB: Backend, H> {
     store: Store<DB>,
     hook: Arc<H>,
@@ -112,7 +112,7 @@ impl<DB: Backend, H: RecoveryHook<DB>> Recovery<DB, H> {
             .await
     }
 
-    /// Runs a pass now and then every [`RecoveryOptions::every`] until `shutdown` is
+    /// Runs a pass now and then every [`RecoveryOptions::interval`] until `shutdown` is
     /// cancelled, which stops it between passes or cuts a pass short. A failed pass is retried
     /// after the same wait; a run of failures gives one warning.
     ///
@@ -120,7 +120,7 @@ impl<DB: Backend, H: RecoveryHook<DB>> Recovery<DB, H> {
     ///
     /// Outside a tokio runtime.
     pub fn spawn(self, shutdown: CancellationToken) -> TaskHandle {
-        let schedule = Schedule::new(self.options.every);
+        let schedule = Schedule::new(self.options.interval);
         idem_task::spawn(self, schedule, shutdown)
     }
 }
