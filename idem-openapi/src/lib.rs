@@ -15,7 +15,8 @@
 //!   (key missing or malformed, scope invalid, body unreadable), 409 (in progress, with
 //!   `Retry-After`), 413 (body over the limit), 422 (key reused with another request), 500
 //!   (outcome not stored: too large, commit refused, step not recorded, body failed) and 503
-//!   (store unavailable, commit outcome unknown, timed out: retry with the same key). A
+//!   (store unavailable, commit outcome unknown, timed out: retry with the same key, after
+//!   `Retry-After`). A
 //!   response the operation declares inline keeps its description and gains the layer's case;
 //!   one it takes from `components` is left alone;
 //! - the `Idempotent-Replayed` header on each response it declares inline that can be a
@@ -362,8 +363,9 @@ fn layer_problems(policy: &HandlerPolicy) -> Vec<LayerProblem> {
         problem(
             "503",
             &unavailable,
-            "nothing was stored (or whether it was is unknown); retry with the same key.",
-            false,
+            "nothing was stored (or whether it was is unknown); retry with the same key, after \
+             `Retry-After` seconds.",
+            true,
         ),
     ]
 }

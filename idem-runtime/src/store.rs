@@ -95,7 +95,10 @@ impl Settings {
         self.max_response_body
     }
 
-    /// The `Retry-After` sent with a 409 while the key is held by another request. Default: 1 s.
+    /// The `Retry-After` sent with a 409 while the key is held by another request (in external
+    /// mode, the lease's remaining time instead), and with every 503 of the layer's own (the
+    /// store unavailable, a commit's outcome unknown, a handler past its `timeout`). Default:
+    /// 1 s.
     pub fn retry_after(&self) -> Duration {
         self.retry_after
     }

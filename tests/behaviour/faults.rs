@@ -249,7 +249,7 @@ async fn behind_a_proxy(
 /// PostgreSQL only (SQLite has no connection to cut): the COMMIT reaches the server and
 /// commits, but its answer never reaches the service.
 #[sqlx::test(migrations = false)]
-async fn a_connection_cut_during_commit_is_503_outcome_unknown_and_the_retry_replays(
+async fn a_connection_cut_during_commit_is_503_outcome_unknown_with_retry_after_and_the_retry_replays(
     _: sqlx::postgres::PgPoolOptions,
     connect: sqlx::postgres::PgConnectOptions,
 ) {
@@ -266,6 +266,11 @@ async fn a_connection_cut_during_commit_is_503_outcome_unknown_and_the_retry_rep
     assert_eq!(
         reply.problem(StatusCode::SERVICE_UNAVAILABLE),
         ProblemKind::OutcomeUnknown.type_uri()
+    );
+    assert_eq!(
+        reply.header("retry-after"),
+        Some("1"),
+        "the store's retry_after"
     );
     // The server committed: the entry and its key are there, and the retry replays them.
     assert_eq!(app.count("test_entries").await, 1);
@@ -346,13 +351,18 @@ async fn an_unopenable_sqlite_file_is_503_store_unavailable() {
 }
 
 /// Sends an entry to the test app over `store` and checks the answer is 503
-/// `StoreUnavailable`, and that it came before the test's deadline (the pools here would wait
+/// `StoreUnavailable` with `Retry-After`, and that it came before the test's deadline (the pools here would wait
 /// an hour).
 async fn store_unavailable(store: AnyStore) {
     let reply = send_to_test_app(store, post("k1").build()).await;
     assert_eq!(
         reply.problem(StatusCode::SERVICE_UNAVAILABLE),
         ProblemKind::StoreUnavailable.type_uri()
+    );
+    assert_eq!(
+        reply.header("retry-after"),
+        Some("1"),
+        "the store's retry_after"
     );
 }
 

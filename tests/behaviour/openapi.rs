@@ -185,6 +185,7 @@ fn an_idempotent_operation_gets_the_header_the_problems_and_its_policy() {
         );
     }
     assert!(op["responses"]["409"]["headers"]["Retry-After"].is_object());
+    assert!(op["responses"]["503"]["headers"]["Retry-After"].is_object());
     // The operation's own 400 keeps its words and gains the layer's case.
     let bad = &op["responses"]["400"];
     let text = bad["description"].as_str().expect("a description");

@@ -139,10 +139,15 @@ async fn send(router: &Router, request: Request<Body>) -> Reply {
 }
 
 /// Asserts the 503 of a handler stopped at its 3 s timeout (long enough for a retry's body to
-/// finish on a loaded machine).
+/// finish on a loaded machine), with the store's `Retry-After`.
 fn assert_timed_out(reply: &Reply) {
     let kind = reply.problem(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(kind, ProblemKind::HandlerTimedOut.type_uri());
+    assert_eq!(
+        reply.header("retry-after"),
+        Some("1"),
+        "the store's retry_after"
+    );
     let json = reply.json();
     assert_eq!(json["title"], ProblemKind::HandlerTimedOut.title());
     let detail = json["detail"].as_str().expect("a detail");

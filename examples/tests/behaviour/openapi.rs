@@ -339,10 +339,12 @@ async fn idempotent_operations_document_the_key_header_and_the_layer_problems() 
                 );
             }
         }
-        assert!(
-            responses["409"]["headers"].get("Retry-After").is_some(),
-            "{route}: 409 documents Retry-After"
-        );
+        for status in ["409", "503"] {
+            assert!(
+                responses[status]["headers"].get("Retry-After").is_some(),
+                "{route}: {status} documents Retry-After"
+            );
+        }
         let created = &responses["201"];
         assert!(
             created["headers"].get("Idempotent-Replayed").is_some(),

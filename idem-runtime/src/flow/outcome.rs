@@ -80,8 +80,22 @@ impl<DB: Backend> IdemRequest<DB> {
     /// A problem of `kind`, its `type` under the store's [`Settings::problem_type_base`].
     ///
     /// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
+    ///
+    /// A 503 tells the client when to retry: `Retry-After` is the store's
+    /// [`Settings::retry_after`](crate::Settings::retry_after).
     pub(super) fn problem(&self, kind: ProblemKind, detail: impl Into<String>) -> Problem {
-        kind.problem_under(self.store.settings().problem_type_base(), detail)
+        let problem = kind.problem_under(self.store.settings().problem_type_base(), detail);
+        if kind.status() == http::StatusCode::SERVICE_UNAVAILABLE {
+            problem.with_retry_after(self.retry_after_secs())
+        } else {
+            problem
+        }
+    }
+
+    /// The store's `retry_after` in whole seconds, at least one.
+    fn retry_after_secs(&self) -> u64 {
+        let after = self.store.settings().retry_after();
+        after.as_secs_f64().ceil().max(1.0) as u64
     }
 
     /// The handler's `response`, with a problem of the layer that was made without the
@@ -92,6 +106,17 @@ impl<DB: Backend> IdemRequest<DB> {
         let Some(marked) = response.extensions().get::<Rebasable>().cloned() else {
             return response;
         };
+        // A layer's 409 or 503 says when to retry, as the flow's own do.
+        let mut response = response;
+        let status = response.status();
+        if (status == http::StatusCode::CONFLICT || status == http::StatusCode::SERVICE_UNAVAILABLE)
+            && !response.headers().contains_key(http::header::RETRY_AFTER)
+        {
+            response.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from(self.retry_after_secs()),
+            );
+        }
         if base == DEFAULT_PROBLEM_TYPE_BASE {
             return response;
         }
@@ -152,8 +177,10 @@ impl<DB: Backend> IdemRequest<DB> {
 
     /// 409: the key is held by another request, for about `retry_after`.
     pub(super) fn in_progress(&self, retry_after: Option<Duration>) -> Response {
-        let default = self.store.settings().retry_after();
-        let seconds = retry_after.unwrap_or(default).as_secs_f64().ceil().max(1.0) as u64;
+        let seconds = match retry_after {
+            Some(after) => after.as_secs_f64().ceil().max(1.0) as u64,
+            None => self.retry_after_secs(),
+        };
         self.finish(
             Outcome::Conflict,
             self.problem(ProblemKind::InProgress, format!(
