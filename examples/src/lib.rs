@@ -17,6 +17,7 @@ pub mod processor;
 pub mod processor_client;
 pub mod refunds;
 pub mod schema;
+pub mod server;
 pub mod setup;
 pub mod sql;
 pub mod telemetry;

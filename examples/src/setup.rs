@@ -9,7 +9,7 @@ use sqlx::{
     sqlite::{SqliteConnectOptions, SqlitePoolOptions},
 };
 
-use crate::schema;
+use crate::{schema, server};
 
 /// An error to print before exiting.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -137,25 +137,25 @@ where
 }
 
 /// Serves `router` on `listener` until Ctrl-C or SIGTERM, then cancels `stop` (the
-/// binary's background tasks) and returns once the open requests are answered.
+/// binary's background tasks) and returns once the open requests are answered. A client gets
+/// [`server::HEADER_READ_TIMEOUT`] to send each request's head (see [`server`]).
 ///
 /// # Errors
 ///
-/// When serving fails.
+/// None so far: an accept that fails is retried.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     stop: idem_runtime::CancellationToken,
 ) -> Result<(), Error> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown({
-            let stop = stop.clone();
-            async move {
-                shutdown_signal().await;
-                stop.cancel();
-            }
-        })
-        .await?;
+    server::serve(listener, router, server::HEADER_READ_TIMEOUT, {
+        let stop = stop.clone();
+        async move {
+            shutdown_signal().await;
+            stop.cancel();
+        }
+    })
+    .await;
     stop.cancel();
     Ok(())
 }

@@ -16,4 +16,5 @@ mod metrics;
 mod openapi;
 mod order_crashes;
 mod orders;
+mod overload;
 mod processes;
