@@ -20,6 +20,7 @@ use utoipa::{
     Modify, OpenApi, ToSchema,
     openapi::{
         ContentBuilder, Ref, RefOr, ResponseBuilder,
+        header::HeaderBuilder,
         security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme},
     },
 };
@@ -55,7 +56,7 @@ use crate::{orders, payments, telemetry};
         idempotency_policy,
     ),
     components(schemas(Problem)),
-    modifiers(&BearerAuth, &Idempotency),
+    modifiers(&BearerAuth, &DatabaseDeadline, &Idempotency),
     tags(
         (name = "payments", description = "Card payments (transactional mode)."),
         (name = "payouts", description = "Payouts: a 5xx outcome is stored and replayed."),
@@ -78,7 +79,7 @@ pub struct ApiDoc;
     ),
     paths(crate::ledger::balance, telemetry::metrics, openapi_json),
     components(schemas(Problem)),
-    modifiers(&BearerAuth, &Idempotency),
+    modifiers(&BearerAuth, &DatabaseDeadline, &Idempotency),
     tags(
         (name = "ledger", description = "Entries made from `payment.succeeded` events."),
         (name = "operations", description = "For operators and tools."),
@@ -159,6 +160,44 @@ impl Modify for BearerAuth {
                     ),
                 );
             }
+        }
+    }
+}
+
+/// The deadline of the read routes' database work ([`crate::bounded`]): every `GET` under
+/// `/v1` may answer 503 with `Retry-After` when the database does not answer in time.
+#[derive(Debug, Clone, Copy)]
+pub struct DatabaseDeadline;
+
+impl Modify for DatabaseDeadline {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in &mut openapi.paths.paths {
+            let Some(operation) = item.get.as_mut().filter(|_| path.starts_with("/v1/")) else {
+                continue;
+            };
+            operation.responses.responses.insert(
+                "503".to_owned(),
+                RefOr::T(
+                    ResponseBuilder::new()
+                        .description(
+                            "The database did not answer in time or cannot be reached \
+                             (`database-unavailable`); retry after `Retry-After` seconds.",
+                        )
+                        .header(
+                            "Retry-After",
+                            HeaderBuilder::new()
+                                .description(Some("Seconds to wait before retrying."))
+                                .build(),
+                        )
+                        .content(
+                            "application/problem+json",
+                            ContentBuilder::new()
+                                .schema(Some(Ref::from_schema_name("Problem")))
+                                .build(),
+                        )
+                        .build(),
+                ),
+            );
         }
     }
 }

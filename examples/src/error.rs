@@ -32,6 +32,15 @@ pub enum ApiError {
     /// 503: the processor is down; nothing recorded.
     #[error("{0}")]
     Unavailable(String),
+    /// 503 with `Retry-After`: the database did not answer in time, could not be reached, or
+    /// its connection broke; nothing was read or written.
+    #[error("{detail}")]
+    DatabaseUnavailable {
+        /// What happened, for the client.
+        detail: String,
+        /// When to retry.
+        retry_after: std::time::Duration,
+    },
     /// 500: the database failed.
     #[error("database error")]
     Database(#[from] sqlx::Error),
@@ -105,6 +114,11 @@ impl IntoResponse for ApiError {
                 "processor-unavailable",
                 "The card processor is unavailable",
             ),
+            Self::DatabaseUnavailable { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database-unavailable",
+                "The database is unavailable",
+            ),
             Self::Database(error) => {
                 tracing::error!(%error, "database error");
                 (
@@ -114,10 +128,13 @@ impl IntoResponse for ApiError {
                 )
             }
         };
-        let mut response = Problem::new(status, title)
+        let mut problem = Problem::new(status, title)
             .with_type(format!("{TYPE_BASE}{kind}"))
-            .with_detail(self.to_string())
-            .into_response();
+            .with_detail(self.to_string());
+        if let Self::DatabaseUnavailable { retry_after, .. } = &self {
+            problem = problem.with_retry_after(retry_after.as_secs_f64().ceil().max(1.0) as u64);
+        }
+        let mut response = problem.into_response();
         if matches!(self, Self::Unauthorized(_)) {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

@@ -3,14 +3,16 @@
 //! For each event it adds one entry and raises the tenant's balance by the amount, in the
 //! transaction in which idem records the event's id: a redelivered event changes nothing.
 
-use std::future::Future;
+use std::{future::Future, sync::Arc};
 
 use axum::{Json, Router, extract::State, routing::get};
 use idem_events::{Backend, EventHandler, Message};
 use serde::{Deserialize, Serialize};
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
 
-use crate::{auth::Tenant, error::ApiError};
+use idem_runtime::Settings;
+
+use crate::{auth::Tenant, bounded, error::ApiError};
 
 /// The consumer's name: the key its processed ids are recorded under, its RabbitMQ queue
 /// (`<exchange>.ledger`) and its Redis consumer group.
@@ -102,7 +104,7 @@ pub trait LedgerSql: Backend {
 
     /// The balance of `tenant` (zero when it has no entry).
     fn balance<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         tenant: &'a str,
     ) -> impl Future<Output = Result<Balance, sqlx::Error>> + Send + 'a;
 }
@@ -135,10 +137,13 @@ macro_rules! ledger_sql {
                 Ok(())
             }
 
-            async fn balance(pool: &Pool<Self>, tenant: &str) -> Result<Balance, sqlx::Error> {
+            async fn balance(
+                conn: &mut Self::Connection,
+                tenant: &str,
+            ) -> Result<Balance, sqlx::Error> {
                 let row: Option<(i64, i64)> = sqlx::query_as(BALANCE)
                     .bind(tenant)
-                    .fetch_optional(pool)
+                    .fetch_optional(&mut *conn)
                     .await?;
                 let (entries, balance) = row.unwrap_or_default();
                 Ok(Balance { entries, balance })
@@ -195,11 +200,31 @@ impl<DB: LedgerSql> EventHandler<DB> for Ledger {
     }
 }
 
-/// `GET /v1/ledger` over `pool`.
-pub fn router<DB: LedgerSql>(pool: Pool<DB>) -> Router {
+/// What `GET /v1/ledger` reads from: the pool, and the settings of idem that bound its work
+/// ([`bounded::within_deadline`]).
+#[derive(Debug)]
+pub struct LedgerState<DB: sqlx::Database> {
+    pool: Pool<DB>,
+    settings: Arc<Settings>,
+}
+
+impl<DB: sqlx::Database> Clone for LedgerState<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}
+
+/// `GET /v1/ledger` over `pool`, its reads bounded as `settings` say.
+pub fn router<DB: LedgerSql>(pool: Pool<DB>, settings: Settings) -> Router {
     Router::new()
         .route("/v1/ledger", get(balance::<DB>))
-        .with_state(pool)
+        .with_state(LedgerState {
+            pool,
+            settings: Arc::new(settings),
+        })
 }
 
 /// `GET /v1/ledger`: the caller's entries and balance.
@@ -208,7 +233,11 @@ pub fn router<DB: LedgerSql>(pool: Pool<DB>) -> Router {
     responses((status = 200, description = "The caller's entries and balance.", body = Balance)))]
 pub async fn balance<DB: LedgerSql>(
     tenant: Tenant,
-    State(pool): State<Pool<DB>>,
+    State(state): State<LedgerState<DB>>,
 ) -> Result<Json<Balance>, ApiError> {
-    Ok(Json(DB::balance(&pool, &tenant.0).await?))
+    let balance = bounded::within_deadline(&state.pool, &state.settings, async |conn| {
+        DB::balance(conn, &tenant.0).await
+    })
+    .await?;
+    Ok(Json(balance))
 }

@@ -8,6 +8,7 @@
 
 pub mod api_doc;
 pub mod auth;
+pub mod bounded;
 pub mod card;
 pub mod error;
 pub mod ledger;

@@ -359,7 +359,9 @@ pub async fn list_orders<DB: Sql>(
     State(state): State<AppState<DB>>,
 ) -> Result<Json<Vec<Order>>, ApiError> {
     let sql = format!("{ORDER_COLUMNS} WHERE tenant = $1 {}", DB::NEWEST_FIRST);
-    let rows = DB::orders(state.store.pool(), sql, &tenant.0, &[]).await?;
+    let rows = state
+        .within_deadline(async |conn| DB::orders(conn, sql, &tenant.0, &[]).await)
+        .await?;
     Ok(Json(rows))
 }
 
@@ -375,7 +377,9 @@ pub async fn get_order<DB: Sql>(
 ) -> Result<Json<Order>, ApiError> {
     check_id("order", &id)?;
     let sql = format!("{ORDER_COLUMNS} WHERE tenant = $1 AND id = $2");
-    let rows = DB::orders(state.store.pool(), sql, &tenant.0, &[&id]).await?;
+    let rows = state
+        .within_deadline(async |conn| DB::orders(conn, sql, &tenant.0, &[&id]).await)
+        .await?;
     rows.into_iter()
         .next()
         .map(Json)
@@ -404,7 +408,8 @@ pub async fn get_stock<DB: Sql>(
     Path(sku): Path<String>,
 ) -> Result<Json<Stock>, ApiError> {
     check_id("sku", &sku)?;
-    let stock = DB::stock(state.store.pool(), &sku)
+    let stock = state
+        .within_deadline(async |conn| DB::stock(conn, &sku).await)
         .await?
         .unwrap_or(STOCK_PER_SKU);
     Ok(Json(Stock { sku, stock }))

@@ -17,6 +17,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::{
     auth::Tenant,
+    bounded,
     card::{self, Decision},
     error::{ApiError, ApiJson},
     orders,
@@ -56,6 +57,18 @@ impl<DB: Backend> AppState<DB> {
             processor: crate::refunds::ProcessorClient::new("http://127.0.0.1:3001"),
             crash_after: None,
         }
+    }
+}
+
+impl<DB: Backend> AppState<DB> {
+    /// Runs `query` on a connection of the store's pool within the store's database deadline
+    /// ([`bounded::within_deadline`]): what the read routes and the external-mode handlers'
+    /// own statements go through.
+    pub(crate) async fn within_deadline<T>(
+        &self,
+        query: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, ApiError> {
+        bounded::within_deadline(self.store.pool(), self.store.settings(), query).await
     }
 }
 
@@ -407,7 +420,9 @@ async fn list<DB: Sql>(
     tenant: &Tenant,
 ) -> Result<Json<Vec<Transfer>>, ApiError> {
     let sql = format!("{} {}", kind.list, DB::NEWEST_FIRST);
-    let rows = DB::transfers(state.store.pool(), sql, &tenant.0, &[]).await?;
+    let rows = state
+        .within_deadline(async |conn| DB::transfers(conn, sql, &tenant.0, &[]).await)
+        .await?;
     Ok(Json(rows))
 }
 
@@ -418,7 +433,10 @@ async fn fetch<DB: Sql>(
     id: &str,
 ) -> Result<Json<Transfer>, ApiError> {
     check_id(kind.noun, id)?;
-    let rows = DB::transfers(state.store.pool(), kind.fetch.to_owned(), &tenant.0, &[id]).await?;
+    let sql = kind.fetch.to_owned();
+    let rows = state
+        .within_deadline(async |conn| DB::transfers(conn, sql, &tenant.0, &[id]).await)
+        .await?;
     rows.into_iter()
         .next()
         .map(Json)
@@ -461,8 +479,10 @@ pub async fn create_refund<DB: Sql>(
             body.amount
         )));
     }
-    let pool = state.store.pool();
-    let Some(customer) = DB::payment_customer(pool, &tenant.0, &body.payment).await? else {
+    let customer = state
+        .within_deadline(async |conn| DB::payment_customer(conn, &tenant.0, &body.payment).await)
+        .await?;
+    let Some(customer) = customer else {
         return Err(ApiError::NotFound(format!(
             "no payment {} for this tenant",
             body.payment
@@ -485,7 +505,9 @@ pub async fn create_refund<DB: Sql>(
         status: executed.status,
     };
     // A takeover after a crash may find the row written already: the insert is idempotent too.
-    DB::insert_refund(pool, &refund, &tenant.0).await?;
+    state
+        .within_deadline(async |conn| DB::insert_refund(conn, &refund, &tenant.0).await)
+        .await?;
     let location = format!("/v1/refunds/{}", refund.id);
     Ok((
         StatusCode::CREATED,
@@ -505,7 +527,9 @@ pub async fn list_refunds<DB: Sql>(
         "SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 {}",
         DB::NEWEST_FIRST
     );
-    let rows = DB::refunds(state.store.pool(), sql, &tenant.0, &[]).await?;
+    let rows = state
+        .within_deadline(async |conn| DB::refunds(conn, sql, &tenant.0, &[]).await)
+        .await?;
     Ok(Json(rows))
 }
 
@@ -521,7 +545,9 @@ pub async fn get_refund<DB: Sql>(
 ) -> Result<Json<Refund>, ApiError> {
     check_id("refund", &id)?;
     let sql = "SELECT id, payment, amount, status FROM refunds WHERE tenant = $1 AND id = $2";
-    let rows = DB::refunds(state.store.pool(), sql.to_owned(), &tenant.0, &[&id]).await?;
+    let rows = state
+        .within_deadline(async |conn| DB::refunds(conn, sql.to_owned(), &tenant.0, &[&id]).await)
+        .await?;
     rows.into_iter()
         .next()
         .map(Json)

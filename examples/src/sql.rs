@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use sqlx::{Pool, Transaction};
+use sqlx::Transaction;
 
 use crate::{
     orders::{Order, STOCK_PER_SKU},
@@ -33,7 +33,7 @@ pub trait Sql: Tables {
 
     /// The transfers `sql` selects for `tenant`, with more binds in `ids`.
     fn transfers<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         sql: String,
         tenant: &'a str,
         ids: &'a [&'a str],
@@ -41,21 +41,21 @@ pub trait Sql: Tables {
 
     /// The customer of `tenant`'s payment `payment`, if it exists.
     fn payment_customer<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         tenant: &'a str,
         payment: &'a str,
     ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send + 'a;
 
     /// Records a refund the processor executed; a second time changes nothing.
     fn insert_refund<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         refund: &'a Refund,
         tenant: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
     /// The refunds `sql` selects for `tenant`, with more binds in `ids`.
     fn refunds<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         sql: String,
         tenant: &'a str,
         ids: &'a [&'a str],
@@ -85,7 +85,7 @@ pub trait Sql: Tables {
 
     /// The orders `sql` selects for `tenant`, with more binds in `ids`.
     fn orders<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         sql: String,
         tenant: &'a str,
         ids: &'a [&'a str],
@@ -93,7 +93,7 @@ pub trait Sql: Tables {
 
     /// `sku`'s stock, if the SKU has been seen.
     fn stock<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         sku: &'a str,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
 }
@@ -133,7 +133,7 @@ macro_rules! sql {
             }
 
             async fn transfers<'a>(
-                pool: &'a Pool<Self>,
+                conn: &'a mut Self::Connection,
                 sql: String,
                 tenant: &'a str,
                 ids: &'a [&'a str],
@@ -142,23 +142,23 @@ macro_rules! sql {
                 for id in ids {
                     query = query.bind(*id);
                 }
-                query.fetch_all(pool).await
+                query.fetch_all(&mut *conn).await
             }
 
             async fn payment_customer<'a>(
-                pool: &'a Pool<Self>,
+                conn: &'a mut Self::Connection,
                 tenant: &'a str,
                 payment: &'a str,
             ) -> Result<Option<String>, sqlx::Error> {
                 sqlx::query_scalar("SELECT customer FROM payments WHERE tenant = $1 AND id = $2")
                     .bind(tenant)
                     .bind(payment)
-                    .fetch_optional(pool)
+                    .fetch_optional(&mut *conn)
                     .await
             }
 
             async fn insert_refund<'a>(
-                pool: &'a Pool<Self>,
+                conn: &'a mut Self::Connection,
                 refund: &'a Refund,
                 tenant: &'a str,
             ) -> Result<(), sqlx::Error> {
@@ -171,13 +171,13 @@ macro_rules! sql {
                 .bind(&refund.payment)
                 .bind(refund.amount)
                 .bind(&refund.status)
-                .execute(pool)
+                .execute(&mut *conn)
                 .await?;
                 Ok(())
             }
 
             async fn refunds<'a>(
-                pool: &'a Pool<Self>,
+                conn: &'a mut Self::Connection,
                 sql: String,
                 tenant: &'a str,
                 ids: &'a [&'a str],
@@ -186,7 +186,7 @@ macro_rules! sql {
                 for id in ids {
                     query = query.bind(*id);
                 }
-                query.fetch_all(pool).await
+                query.fetch_all(&mut *conn).await
             }
 
             async fn reserve<'a>(
@@ -249,7 +249,7 @@ macro_rules! sql {
             }
 
             async fn orders<'a>(
-                pool: &'a Pool<Self>,
+                conn: &'a mut Self::Connection,
                 sql: String,
                 tenant: &'a str,
                 ids: &'a [&'a str],
@@ -258,16 +258,16 @@ macro_rules! sql {
                 for id in ids {
                     query = query.bind(*id);
                 }
-                query.fetch_all(pool).await
+                query.fetch_all(&mut *conn).await
             }
 
             async fn stock<'a>(
-                pool: &'a Pool<Self>,
+                conn: &'a mut Self::Connection,
                 sku: &'a str,
             ) -> Result<Option<i64>, sqlx::Error> {
                 sqlx::query_scalar("SELECT stock FROM inventory WHERE sku = $1")
                     .bind(sku)
-                    .fetch_optional(pool)
+                    .fetch_optional(&mut *conn)
                     .await
             }
         }

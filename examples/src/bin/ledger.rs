@@ -76,7 +76,7 @@ async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Erro
     tracing::info!(addr = %listener.local_addr()?, "ledger listening");
     setup::serve(
         listener,
-        ledger::router(pool)
+        ledger::router(pool, idem_runtime::Settings::default())
             .merge(telemetry::router(metrics))
             .merge(api_doc::ledger_router()?),
         stop,

@@ -17,4 +17,5 @@ mod openapi;
 mod order_crashes;
 mod orders;
 mod overload;
+mod partitions;
 mod processes;

@@ -1,0 +1,230 @@
+//! The service's processes with their database or their broker behind a [`PartitionProxy`]: on
+//! a freeze the link stops answering (bytes held, nothing refused or closed), as a network
+//! partition would make it. While it lasts every request is answered 503 with `Retry-After`
+//! within the contract's 15 s and the processes keep running; after the heal they recover by
+//! themselves, retries complete each payment once, and the events flow, none lost or doubled.
+
+use crate::support;
+
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use idem_tests::{BrokerKind, Cue, PartitionProxy, TestBroker, wait_within};
+use reqwest::{Client, Response, StatusCode, header};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use support::{Database, Process, free_addr, wait_until};
+use tokio::task::JoinSet;
+
+/// What the contract allows for any answer while the database or the broker does not answer,
+/// and for the service to recover after the heal.
+const WITHIN: Duration = Duration::from_secs(15);
+
+/// The `host:port` and the rest of a PostgreSQL URL (`postgres://user@host:port/db?query`).
+fn split_url(url: &str) -> (&str, &str, &str) {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let (user, rest) = match rest.split_once('@') {
+        Some((user, rest)) => (&url[..scheme.len() + 3 + user.len() + 1], rest),
+        None => (&url[..scheme.len() + 3], rest),
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    (user, &rest[..end], &rest[end..])
+}
+
+/// `database` as the service reaches it through `proxy` (without TLS, which the proxy cannot
+/// read), and the address of the server itself, for the proxy.
+fn behind(database: &Database, proxy: &PartitionProxy) -> Database {
+    let Database::Postgres { pool, url } = database else {
+        panic!("a partition is between a service and its PostgreSQL server");
+    };
+    let (before, _, after) = split_url(url);
+    let separator = if after.contains('?') { '&' } else { '?' };
+    Database::Postgres {
+        pool: pool.clone(),
+        url: format!(
+            "{before}127.0.0.1:{}{after}{separator}sslmode=disable",
+            proxy.port()
+        ),
+    }
+}
+
+/// A proxy in front of `database`'s PostgreSQL server.
+async fn postgres_proxy(database: &Database) -> PartitionProxy {
+    let Database::Postgres { url, .. } = database else {
+        panic!("a partition is between a service and its PostgreSQL server");
+    };
+    PartitionProxy::postgres(split_url(url).1.to_owned()).await
+}
+
+/// Sends `request`, failing unless it is answered within [`WITHIN`].
+async fn answered(what: &str, request: reqwest::RequestBuilder) -> Response {
+    tokio::time::timeout(WITHIN, request.send())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {WITHIN:?}"))
+        .unwrap_or_else(|error| panic!("{what}: no answer: {error}"))
+}
+
+/// Checks that `answer` is a 503 problem with a `Retry-After` of at least a second.
+fn assert_retry_later(what: &str, answer: &Response) {
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE, "{what}");
+    let content_type = answer.headers().get(header::CONTENT_TYPE);
+    assert_eq!(
+        content_type.and_then(|value| value.to_str().ok()),
+        Some("application/problem+json"),
+        "{what}: a problem"
+    );
+    let retry_after = answer
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    assert!(
+        retry_after.is_some_and(|seconds| seconds >= 1),
+        "{what}: Retry-After in seconds, got {:?}",
+        answer.headers().get(header::RETRY_AFTER)
+    );
+}
+
+/// Starts the ledger's process on `database`, consuming `broker` at `amqp_url`, and waits until
+/// it answers on `addr`.
+async fn start_ledger(
+    client: &Client,
+    database: &Database,
+    broker: &TestBroker,
+    amqp_url: &str,
+    addr: &str,
+) -> Process {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ledger"));
+    database.configure(&mut command);
+    let child = command
+        .env("EVENTS", "rabbitmq")
+        .env("EVENTS_STREAM", broker.name())
+        .env("AMQP_URL", amqp_url)
+        .env("LEDGER_ADDR", addr)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the ledger");
+    support::wait_until_up(client, &format!("http://{addr}/v1/ledger")).await;
+    Process(child)
+}
+
+/// Every `GET` route of the payments service, with an id where it takes one.
+const READ_ROUTES: [&str; 9] = [
+    "/v1/payments",
+    "/v1/payments/pay_unknown",
+    "/v1/payouts",
+    "/v1/payouts/po_unknown",
+    "/v1/refunds",
+    "/v1/refunds/re_unknown",
+    "/v1/orders",
+    "/v1/orders/ord_unknown",
+    "/v1/inventory/sku_1",
+];
+
+#[sqlx::test(migrations = false)]
+async fn every_read_route_answers_503_with_retry_after_while_the_database_hangs(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let database = support::postgres(connect).await;
+    let proxy = postgres_proxy(&database).await;
+    let service_db = behind(&database, &proxy);
+    let client = Client::new();
+    let (mut payments, base) =
+        support::start_payments(&client, &service_db, "http://127.0.0.1:9").await;
+    let broker = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
+    let ledger_addr = free_addr();
+    let mut ledger = start_ledger(
+        &client,
+        &service_db,
+        &broker,
+        &idem_tests::broker_url(BrokerKind::RabbitMq),
+        &ledger_addr,
+    )
+    .await;
+    let mut urls: Vec<String> = READ_ROUTES
+        .iter()
+        .map(|route| format!("{base}{route}"))
+        .collect();
+    urls.push(format!("http://{ledger_addr}/v1/ledger"));
+
+    proxy.freeze();
+    let mut reads = JoinSet::new();
+    for url in &urls {
+        let what = format!("GET {url}");
+        let request = client.get(url).bearer_auth("t1");
+        reads.spawn(async move { assert_retry_later(&what, &answered(&what, request).await) });
+    }
+    while let Some(read) = reads.join_next().await {
+        read.expect("a read answered 503 in time");
+    }
+    assert!(
+        payments.0.try_wait().expect("try_wait").is_none(),
+        "payments runs"
+    );
+    assert!(
+        ledger.0.try_wait().expect("try_wait").is_none(),
+        "the ledger runs"
+    );
+
+    proxy.heal();
+    // Every route answers as before (404 for the ids that do not exist), within 15 s of it.
+    wait_within(
+        WITHIN,
+        "every read route to answer after the heal",
+        || async {
+            for url in &urls {
+                let answer = client.get(url).bearer_auth("t1").send().await;
+                if !answer.is_ok_and(|answer| {
+                    matches!(answer.status(), StatusCode::OK | StatusCode::NOT_FOUND)
+                }) {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_read_whose_statement_hangs_closes_its_connection_instead_of_pooling_it(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let database = support::postgres(connect).await;
+    let proxy = postgres_proxy(&database).await;
+    let service_db = behind(&database, &proxy);
+    let client = Client::new();
+    let (_payments, base) =
+        support::start_payments(&client, &service_db, "http://127.0.0.1:9").await;
+
+    // The connection is had (its ping answered); the link stops as the SELECT goes out.
+    proxy.freeze_at(Cue::statement("FROM payments"));
+    let url = format!("{base}/v1/payments");
+    let answer = answered("GET /v1/payments", client.get(&url).bearer_auth("t1")).await;
+    assert_eq!(proxy.cued(), 1, "the freeze began at the read's statement");
+    assert_retry_later("GET /v1/payments", &answer);
+    // Closed by the service while the link is still frozen: not kept for another request.
+    wait_until(
+        "the service to close the connection of the read",
+        || async { proxy.abandoned() >= 1 },
+    )
+    .await;
+
+    proxy.heal();
+    wait_within(
+        WITHIN,
+        "GET /v1/payments to answer 200 after the heal",
+        || {
+            let request = client.get(&url).bearer_auth("t1").send();
+            async move {
+                request
+                    .await
+                    .is_ok_and(|answer| answer.status() == StatusCode::OK)
+            }
+        },
+    )
+    .await;
+}
