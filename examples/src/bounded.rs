@@ -4,12 +4,10 @@
 //!
 //! A database that stops answering (packets dropped, not refused) leaves a statement waiting
 //! forever, and a request for a pooled connection waiting for sqlx's own timeout (30 s by
-//! default). [`within_deadline`] gives the whole of it, the wait for a connection included, the store's
-//! deadline; past it the route answers 503 with `Retry-After`, and the connection the statement
-//! was sent on is closed rather than returned to the pool, where the next request would find it
-//! still waiting for its answer.
-
-use std::time::Duration;
+//! default). [`within_deadline`] gives the whole of it, the wait for a connection included, the
+//! store's deadline; past it the route answers 503 with `Retry-After`, and the connection the
+//! statement was sent on is closed rather than returned to the pool, where sqlx would ping it
+//! (a ping that waits as long as the database does) before another request could use it.
 
 use idem_runtime::Settings;
 use sqlx::{Database, Pool};
@@ -17,16 +15,9 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::error::ApiError;
 
-/// The default of idem-runtime's per-request database deadline, until its `Settings` has one.
-const DATABASE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The deadline of one route's database work, in `settings`.
-pub fn database_timeout(_settings: &Settings) -> Duration {
-    DATABASE_TIMEOUT
-}
-
 /// Runs `query` on a connection of its own from `pool`, the wait for that connection included,
-/// within [`database_timeout`].
+/// within `settings`' [`database_timeout`](Settings::database_timeout), as the layer bounds a
+/// request's own.
 ///
 /// # Errors
 ///
@@ -41,7 +32,7 @@ pub async fn within_deadline<DB, T>(
 where
     DB: Database,
 {
-    let limit = database_timeout(settings);
+    let limit = settings.database_timeout();
     let deadline = Instant::now() + limit;
     let unavailable = |detail: String| ApiError::DatabaseUnavailable {
         detail,

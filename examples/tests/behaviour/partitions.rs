@@ -228,3 +228,179 @@ async fn a_read_whose_statement_hangs_closes_its_connection_instead_of_pooling_i
     )
     .await;
 }
+
+/// The clients of the freeze test.
+const CLIENTS: usize = 4;
+
+/// `POST /v1/payments` under `key`, for the customer named by the key: each key's payment row
+/// can be counted.
+fn pay(client: &Client, base: &str, key: &str) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{base}/v1/payments"))
+        .bearer_auth("t1")
+        .header("Idempotency-Key", key)
+        .json(&serde_json::json!({"amount": 1000, "currency": "usd", "customer": key}))
+}
+
+/// The `type` of the problem `answer` carries.
+async fn problem_type(answer: Response) -> String {
+    let problem: serde_json::Value = answer.json().await.expect("a problem document");
+    problem["type"].as_str().expect("a type").to_owned()
+}
+
+#[sqlx::test(migrations = false)]
+async fn payments_answer_503_while_the_database_hangs_and_retries_pay_once_after_the_heal(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let database = support::postgres(connect).await;
+    let proxy = postgres_proxy(&database).await;
+    let service_db = behind(&database, &proxy);
+    let clients: Vec<Client> = (0..CLIENTS).map(|_| Client::new()).collect();
+    // No recovery pass: the COMMIT the freeze begins after is a payment's.
+    let (mut service, base) = support::start_payments_with(
+        &clients[0],
+        &service_db,
+        "http://127.0.0.1:9",
+        &[("RECOVERY_EVERY", "0")],
+    )
+    .await;
+    for (n, client) in clients.iter().enumerate() {
+        let answer = answered("a payment", pay(client, &base, &format!("c{n}-before"))).await;
+        assert_eq!(answer.status(), StatusCode::CREATED);
+    }
+
+    // The next COMMIT reaches the server and commits; its answer, and everything else, is held.
+    // All four clients pay at once: one of them commits unanswered, the others hang wherever
+    // they were; once the link is frozen, each one also reads its payments.
+    proxy.freeze_after(Cue::commit());
+    let mut requests = JoinSet::new();
+    for (n, client) in clients.iter().enumerate() {
+        let key = format!("c{n}-frozen");
+        let request = pay(client, &base, &key);
+        requests.spawn(async move {
+            let what = format!("POST {key} during the freeze");
+            let answer = answered(&what, request).await;
+            assert_retry_later(&what, &answer);
+            problem_type(answer).await
+        });
+    }
+    wait_until("a payment's COMMIT to begin the freeze", || async {
+        proxy.cued() == 1
+    })
+    .await;
+    for client in &clients {
+        let request = client.get(format!("{base}/v1/payments")).bearer_auth("t1");
+        requests.spawn(async move {
+            let what = "GET /v1/payments during the freeze";
+            let answer = answered(what, request).await;
+            assert_retry_later(what, &answer);
+            problem_type(answer).await
+        });
+    }
+    let problems = requests.join_all().await;
+    let unknown = problems
+        .iter()
+        .filter(|t| t.ends_with("outcomeunknown"))
+        .count();
+    assert_eq!(
+        unknown, 1,
+        "the payment whose COMMIT went through is of unknown outcome, no other: {problems:?}"
+    );
+    // Requests that arrive while it lasts are answered alike.
+    let mut late = JoinSet::new();
+    for (n, client) in clients.iter().enumerate() {
+        let key = format!("c{n}-late");
+        let request = pay(client, &base, &key);
+        late.spawn(async move {
+            let what = format!("POST {key} while frozen");
+            assert_retry_later(&what, &answered(&what, request).await);
+        });
+        let request = client.get(format!("{base}/v1/payments")).bearer_auth("t1");
+        late.spawn(async move {
+            let what = "GET /v1/payments while frozen";
+            assert_retry_later(what, &answered(what, request).await);
+        });
+    }
+    late.join_all().await;
+    assert!(
+        service.0.try_wait().expect("try_wait").is_none(),
+        "the service still runs"
+    );
+
+    // Each client retries its keys until they are paid: within 15 s of the heal.
+    proxy.heal();
+    let mut retries = JoinSet::new();
+    for (n, client) in clients.iter().enumerate() {
+        for key in [format!("c{n}-frozen"), format!("c{n}-late")] {
+            let (client, base) = (client.clone(), base.clone());
+            retries.spawn(async move {
+                let paid = std::sync::Mutex::new(None);
+                wait_within(
+                    WITHIN,
+                    &format!("{key} to be paid after the heal"),
+                    || async {
+                        let Ok(answer) = pay(&client, &base, &key).send().await else {
+                            return false;
+                        };
+                        // Until then, 503 (the service reconnects) or 409 (a claim not yet freed).
+                        let status = answer.status();
+                        assert!(
+                            matches!(
+                                status,
+                                StatusCode::CREATED
+                                    | StatusCode::SERVICE_UNAVAILABLE
+                                    | StatusCode::CONFLICT
+                            ),
+                            "{key}: {status}"
+                        );
+                        if status != StatusCode::CREATED {
+                            return false;
+                        }
+                        let body: serde_json::Value = answer.json().await.expect("a payment");
+                        *paid.lock().expect("paid") =
+                            Some(body["id"].as_str().expect("id").to_owned());
+                        true
+                    },
+                )
+                .await;
+                let id = paid.into_inner().expect("paid").expect("an id");
+                (key, id)
+            });
+        }
+    }
+    let paid = retries.join_all().await;
+
+    let Database::Postgres { pool, .. } = &database else {
+        unreachable!("on PostgreSQL")
+    };
+    for (key, id) in &paid {
+        let rows: Vec<String> = sqlx::query_scalar("SELECT id FROM payments WHERE customer = $1")
+            .bind(key)
+            .fetch_all(pool)
+            .await
+            .expect("the key's payments");
+        assert_eq!(
+            rows,
+            std::slice::from_ref(id),
+            "{key} paid exactly once, as answered"
+        );
+    }
+    for (key, _) in &paid {
+        assert_eq!(database.key_status(key).await, "completed", "{key}");
+    }
+    // A key is held by its transaction's advisory lock: none is left on the server.
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("a count");
+    assert_eq!(held, 0, "no key stays claimed");
+    assert_eq!(database.count("payments").await, (CLIENTS * 3) as i64);
+    assert!(
+        service.0.try_wait().expect("try_wait").is_none(),
+        "the service still runs"
+    );
+}
