@@ -17,6 +17,11 @@
 //! broker that is down stops nothing: events wait in the outbox until it is back. On SQLite,
 //! the relay holds topics under `$RELAY_NAME` (default `payments`): give each instance that
 //! shares a SQLite file a name of its own, kept across restarts.
+//!
+//! A database that stops answering stops no request for long: each waits on it at most idem's
+//! `database_timeout` (10 s), then gets a 503 with `Retry-After`, reads included
+//! ([`idem_examples::bounded`]). A client gets 10 s to send each request's head, and an idle
+//! keep-alive connection is closed after as long ([`idem_examples::server`]).
 
 use std::{process::ExitCode, time::Duration};
 

@@ -404,3 +404,243 @@ async fn payments_answer_503_while_the_database_hangs_and_retries_pay_once_after
         "the service still runs"
     );
 }
+
+/// The payments the ledger must hold: the succeeded ones, by id.
+async fn succeeded_payments(pool: &sqlx::PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT id FROM payments WHERE status = 'succeeded' ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .expect("the succeeded payments")
+}
+
+/// The payment of each ledger entry, by id, once per entry.
+async fn ledger_payments(pool: &sqlx::PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT payment FROM ledger_entries ORDER BY payment")
+        .fetch_all(pool)
+        .await
+        .expect("the ledger's entries")
+}
+
+/// Waits until the ledger holds one entry per succeeded payment, failing as soon as it holds
+/// more (an event applied twice) or at the deadline.
+async fn ledger_catches_up(pool: &sqlx::PgPool, what: &str) {
+    let expected = succeeded_payments(pool).await;
+    wait_until(what, || async {
+        ledger_payments(pool).await.len() >= expected.len()
+    })
+    .await;
+    assert_eq!(
+        ledger_payments(pool).await,
+        expected,
+        "{what}: one ledger entry per succeeded payment"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn payments_are_served_while_the_broker_hangs_and_every_event_reaches_the_ledger_once(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let database = support::postgres(connect).await;
+    let Database::Postgres { pool, .. } = &database else {
+        unreachable!("on PostgreSQL")
+    };
+    let broker = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
+    let proxy = PartitionProxy::tcp(broker.address()).await;
+    let mut amqp_url =
+        reqwest::Url::parse(&idem_tests::broker_url(BrokerKind::RabbitMq)).expect("a broker URL");
+    amqp_url.set_host(Some("127.0.0.1")).expect("a host");
+    amqp_url.set_port(Some(proxy.port())).expect("a port");
+    let client = Client::new();
+    // The ledger first: its queue is bound before the first event goes out.
+    let ledger_addr = free_addr();
+    let mut ledger =
+        start_ledger(&client, &database, &broker, amqp_url.as_str(), &ledger_addr).await;
+    let (mut service, base) = support::start_payments_with(
+        &client,
+        &database,
+        "http://127.0.0.1:9",
+        &[
+            ("EVENTS", "rabbitmq"),
+            ("EVENTS_STREAM", broker.name()),
+            ("AMQP_URL", amqp_url.as_str()),
+            ("RECOVERY_EVERY", "0"),
+        ],
+    )
+    .await;
+    let pay_all = async |keys: std::ops::Range<usize>| {
+        for n in keys {
+            let key = format!("b{n}");
+            let answer = answered(&format!("POST {key}"), pay(&client, &base, &key)).await;
+            assert_eq!(answer.status(), StatusCode::CREATED, "{key}");
+        }
+    };
+
+    pay_all(0..3).await;
+    ledger_catches_up(pool, "the first events to reach the ledger").await;
+
+    // The broker stops answering: payments are made as usual, their events wait.
+    proxy.freeze();
+    pay_all(3..9).await;
+    wait_until("the relay to publish into the frozen link", || async {
+        proxy.held_messages() > 0
+    })
+    .await;
+    assert_eq!(
+        ledger_payments(pool).await.len(),
+        3,
+        "nothing crosses the freeze"
+    );
+    assert!(
+        service.0.try_wait().expect("try_wait").is_none(),
+        "payments runs"
+    );
+    assert!(
+        ledger.0.try_wait().expect("try_wait").is_none(),
+        "the ledger runs"
+    );
+
+    proxy.heal();
+    pay_all(9..12).await;
+    assert_eq!(
+        succeeded_payments(pool).await.len(),
+        12,
+        "every payment succeeded"
+    );
+    ledger_catches_up(pool, "every event to reach the ledger after the heal").await;
+    assert!(
+        service.0.try_wait().expect("try_wait").is_none(),
+        "payments runs"
+    );
+    assert!(
+        ledger.0.try_wait().expect("try_wait").is_none(),
+        "the ledger runs"
+    );
+}
+
+/// `idem_messages_total` of the ledger's consumer for `outcome`, from its `/metrics`.
+async fn ledger_messages(client: &Client, ledger_addr: &str, outcome: &str) -> u64 {
+    let text = client
+        .get(format!("http://{ledger_addr}/metrics"))
+        .send()
+        .await
+        .expect("the ledger's metrics")
+        .text()
+        .await
+        .expect("text");
+    let label = format!("outcome=\"{outcome}\"");
+    text.lines()
+        .filter(|line| line.starts_with("idem_messages_total{") && line.contains(&label))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|count| count as u64)
+        .sum()
+}
+
+#[sqlx::test(migrations = false)]
+async fn after_a_broker_freeze_past_the_heartbeat_an_event_whose_ack_was_lost_is_applied_once(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let database = support::postgres(connect).await;
+    let Database::Postgres { pool, .. } = &database else {
+        unreachable!("on PostgreSQL")
+    };
+    let broker = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
+    let proxy = PartitionProxy::tcp(broker.address()).await;
+    // Heartbeats every 2 s: a freeze outlasts them, and both clients give their connection up.
+    let mut amqp_url =
+        reqwest::Url::parse(&idem_tests::broker_url(BrokerKind::RabbitMq)).expect("a broker URL");
+    amqp_url.set_host(Some("127.0.0.1")).expect("a host");
+    amqp_url.set_port(Some(proxy.port())).expect("a port");
+    amqp_url.set_query(Some("heartbeat=2"));
+    let client = Client::new();
+    let ledger_addr = free_addr();
+    let mut ledger =
+        start_ledger(&client, &database, &broker, amqp_url.as_str(), &ledger_addr).await;
+    let (mut service, base) = support::start_payments_with(
+        &client,
+        &database,
+        "http://127.0.0.1:9",
+        &[
+            ("EVENTS", "rabbitmq"),
+            ("EVENTS_STREAM", broker.name()),
+            ("AMQP_URL", amqp_url.as_str()),
+            ("RECOVERY_EVERY", "0"),
+        ],
+    )
+    .await;
+    let pay_all = async |keys: std::ops::Range<usize>| {
+        for n in keys {
+            let key = format!("h{n}");
+            let answer = answered(&format!("POST {key}"), pay(&client, &base, &key)).await;
+            assert_eq!(answer.status(), StatusCode::CREATED, "{key}");
+        }
+    };
+    pay_all(0..3).await;
+    ledger_catches_up(pool, "the first events to reach the ledger").await;
+
+    // The ledger's next event waits on a lock the test holds, inside its transaction; the
+    // broker freezes; the event commits, and its acknowledgement is caught in the freeze.
+    let mut lock = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE ledger_balances IN EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock the balances");
+    pay_all(3..4).await;
+    wait_until("the ledger to wait for the balances' lock", || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_locks WHERE relation = 'ledger_balances'::regclass \
+             AND NOT granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("a count")
+            > 0
+    })
+    .await;
+    proxy.freeze();
+    lock.commit().await.expect("release the balances");
+    wait_until("the ledger to commit the event", || async {
+        ledger_payments(pool).await.len() == 4
+    })
+    .await;
+
+    // Payments go on; both processes give their broker connection up and try again.
+    pay_all(4..8).await;
+    wait_until(
+        "the relay and the ledger to give their connections up",
+        || async { proxy.abandoned() >= 2 },
+    )
+    .await;
+    assert!(
+        service.0.try_wait().expect("try_wait").is_none(),
+        "payments runs"
+    );
+    assert!(
+        ledger.0.try_wait().expect("try_wait").is_none(),
+        "the ledger runs"
+    );
+
+    proxy.heal();
+    pay_all(8..10).await;
+    assert_eq!(
+        succeeded_payments(pool).await.len(),
+        10,
+        "every payment succeeded"
+    );
+    ledger_catches_up(pool, "every event to reach the ledger after the heal").await;
+    // The event whose acknowledgement was lost came again, and was skipped.
+    wait_until("the ledger to skip the event delivered again", || async {
+        ledger_messages(&client, &ledger_addr, "duplicate").await >= 1
+    })
+    .await;
+    assert!(
+        service.0.try_wait().expect("try_wait").is_none(),
+        "payments runs"
+    );
+    assert!(
+        ledger.0.try_wait().expect("try_wait").is_none(),
+        "the ledger runs"
+    );
+}
