@@ -299,13 +299,15 @@ async fn payments_answer_503_while_the_database_hangs_and_retries_pay_once_after
         });
     }
     let problems = requests.join_all().await;
+    // The one whose COMMIT went through cannot know it committed; one whose COMMIT was sent
+    // into the frozen link cannot know it did not.
     let unknown = problems
         .iter()
         .filter(|t| t.ends_with("outcomeunknown"))
         .count();
-    assert_eq!(
-        unknown, 1,
-        "the payment whose COMMIT went through is of unknown outcome, no other: {problems:?}"
+    assert!(
+        unknown >= 1,
+        "the COMMIT let through is of unknown outcome: {problems:?}"
     );
     // Requests that arrive while it lasts are answered alike.
     let mut late = JoinSet::new();
@@ -436,104 +438,155 @@ async fn ledger_catches_up(pool: &sqlx::PgPool, what: &str) {
     );
 }
 
+/// The payments service and the ledger on one PostgreSQL database, each reaching RabbitMQ
+/// through a [`PartitionProxy`] of its own: a freeze stops both links, and each proxy's
+/// counters are its process's alone.
+struct BrokerRun {
+    client: Client,
+    pool: sqlx::PgPool,
+    relay_link: PartitionProxy,
+    ledger_link: PartitionProxy,
+    service: Process,
+    base: String,
+    ledger: Process,
+    ledger_addr: String,
+    _broker: TestBroker,
+}
+
+impl BrokerRun {
+    /// Starts the ledger, then the service relaying to it; `heartbeat` is the AMQP heartbeat
+    /// both ask for, in seconds (the server's, 60 s, when `None`).
+    async fn start(connect: PgConnectOptions, heartbeat: Option<u16>) -> Self {
+        let database = support::postgres(connect).await;
+        let Database::Postgres { pool, .. } = &database else {
+            unreachable!("on PostgreSQL")
+        };
+        let pool = pool.clone();
+        let broker = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
+        let relay_link = PartitionProxy::tcp(broker.address()).await;
+        let ledger_link = PartitionProxy::tcp(broker.address()).await;
+        let client = Client::new();
+        // The ledger first: its queue is bound before the first event goes out.
+        let ledger_addr = free_addr();
+        let ledger_url = amqp_url(&ledger_link, heartbeat);
+        let ledger = start_ledger(&client, &database, &broker, &ledger_url, &ledger_addr).await;
+        let relay_url = amqp_url(&relay_link, heartbeat);
+        let (service, base) = support::start_payments_with(
+            &client,
+            &database,
+            "http://127.0.0.1:9",
+            &[
+                ("EVENTS", "rabbitmq"),
+                ("EVENTS_STREAM", broker.name()),
+                ("AMQP_URL", &relay_url),
+                ("RECOVERY_EVERY", "0"),
+            ],
+        )
+        .await;
+        Self {
+            client,
+            pool,
+            relay_link,
+            ledger_link,
+            service,
+            base,
+            ledger,
+            ledger_addr,
+            _broker: broker,
+        }
+    }
+
+    fn freeze(&self) {
+        self.relay_link.freeze();
+        self.ledger_link.freeze();
+    }
+
+    fn heal(&self) {
+        self.relay_link.heal();
+        self.ledger_link.heal();
+    }
+
+    /// Pays under the keys `h<n>`, `n` in `keys`: each answered 201 within 15 s.
+    async fn pay(&self, keys: std::ops::Range<usize>) {
+        for n in keys {
+            let key = format!("h{n}");
+            let answer =
+                answered(&format!("POST {key}"), pay(&self.client, &self.base, &key)).await;
+            assert_eq!(answer.status(), StatusCode::CREATED, "{key}");
+        }
+    }
+
+    fn assert_running(&mut self) {
+        assert!(
+            self.service.0.try_wait().expect("try_wait").is_none(),
+            "payments runs"
+        );
+        assert!(
+            self.ledger.0.try_wait().expect("try_wait").is_none(),
+            "the ledger runs"
+        );
+    }
+
+    /// `idem_messages_total` of the ledger's consumer for `outcome`, from its `/metrics`.
+    async fn ledger_messages(&self, outcome: &str) -> u64 {
+        let text = self
+            .client
+            .get(format!("http://{}/metrics", self.ledger_addr))
+            .send()
+            .await
+            .expect("the ledger's metrics")
+            .text()
+            .await
+            .expect("text");
+        let label = format!("outcome=\"{outcome}\"");
+        text.lines()
+            .filter(|line| line.starts_with("idem_messages_total{") && line.contains(&label))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|count| count as u64)
+            .sum()
+    }
+}
+
+/// `$AMQP_URL` through `link`, asking for `heartbeat` seconds between heartbeats.
+fn amqp_url(link: &PartitionProxy, heartbeat: Option<u16>) -> String {
+    let mut url =
+        reqwest::Url::parse(&idem_tests::broker_url(BrokerKind::RabbitMq)).expect("a broker URL");
+    url.set_host(Some("127.0.0.1")).expect("a host");
+    url.set_port(Some(link.port())).expect("a port");
+    if let Some(seconds) = heartbeat {
+        url.set_query(Some(&format!("heartbeat={seconds}")));
+    }
+    url.to_string()
+}
+
 #[sqlx::test(migrations = false)]
 async fn payments_are_served_while_the_broker_hangs_and_every_event_reaches_the_ledger_once(
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let database = support::postgres(connect).await;
-    let Database::Postgres { pool, .. } = &database else {
-        unreachable!("on PostgreSQL")
-    };
-    let broker = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
-    let proxy = PartitionProxy::tcp(broker.address()).await;
-    let mut amqp_url =
-        reqwest::Url::parse(&idem_tests::broker_url(BrokerKind::RabbitMq)).expect("a broker URL");
-    amqp_url.set_host(Some("127.0.0.1")).expect("a host");
-    amqp_url.set_port(Some(proxy.port())).expect("a port");
-    let client = Client::new();
-    // The ledger first: its queue is bound before the first event goes out.
-    let ledger_addr = free_addr();
-    let mut ledger =
-        start_ledger(&client, &database, &broker, amqp_url.as_str(), &ledger_addr).await;
-    let (mut service, base) = support::start_payments_with(
-        &client,
-        &database,
-        "http://127.0.0.1:9",
-        &[
-            ("EVENTS", "rabbitmq"),
-            ("EVENTS_STREAM", broker.name()),
-            ("AMQP_URL", amqp_url.as_str()),
-            ("RECOVERY_EVERY", "0"),
-        ],
-    )
-    .await;
-    let pay_all = async |keys: std::ops::Range<usize>| {
-        for n in keys {
-            let key = format!("b{n}");
-            let answer = answered(&format!("POST {key}"), pay(&client, &base, &key)).await;
-            assert_eq!(answer.status(), StatusCode::CREATED, "{key}");
-        }
-    };
-
-    pay_all(0..3).await;
-    ledger_catches_up(pool, "the first events to reach the ledger").await;
+    let mut run = BrokerRun::start(connect, None).await;
+    run.pay(0..3).await;
+    ledger_catches_up(&run.pool, "the first events to reach the ledger").await;
 
     // The broker stops answering: payments are made as usual, their events wait.
-    proxy.freeze();
-    pay_all(3..9).await;
+    run.freeze();
+    run.pay(3..9).await;
     wait_until("the relay to publish into the frozen link", || async {
-        proxy.held_messages() > 0
+        run.relay_link.held_messages() > 0
     })
     .await;
     assert_eq!(
-        ledger_payments(pool).await.len(),
+        ledger_payments(&run.pool).await.len(),
         3,
         "nothing crosses the freeze"
     );
-    assert!(
-        service.0.try_wait().expect("try_wait").is_none(),
-        "payments runs"
-    );
-    assert!(
-        ledger.0.try_wait().expect("try_wait").is_none(),
-        "the ledger runs"
-    );
+    run.assert_running();
 
-    proxy.heal();
-    pay_all(9..12).await;
-    assert_eq!(
-        succeeded_payments(pool).await.len(),
-        12,
-        "every payment succeeded"
-    );
-    ledger_catches_up(pool, "every event to reach the ledger after the heal").await;
-    assert!(
-        service.0.try_wait().expect("try_wait").is_none(),
-        "payments runs"
-    );
-    assert!(
-        ledger.0.try_wait().expect("try_wait").is_none(),
-        "the ledger runs"
-    );
-}
-
-/// `idem_messages_total` of the ledger's consumer for `outcome`, from its `/metrics`.
-async fn ledger_messages(client: &Client, ledger_addr: &str, outcome: &str) -> u64 {
-    let text = client
-        .get(format!("http://{ledger_addr}/metrics"))
-        .send()
-        .await
-        .expect("the ledger's metrics")
-        .text()
-        .await
-        .expect("text");
-    let label = format!("outcome=\"{outcome}\"");
-    text.lines()
-        .filter(|line| line.starts_with("idem_messages_total{") && line.contains(&label))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|count| count as u64)
-        .sum()
+    run.heal();
+    run.pay(9..12).await;
+    assert_eq!(succeeded_payments(&run.pool).await.len(), 12);
+    ledger_catches_up(&run.pool, "every event to reach the ledger after the heal").await;
+    run.assert_running();
 }
 
 #[sqlx::test(migrations = false)]
@@ -541,43 +594,11 @@ async fn after_a_broker_freeze_past_the_heartbeat_an_event_whose_ack_was_lost_is
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let database = support::postgres(connect).await;
-    let Database::Postgres { pool, .. } = &database else {
-        unreachable!("on PostgreSQL")
-    };
-    let broker = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
-    let proxy = PartitionProxy::tcp(broker.address()).await;
-    // Heartbeats every 2 s: a freeze outlasts them, and both clients give their connection up.
-    let mut amqp_url =
-        reqwest::Url::parse(&idem_tests::broker_url(BrokerKind::RabbitMq)).expect("a broker URL");
-    amqp_url.set_host(Some("127.0.0.1")).expect("a host");
-    amqp_url.set_port(Some(proxy.port())).expect("a port");
-    amqp_url.set_query(Some("heartbeat=2"));
-    let client = Client::new();
-    let ledger_addr = free_addr();
-    let mut ledger =
-        start_ledger(&client, &database, &broker, amqp_url.as_str(), &ledger_addr).await;
-    let (mut service, base) = support::start_payments_with(
-        &client,
-        &database,
-        "http://127.0.0.1:9",
-        &[
-            ("EVENTS", "rabbitmq"),
-            ("EVENTS_STREAM", broker.name()),
-            ("AMQP_URL", amqp_url.as_str()),
-            ("RECOVERY_EVERY", "0"),
-        ],
-    )
-    .await;
-    let pay_all = async |keys: std::ops::Range<usize>| {
-        for n in keys {
-            let key = format!("h{n}");
-            let answer = answered(&format!("POST {key}"), pay(&client, &base, &key)).await;
-            assert_eq!(answer.status(), StatusCode::CREATED, "{key}");
-        }
-    };
-    pay_all(0..3).await;
-    ledger_catches_up(pool, "the first events to reach the ledger").await;
+    // Heartbeats every 2 s: a freeze outlasts them, and both processes give their link up.
+    let mut run = BrokerRun::start(connect, Some(2)).await;
+    let pool = run.pool.clone();
+    run.pay(0..3).await;
+    ledger_catches_up(&pool, "the first events to reach the ledger").await;
 
     // The ledger's next event waits on a lock the test holds, inside its transaction; the
     // broker freezes; the event commits, and its acknowledgement is caught in the freeze.
@@ -586,61 +607,44 @@ async fn after_a_broker_freeze_past_the_heartbeat_an_event_whose_ack_was_lost_is
         .execute(&mut *lock)
         .await
         .expect("lock the balances");
-    pay_all(3..4).await;
+    run.pay(3..4).await;
     wait_until("the ledger to wait for the balances' lock", || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM pg_locks WHERE relation = 'ledger_balances'::regclass \
              AND NOT granted \
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
-        .fetch_one(pool)
+        .fetch_one(&pool)
         .await
         .expect("a count")
             > 0
     })
     .await;
-    proxy.freeze();
+    run.freeze();
     lock.commit().await.expect("release the balances");
     wait_until("the ledger to commit the event", || async {
-        ledger_payments(pool).await.len() == 4
+        ledger_payments(&pool).await.len() == 4
     })
     .await;
 
-    // Payments go on; both processes give their broker connection up and try again.
-    pay_all(4..8).await;
+    // Payments go on. Each process gives its connection up (the first a link sees closed while
+    // frozen is the one it had: a new one is tried only after) and tries new ones.
+    run.pay(4..8).await;
     wait_until(
         "the relay and the ledger to give their connections up",
-        || async { proxy.abandoned() >= 2 },
+        || async { run.relay_link.abandoned() >= 1 && run.ledger_link.abandoned() >= 1 },
     )
     .await;
-    assert!(
-        service.0.try_wait().expect("try_wait").is_none(),
-        "payments runs"
-    );
-    assert!(
-        ledger.0.try_wait().expect("try_wait").is_none(),
-        "the ledger runs"
-    );
+    run.assert_running();
 
-    proxy.heal();
-    pay_all(8..10).await;
-    assert_eq!(
-        succeeded_payments(pool).await.len(),
-        10,
-        "every payment succeeded"
-    );
-    ledger_catches_up(pool, "every event to reach the ledger after the heal").await;
+    run.heal();
+    run.pay(8..10).await;
+    assert_eq!(succeeded_payments(&pool).await.len(), 10);
+    ledger_catches_up(&pool, "every event to reach the ledger after the heal").await;
     // The event whose acknowledgement was lost came again, and was skipped.
     wait_until("the ledger to skip the event delivered again", || async {
-        ledger_messages(&client, &ledger_addr, "duplicate").await >= 1
+        run.ledger_messages("duplicate").await >= 1
     })
     .await;
-    assert!(
-        service.0.try_wait().expect("try_wait").is_none(),
-        "payments runs"
-    );
-    assert!(
-        ledger.0.try_wait().expect("try_wait").is_none(),
-        "the ledger runs"
-    );
+    run.assert_running();
 }
