@@ -64,6 +64,15 @@ impl Service {
         assert_eq!(answer.status(), StatusCode::CREATED);
     }
 
+    /// Waits until the service has declared the ledger's queue, as its log says.
+    async fn queue_declared(&self) {
+        wait_until("the service to declare the ledger's queue", || {
+            let log = self.log();
+            async move { log.contains("the ledger's queue is declared") }
+        })
+        .await;
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).expect("read the service's log")
     }
@@ -93,6 +102,9 @@ async fn with_no_ledger_running_the_events_wait_in_the_ledgers_queue() {
     let database = support::sqlite(&dir).await;
     let names = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
     let service = Service::start(&database, &names, &dir).await;
+    // The declaration runs beside the start (a broker that does not answer must not hold it
+    // up): on a loaded machine the payments could otherwise come first.
+    service.queue_declared().await;
     for n in 0..PAYMENTS {
         service.pay(n).await;
     }
@@ -115,11 +127,7 @@ async fn an_unroutable_event_logs_one_warning_per_outage_not_one_per_message() {
     let names = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
     let service = Service::start(&database, &names, &dir).await;
     // Nothing is bound to the topic once the queue the service declared is gone.
-    wait_until("the service to declare the ledger's queue", || {
-        let log = service.log();
-        async move { log.contains("the ledger's queue is declared") }
-    })
-    .await;
+    service.queue_declared().await;
     delete_queue(&names, "ledger").await;
     for n in 0..PAYMENTS {
         service.pay(n).await;
