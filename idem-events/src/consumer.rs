@@ -8,7 +8,7 @@ use sqlx::{Pool, Transaction};
 use tokio_util::sync::CancellationToken;
 
 use super::{BrokerError, Delivery, Message, Subscriber, Subscription};
-use crate::Backend;
+use crate::{Backend, error::within};
 
 /// How many times a message may fail before it goes to the dead-letter place, unless
 /// [`ConsumerOptions::max_attempts`] says otherwise.
@@ -22,6 +22,7 @@ pub struct ConsumerOptions {
     max_attempts: u32,
     retention: Duration,
     max_backoff: Duration,
+    database_timeout: Duration,
 }
 
 impl ConsumerOptions {
@@ -40,6 +41,7 @@ impl ConsumerOptions {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             retention: Duration::from_secs(7 * 24 * 3600),
             max_backoff: Duration::from_secs(30),
+            database_timeout: Duration::from_secs(10),
         }
     }
 
@@ -62,6 +64,23 @@ impl ConsumerOptions {
     pub fn with_max_backoff(mut self, max_backoff: Duration) -> Self {
         self.max_backoff = max_backoff;
         self
+    }
+
+    /// Sets [`ConsumerOptions::database_timeout`].
+    #[must_use]
+    pub fn with_database_timeout(mut self, timeout: Duration) -> Self {
+        self.database_timeout = timeout;
+        self
+    }
+
+    /// How long each of the consumer's database operations may take (default 10 s), the
+    /// handler's transaction counted whole: past it the operation fails with
+    /// [`Error::TimedOut`](crate::Error::TimedOut), its transaction is rolled back, and the
+    /// message goes back to the broker to be delivered again (a transaction whose `COMMIT`
+    /// went unanswered is found recorded then, and acknowledged as a duplicate). A database
+    /// that stops answering without refusing (a partition) is noticed this way.
+    pub fn database_timeout(&self) -> Duration {
+        self.database_timeout
     }
 
     /// The consumer's name.
@@ -325,7 +344,12 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
         // delivery is not counted ahead: the common path writes nothing more.
         let redelivered = delivery.redelivered();
         if redelivered {
-            let attempts = match DB::attempts(&self.pool, &self.name, id).await {
+            let attempts = match within(
+                self.options.database_timeout,
+                DB::attempts(&self.pool, &self.name, id),
+            )
+            .await
+            {
                 Ok(attempts) => attempts,
                 Err(error) => return self.give_back(delivery, error).await,
             };
@@ -334,11 +358,22 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
                     .dead_letter(delivery, attempts, "it failed too often before")
                     .await;
             }
-            if let Err(error) = DB::count_failure(&self.pool, &self.name, id, UNFINISHED).await {
+            if let Err(error) = within(
+                self.options.database_timeout,
+                DB::count_failure(&self.pool, &self.name, id, UNFINISHED),
+            )
+            .await
+            {
                 return self.give_back(delivery, error).await;
             }
         }
-        let failure = match self.apply(&message, redelivered).await {
+        let timeout = self.options.database_timeout;
+        let applied = tokio::time::timeout(timeout, self.apply(&message, redelivered))
+            .await
+            .unwrap_or(Err(Failure::Database(crate::Error::TimedOut {
+                after: timeout,
+            })));
+        let failure = match applied {
             Ok(true) => {
                 if let Some(observer) = &self.on_committed {
                     observer(&message);
@@ -349,7 +384,12 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
             Ok(false) => {
                 if redelivered {
                     // The attempt counted ahead was not one.
-                    if let Err(error) = DB::clear_failures_apart(&self.pool, &self.name, id).await {
+                    if let Err(error) = within(
+                        self.options.database_timeout,
+                        DB::clear_failures_apart(&self.pool, &self.name, id),
+                    )
+                    .await
+                    {
                         tracing::debug!(%error, "forgetting a duplicate's attempt failed");
                     }
                 }
@@ -360,9 +400,17 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
             Err(Failure::Handler(reason)) => reason,
         };
         let counted = if redelivered {
-            DB::note_failure(&self.pool, &self.name, id, &failure).await
+            within(
+                self.options.database_timeout,
+                DB::note_failure(&self.pool, &self.name, id, &failure),
+            )
+            .await
         } else {
-            DB::count_failure(&self.pool, &self.name, id, &failure).await
+            within(
+                self.options.database_timeout,
+                DB::count_failure(&self.pool, &self.name, id, &failure),
+            )
+            .await
         };
         let attempts = match counted {
             Ok(attempts) => attempts,
@@ -452,7 +500,11 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
     ///
     /// When the database failed.
     pub async fn purge(&self, limit: i64) -> Result<u64, crate::Error> {
-        DB::purge_consumed(&self.pool, &self.name, self.options.retention, limit).await
+        within(
+            self.options.database_timeout,
+            DB::purge_consumed(&self.pool, &self.name, self.options.retention, limit),
+        )
+        .await
     }
 
     /// Purges in batches until no record is past its retention.

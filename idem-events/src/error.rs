@@ -7,6 +7,15 @@ pub enum Error {
     /// The database failed or could not be reached.
     #[error("the events' database failed: {0}")]
     Database(#[from] sqlx::Error),
+    /// The database did not answer within the relay's or consumer's `database_timeout`
+    /// ([`RelayOptions::database_timeout`](crate::RelayOptions::database_timeout),
+    /// [`ConsumerOptions::database_timeout`](crate::ConsumerOptions::database_timeout)): the
+    /// operation was abandoned, and is tried again.
+    #[error("the events' database did not answer within {after:?}")]
+    TimedOut {
+        /// The timeout that passed.
+        after: std::time::Duration,
+    },
     /// Creating or upgrading the event tables failed; nothing of the failed migration is
     /// applied.
     #[error("migrating idem's event tables failed: {0}")]
@@ -18,4 +27,15 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+/// Awaits `work` for at most `timeout`: [`Error::TimedOut`] if it is not done by then, in which
+/// case `work` has been dropped (a transaction it held is rolled back).
+pub(crate) async fn within<T>(
+    timeout: std::time::Duration,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(timeout, work)
+        .await
+        .unwrap_or(Err(Error::TimedOut { after: timeout }))
 }

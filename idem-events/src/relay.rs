@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{BrokerError, Message, Publisher};
-use crate::Backend;
+use crate::{Backend, error::within};
 
 /// How a [`Relay`] works; [`RelayOptions::default`] suits most services.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +25,7 @@ pub struct RelayOptions {
     retention: Duration,
     max_backoff: Duration,
     publish_timeout: Duration,
+    database_timeout: Duration,
     hold: Duration,
 }
 
@@ -37,6 +38,7 @@ impl Default for RelayOptions {
             retention: Duration::from_secs(24 * 3600),
             max_backoff: Duration::from_secs(30),
             publish_timeout: Duration::from_secs(20),
+            database_timeout: Duration::from_secs(10),
             hold: Duration::from_secs(60),
         }
     }
@@ -85,6 +87,13 @@ impl RelayOptions {
         self
     }
 
+    /// Sets [`RelayOptions::database_timeout`].
+    #[must_use]
+    pub fn with_database_timeout(mut self, timeout: Duration) -> Self {
+        self.database_timeout = timeout;
+        self
+    }
+
     /// Sets [`RelayOptions::hold`], which should be longer than
     /// [`RelayOptions::publish_timeout`].
     #[must_use]
@@ -126,6 +135,16 @@ impl RelayOptions {
     /// again (default 20 s).
     pub fn publish_timeout(&self) -> Duration {
         self.publish_timeout
+    }
+
+    /// How long each of the relay's statements may wait on the database (default 10 s): past
+    /// it the pass fails with [`Error::TimedOut`](crate::Error::TimedOut) and the relay
+    /// retries with backoff, as after any database error. A database that stops answering
+    /// without refusing (a partition) is noticed this way; the events keep waiting in the
+    /// outbox, and a batch published but not marked is published again (consumers drop the
+    /// duplicates).
+    pub fn database_timeout(&self) -> Duration {
+        self.database_timeout
     }
 
     /// On SQLite, how long a relay's hold on a topic lasts if it stops without letting go:
@@ -286,13 +305,17 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             .filter(|(_, refused)| refused.until > now)
             .map(|(topic, _)| topic.clone())
             .collect();
-        let Some(batch) = DB::take_batch(
-            &self.pool,
-            &self.id,
-            self.last_topic.as_deref(),
-            &skip,
-            i64::from(self.options.batch),
-            self.options.hold,
+        let limit = self.options.database_timeout;
+        let Some(batch) = within(
+            limit,
+            DB::take_batch(
+                &self.pool,
+                &self.id,
+                self.last_topic.as_deref(),
+                &skip,
+                i64::from(self.options.batch),
+                self.options.hold,
+            ),
         )
         .await?
         else {
@@ -301,7 +324,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let topic = batch.topic.clone();
         self.last_topic = Some(topic.clone());
         if batch.messages.is_empty() {
-            DB::abandon(&self.pool, &self.id, batch).await?;
+            within(limit, DB::abandon(&self.pool, &self.id, batch)).await?;
             return Ok(Pass::NotReady { topic });
         }
         let published = tokio::time::timeout(
@@ -316,7 +339,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             )))
         });
         if let Err(error) = published {
-            if let Err(store) = DB::abandon(&self.pool, &self.id, batch).await {
+            if let Err(store) = within(limit, DB::abandon(&self.pool, &self.id, batch)).await {
                 tracing::debug!(error = %store, "letting go of an outbox topic failed");
             }
             return match error {
@@ -330,7 +353,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             observer(&batch.messages);
         }
         let count = batch.messages.len();
-        DB::mark_published(&self.pool, &self.id, batch).await?;
+        within(limit, DB::mark_published(&self.pool, &self.id, batch)).await?;
         metrics::counter!("idem_outbox_published_total", "topic" => topic.clone())
             .increment(count as u64);
         if self.refused.remove(&topic).is_some() {
@@ -399,7 +422,8 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     ///
     /// When the database failed.
     pub async fn waiting(&self) -> Result<Waiting, crate::Error> {
-        let (events, oldest_ms) = DB::waiting(&self.pool).await?;
+        let (events, oldest_ms) =
+            within(self.options.database_timeout, DB::waiting(&self.pool)).await?;
         Ok(Waiting {
             events: u64::try_from(events).unwrap_or(0),
             oldest: oldest_ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
@@ -412,7 +436,11 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     ///
     /// When the database failed.
     pub async fn purge(&self, limit: i64) -> Result<u64, crate::Error> {
-        DB::purge_published(&self.pool, self.options.retention, limit).await
+        within(
+            self.options.database_timeout,
+            DB::purge_published(&self.pool, self.options.retention, limit),
+        )
+        .await
     }
 
     /// Purges in batches until no published event is past its retention.

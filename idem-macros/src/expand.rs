@@ -178,29 +178,30 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
     };
 
     let body = quote!(#private::hint::<#inferred, _>(async move #block));
-    // With a `timeout`, the body's future (and its borrow of the claim) is dropped when the
-    // time is up, before the claim rolls back or releases the key.
-    let run = match args.timeout {
-        None => quote! {
-            let __idem_response = {
-                #bind_context
-                #bind_steps
-                #bind_tx
-                __idem_into_response(#body.await)
-            };
-        },
-        Some((secs, _)) => quote! {
-            let __idem_output = {
-                #bind_context
-                #bind_steps
-                #bind_tx
-                #private::within(::core::time::Duration::from_secs(#secs), #body).await
-            };
-            let __idem_response = match __idem_output {
-                ::core::option::Option::Some(__idem_value) => __idem_into_response(__idem_value),
-                ::core::option::Option::None => return __idem_claim.timed_out().await,
-            };
-        },
+    // The body runs until its limit (its `timeout`, and in transactional mode the request's
+    // database deadline); past it, the body's future (and its borrow of the claim) is dropped
+    // before the claim rolls back or releases the key.
+    let run = quote! {
+        let __idem_limit = __idem_claim.limit();
+        let __idem_output = {
+            #bind_context
+            #bind_steps
+            #bind_tx
+            #private::within(__idem_limit, #body).await
+        };
+        let __idem_response = match __idem_output {
+            ::core::option::Option::Some(__idem_value) => __idem_into_response(__idem_value),
+            ::core::option::Option::None => return __idem_claim.stopped(__idem_limit).await,
+        };
+    };
+    // Transactional mode: the slot the claim's connection is lent from, declared first so
+    // that it outlives the claim's transaction.
+    let (slot, slot_arg) = match &tx {
+        Some(_) => (
+            quote!(let mut __idem_slot = ::core::option::Option::None;),
+            quote!(&mut __idem_slot,),
+        ),
+        None => (quote!(), quote!()),
     };
 
     quote! {
@@ -213,8 +214,10 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
                 async move {
                     let __idem_scope = #scope;
                     let __idem_options = __IDEM_POLICY.__options();
+                    #slot
                     #[allow(unused_mut)]
                     let mut __idem_claim = match #claim::acquire(
+                        #slot_arg
                         __idem_request,
                         __idem_scope,
                         __idem_options,

@@ -15,6 +15,14 @@ pub enum Error {
     /// Creating or upgrading idem's tables failed; nothing of the failed migration is applied.
     #[error("migrating idem's tables failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database did not answer within the store's
+    /// [`database_timeout`](crate::Settings::database_timeout): the operation was abandoned and
+    /// its connection closed.
+    #[error("the idempotency store's database did not answer within {}", crate::flow::attribute_duration(*.after))]
+    TimedOut {
+        /// The timeout that passed.
+        after: std::time::Duration,
+    },
     /// A row of the key table breaks idem's invariants (written by something other than idem,
     /// or by an incompatible version of it).
     #[error("a row of idem_keys is not one idem wrote: {reason}")]
@@ -39,6 +47,11 @@ impl Error {
             Some("42883") => message.contains("idem_"),
             _ => message.contains("no such table: idem_keys"),
         }
+    }
+
+    /// Whether the database did not answer in time ([`Error::TimedOut`]).
+    pub fn is_timed_out(&self) -> bool {
+        matches!(self, Self::TimedOut { .. })
     }
 
     pub(crate) fn corrupt(reason: impl Into<String>) -> Self {

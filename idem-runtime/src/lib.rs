@@ -157,13 +157,13 @@ compile_error!(
 pub mod tasks;
 
 mod backend;
+mod checkout;
 mod context;
 mod error;
 mod flow;
 mod problem;
 mod record;
 mod replay;
-mod run_to_end;
 mod scope;
 mod steps;
 mod store;
@@ -192,7 +192,8 @@ pub use sqlx;
 /// release, in step with the macro (which is pinned to this crate's exact version).
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::flow::{Claim, ExternalClaim, Input, Scope, hint, scope_of, within};
+    pub use crate::checkout::Checkout;
+    pub use crate::flow::{Claim, ExternalClaim, Input, Limit, Scope, hint, scope_of, within};
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use inventory;
     /// The backend of `external` handlers that name none, when only one database feature is

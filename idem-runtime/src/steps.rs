@@ -147,27 +147,57 @@ impl<DB: Backend> Steps<DB> {
             return Ok(output);
         }
         let shared = &*self.shared;
-        let _permit = shared.store.write_permit().await;
-        let conn = shared
-            .store
-            .connection()
+        let store = &shared.store;
+        let deadline = store.deadline();
+        let _permit = store
+            .write_permit(deadline)
             .await
             .map_err(|e| StepError::store(name, e))?;
-        let mut tx = DB::begin_write(conn)
+        let mut conn = store
+            .checkout(deadline)
             .await
             .map_err(|e| StepError::store(name, e))?;
-        let output = work(&mut *tx).await?;
-        let steps = self.with_output(name, &output)?;
-        let owned = DB::record_steps(&mut *tx, &shared.key, shared.token, &steps)
-            .await
-            .map_err(|e| StepError::store(name, e))?;
-        if !owned {
-            // Dropping the transaction rolls the step's writes back.
-            return Err(StepError::Lost { step: name.into() }.into());
+        // The whole step, its work included, until the deadline: its connection goes back to
+        // the pool only once its transaction has ended.
+        let mut settled = false;
+        let ran = tokio::time::timeout_at(deadline, async {
+            let mut tx = DB::begin_write(&mut conn)
+                .await
+                .map_err(|e| StepError::store(name, e))?;
+            let done: Result<(T, Vec<RecordedStep>), E> = async {
+                let output = work(&mut *tx).await?;
+                let steps = self.with_output(name, &output)?;
+                let owned = DB::record_steps(&mut *tx, &shared.key, shared.token, &steps)
+                    .await
+                    .map_err(|e| StepError::store(name, e))?;
+                if !owned {
+                    return Err(StepError::Lost { step: name.into() }.into());
+                }
+                Ok((output, steps))
+            }
+            .await;
+            match done {
+                Ok(done) => {
+                    tx.commit()
+                        .await
+                        .map_err(|e| StepError::store(name, e.into()))?;
+                    settled = true;
+                    Ok(done)
+                }
+                Err(error) => {
+                    settled = tx.rollback().await.is_ok();
+                    Err(error)
+                }
+            }
+        })
+        .await;
+        if settled {
+            conn.settle();
         }
-        tx.commit()
-            .await
-            .map_err(|e| StepError::store(name, e.into()))?;
+        let timeout = store.settings().database_timeout();
+        let (output, steps) = ran.unwrap_or_else(|_| {
+            Err(StepError::store(name, crate::Error::TimedOut { after: timeout }).into())
+        })?;
         self.recorded(name, steps);
         Ok(output)
     }
@@ -197,13 +227,16 @@ impl<DB: Backend> Steps<DB> {
         let output = call(&shared.context.derive(name)).await?;
         let steps = self.with_output(name, &output)?;
         let owned = {
-            let _permit = shared.store.write_permit().await;
-            let mut conn = shared
-                .store
-                .connection()
+            let store = &shared.store;
+            let deadline = store.deadline();
+            let _permit = store
+                .write_permit(deadline)
                 .await
                 .map_err(|e| StepError::store(name, e))?;
-            DB::record_steps(&mut conn, &shared.key, shared.token, &steps)
+            store
+                .on_connection(deadline, async |conn| {
+                    DB::record_steps(conn, &shared.key, shared.token, &steps).await
+                })
                 .await
                 .map_err(|e| StepError::store(name, e))?
         };

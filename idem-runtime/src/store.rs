@@ -9,12 +9,13 @@ use std::{
     time::Duration,
 };
 
-use sqlx::{Pool, pool::PoolConnection};
+use sqlx::Pool;
+use tokio::time::Instant;
 
 use crate::{
     backend::{Backend, Begun},
+    checkout::{self, Checkout, Settle},
     record::{Completion, KeyRecord, KeyRef, RecordedStep, Start, Started},
-    run_to_end::RunToEnd,
 };
 
 /// Limits and answers of the idempotency layer, given to [`Store::with_settings`].
@@ -32,6 +33,7 @@ pub struct Settings {
     max_response_body: usize,
     retry_after: Duration,
     acquire_timeout: Duration,
+    database_timeout: Duration,
     problem_type_base: String,
 }
 
@@ -42,6 +44,7 @@ impl Default for Settings {
             max_response_body: 1 << 20,
             retry_after: Duration::from_secs(1),
             acquire_timeout: Duration::from_secs(5),
+            database_timeout: Duration::from_secs(10),
             problem_type_base: crate::problem::DEFAULT_PROBLEM_TYPE_BASE.to_owned(),
         }
     }
@@ -73,6 +76,13 @@ impl Settings {
     #[must_use]
     pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Sets [`Settings::database_timeout`].
+    #[must_use]
+    pub fn with_database_timeout(mut self, timeout: Duration) -> Self {
+        self.database_timeout = timeout;
         self
     }
 
@@ -109,6 +119,28 @@ impl Settings {
     /// wait for idem's requests whichever is shorter. Default: 5 s.
     pub fn acquire_timeout(&self) -> Duration {
         self.acquire_timeout
+    }
+
+    /// The longest a request waits on its database, past which its work is abandoned, its
+    /// connection closed (not returned to the pool) and the answer is 503 with `Retry-After`.
+    /// Default: 10 s.
+    ///
+    /// A transactional handler's request has one deadline, from asking the pool for a
+    /// connection to the end of its `COMMIT`: the claim, the handler's own statements (they run
+    /// in the layer's transaction), the completion and the commit. Past it before the `COMMIT`
+    /// was sent, nothing was committed (`StoreUnavailable`); while the `COMMIT` was unanswered,
+    /// the outcome is unknown (`OutcomeUnknown`) and a retry with the same key finds out: a
+    /// replay if it committed, a first execution if not. In external mode, where the handler
+    /// holds no transaction, the claim and the completion each have this long; so has each of a
+    /// multi-step handler's steps, and each pass of the background tasks.
+    ///
+    /// It is the bound that notices a database that stopped answering without refusing (a
+    /// partition, a frozen server): nothing else does within minutes. On PostgreSQL the claim
+    /// also sets the server's `idle_in_transaction_session_timeout` to it for its transaction,
+    /// so that a server that never hears its client go ends the transaction, and frees the key,
+    /// by itself.
+    pub fn database_timeout(&self) -> Duration {
+        self.database_timeout
     }
 
     /// Where the `type` URIs of the layer's own problems point: the kind's fixed slug is
@@ -271,48 +303,103 @@ impl<DB: Backend> Store<DB> {
         }
     }
 
-    /// A pooled connection, waited for at most [`Settings::acquire_timeout`].
-    pub(crate) async fn connection(&self) -> Result<PoolConnection<DB>, crate::Error> {
-        let acquired = tokio::time::timeout(self.settings.acquire_timeout, self.pool.acquire())
-            .await
-            .unwrap_or(Err(sqlx::Error::PoolTimedOut))?;
-        Ok(acquired)
+    /// When work on the database that starts now must be done: now plus
+    /// [`Settings::database_timeout`].
+    pub(crate) fn deadline(&self) -> Instant {
+        Instant::now() + self.settings.database_timeout
+    }
+
+    /// Awaits `work` until `deadline` (see [`checkout::by`]).
+    pub(crate) async fn by<T>(
+        &self,
+        deadline: Instant,
+        work: impl Future<Output = Result<T, crate::Error>>,
+    ) -> Result<T, crate::Error> {
+        checkout::by(deadline, self.settings.database_timeout, work).await
+    }
+
+    /// A pooled connection, waited for at most [`Settings::acquire_timeout`] and until
+    /// `deadline`.
+    pub(crate) async fn checkout(&self, deadline: Instant) -> Result<Checkout<DB>, crate::Error> {
+        let limit = Instant::now() + self.settings.acquire_timeout;
+        match tokio::time::timeout_at(limit.min(deadline), self.pool.acquire()).await {
+            Ok(acquired) => Ok(Checkout::new(acquired?)),
+            Err(_) if deadline <= limit => Err(crate::Error::TimedOut {
+                after: self.settings.database_timeout,
+            }),
+            Err(_) => Err(sqlx::Error::PoolTimedOut.into()),
+        }
+    }
+
+    /// Runs one operation on a connection of its own, until `deadline`: settled when it
+    /// returns, closed when the deadline passes first.
+    pub(crate) async fn on_connection<T>(
+        &self,
+        deadline: Instant,
+        operation: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, crate::Error>,
+    ) -> Result<T, crate::Error> {
+        let mut conn = self.checkout(deadline).await?;
+        let done = self.by(deadline, operation(&mut conn)).await;
+        if !matches!(done, Err(crate::Error::TimedOut { .. })) {
+            conn.settle();
+        }
+        done
     }
 
     /// The live row of `key`, read without any lock.
-    pub(crate) async fn lookup(&self, key: &KeyRef) -> Result<Option<KeyRecord>, crate::Error> {
-        let mut conn = self.connection().await?;
-        DB::lookup(&mut conn, key).await
-    }
-
-    /// Begins a handler's transaction and claims `key` in it (see `Storage::begin_claim`).
-    ///
-    /// The claim runs to its end, in a task of its own, when the request is dropped meanwhile
-    /// (its client went away): sqlx counts a transaction only once `BEGIN` has been answered, so
-    /// a request dropped in between would hand its connection back to the pool inside a
-    /// transaction that nobody ends, holding the key's lock. Run to its end, the claim's
-    /// transaction is dropped as any other, and rolled back.
-    pub(crate) async fn begin_claim(
+    pub(crate) async fn lookup(
         &self,
         key: &KeyRef,
+        deadline: Instant,
+    ) -> Result<Option<KeyRecord>, crate::Error> {
+        self.on_connection(deadline, async |conn| DB::lookup(conn, key).await)
+            .await
+    }
+
+    /// Takes a pooled connection into `slot` and begins a handler's transaction on it, claiming
+    /// `key` (see `Storage::begin_claim`), until `deadline`.
+    ///
+    /// The transaction borrows the connection from `slot`, which closes it unless the claim's
+    /// work settles it: a claim cut off anywhere (its deadline, a cancelled request) leaves no
+    /// transaction and no lock behind on a pooled connection.
+    pub(crate) async fn begin_claim<'c>(
+        &self,
+        slot: &'c mut Option<Checkout<DB>>,
+        key: &KeyRef,
         statement_timeout: Option<Duration>,
-    ) -> Result<Begun<DB>, crate::Error> {
+        deadline: Instant,
+    ) -> Result<(Begun<'c, DB>, Settle<'c>), crate::Error> {
         let started = std::time::Instant::now();
-        let conn = self.connection().await?;
-        let key = key.clone();
-        let begun =
-            RunToEnd::new(async move { DB::begin_claim(conn, &key, statement_timeout).await })
-                .await;
+        let checkout = slot.insert(self.checkout(deadline).await?);
+        let (conn, mut settle) = checkout.parts();
+        let session_timeout = self.settings.database_timeout;
+        let begun = self
+            .by(
+                deadline,
+                DB::begin_claim(conn, key, statement_timeout, session_timeout),
+            )
+            .await;
         metrics::histogram!("idem_claim_duration_seconds", "mode" => "transactional")
             .record(started.elapsed());
-        begun
+        let begun = begun?;
+        if !matches!(begun, Begun::Acquired(..)) {
+            // Every answer was read and the dropped transaction's rollback is queued: the
+            // connection is in a known state, and goes back to the pool.
+            settle.settle();
+        }
+        Ok((begun, settle))
     }
 
     /// Takes an external-mode claim (see `Storage::start`); the caller holds its turn to write.
-    pub(crate) async fn start(&self, start: &Start<'_>) -> Result<Started, crate::Error> {
+    pub(crate) async fn start(
+        &self,
+        start: &Start<'_>,
+        deadline: Instant,
+    ) -> Result<Started, crate::Error> {
         let started = std::time::Instant::now();
-        let mut conn = self.connection().await?;
-        let outcome = DB::start(&mut conn, start).await;
+        let outcome = self
+            .on_connection(deadline, async |conn| DB::start(conn, start).await)
+            .await;
         metrics::histogram!("idem_claim_duration_seconds", "mode" => "external")
             .record(started.elapsed());
         outcome
@@ -321,17 +408,19 @@ impl<DB: Backend> Store<DB> {
     /// Deletes the `started` row of `key` owned by `token` (an external claim), in this
     /// process's turn to write.
     pub(crate) async fn release(&self, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
-        let _permit = self.write_permit().await;
-        let mut conn = self.connection().await?;
-        DB::release(&mut conn, key, token).await
+        let deadline = self.deadline();
+        let _permit = self.write_permit(deadline).await?;
+        self.on_connection(deadline, async |conn| DB::release(conn, key, token).await)
+            .await
     }
 
     /// Lets go of the `started` row owned by `token` (see `Storage::give_up`: deleted, or its
     /// lease ended where steps are recorded), in this process's turn to write.
     pub(crate) async fn give_up(&self, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {
-        let _permit = self.write_permit().await;
-        let mut conn = self.connection().await?;
-        DB::give_up(&mut conn, key, token).await
+        let deadline = self.deadline();
+        let _permit = self.write_permit(deadline).await?;
+        self.on_connection(deadline, async |conn| DB::give_up(conn, key, token).await)
+            .await
     }
 
     /// The steps recorded on the row owned by `token`.
@@ -339,9 +428,12 @@ impl<DB: Backend> Store<DB> {
         &self,
         key: &KeyRef,
         token: i64,
+        deadline: Instant,
     ) -> Result<Vec<RecordedStep>, crate::Error> {
-        let mut conn = self.connection().await?;
-        DB::recorded_steps(&mut conn, key, token).await
+        self.on_connection(deadline, async |conn| {
+            DB::recorded_steps(conn, key, token).await
+        })
+        .await
     }
 
     /// Completes the `started` row owned by `token`, in this process's turn to write; see
@@ -352,15 +444,23 @@ impl<DB: Backend> Store<DB> {
         token: i64,
         retention: Option<Duration>,
     ) -> Result<bool, crate::Error> {
-        let _permit = self.write_permit().await;
-        let mut conn = self.connection().await?;
-        DB::finish(&mut conn, completion, token, retention).await
+        let deadline = self.deadline();
+        let _permit = self.write_permit(deadline).await?;
+        self.on_connection(deadline, async |conn| {
+            DB::finish(conn, completion, token, retention).await
+        })
+        .await
     }
 
     /// On a single-writer database, this process's turn to write; `None` elsewhere.
-    pub(crate) async fn write_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    /// Waited for until `deadline`: a writer of this process that stalls holding the turn (its
+    /// handler hangs) makes the others time out rather than queue for ever.
+    pub(crate) async fn write_permit(
+        &self,
+        deadline: Instant,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, crate::Error> {
         if !DB::SINGLE_WRITER {
-            return None;
+            return Ok(None);
         }
         // Counted down when the wait ends, however it ends (a cancelled request too).
         struct Queued<'a>(&'a AtomicUsize);
@@ -371,6 +471,9 @@ impl<DB: Backend> Store<DB> {
         }
         self.queued_writers.fetch_add(1, Ordering::SeqCst);
         let _queued = Queued(&self.queued_writers);
-        Arc::clone(&self.writers).acquire_owned().await.ok()
+        self.by(deadline, async {
+            Ok(Arc::clone(&self.writers).acquire_owned().await.ok())
+        })
+        .await
     }
 }

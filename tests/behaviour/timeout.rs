@@ -11,6 +11,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
+    time::Duration,
 };
 
 use axum::{
@@ -20,7 +21,7 @@ use axum::{
     http::{Request, StatusCode},
     routing::post,
 };
-use idem_runtime::{IdempotencyContext, ProblemKind, Store, idempotent};
+use idem_runtime::{IdempotencyContext, ProblemKind, Settings, Store, idempotent};
 use idem_tests::{App, Db, Param, Reply, Req, Tenant, TestBackend, backend_tests, run, run_on};
 use sqlx::Transaction;
 use tower::ServiceExt;
@@ -108,14 +109,23 @@ async fn stuck_external<DB: TestBackend>(
 
 /// The test routes over `app`'s pool, and how many keys their store's handlers hold.
 fn routes(app: &App, probe: &Arc<Probe>) -> (Router, Box<dyn Fn() -> usize>) {
+    routes_with(app, probe, Settings::default())
+}
+
+/// [`routes`] with a store of `settings`.
+fn routes_with(
+    app: &App,
+    probe: &Arc<Probe>,
+    settings: Settings,
+) -> (Router, Box<dyn Fn() -> usize>) {
     match &app.db {
         Db::Postgres(pool) => {
-            let store = Store::new(pool.clone());
+            let store = Store::new(pool.clone()).with_settings(settings);
             let router = stuck_routes(probe).with_state(store.clone());
             (router, Box::new(move || store.keys_in_flight()))
         }
         Db::Sqlite(pool) => {
-            let store = Store::new(pool.clone());
+            let store = Store::new(pool.clone()).with_settings(settings);
             let router = stuck_routes(probe).with_state(store.clone());
             (router, Box::new(move || store.keys_in_flight()))
         }
@@ -156,6 +166,14 @@ fn assert_timed_out(reply: &Reply) {
         "{detail}"
     );
     assert!(!reply.replayed());
+}
+
+/// How many connections `app`'s pool has open, idle or in use.
+fn pool_size(app: &App) -> u32 {
+    match &app.db {
+        Db::Postgres(pool) => pool.size(),
+        Db::Sqlite(pool) => pool.size(),
+    }
 }
 
 /// The `route` column of every effect row, sorted.
@@ -208,6 +226,54 @@ backend_tests! {
         assert!(replay.replayed());
         assert_eq!(&replay.body[..], b"call 2");
         assert_eq!(probe.started(), 2, "a replay does not run the body");
+    }
+
+    async fn a_transactional_handler_past_the_database_deadline_is_503_store_unavailable_and_its_connection_closed(db) {
+        // One pooled connection: the abandoned one must be closed, and a new one opened.
+        let app = App::build(
+            db,
+            idem_tests::Options {
+                connections: Some(1),
+                ..idem_tests::Options::default()
+            },
+        )
+        .await;
+        let probe = Probe::new();
+        // The deadline (1 s) comes before the handler's own timeout (3 s).
+        let settings = Settings::default().with_database_timeout(Duration::from_secs(1));
+        let (router, in_flight) = routes_with(&app, &probe, settings);
+        let request = || Req::post("/stuck").tenant("t1").key("k1").build();
+
+        let first = deadline("the request past its deadline", send(&router, request())).await;
+        let kind = first.problem(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(kind, ProblemKind::StoreUnavailable.type_uri(), "{:?}", first.body);
+        assert_eq!(first.header("retry-after"), Some("1"), "the store's retry_after");
+        let detail = first.json()["detail"].as_str().expect("a detail").to_owned();
+        assert!(
+            detail.contains("did not answer within 1s") && detail.contains("nothing was committed"),
+            "{detail}"
+        );
+        assert_eq!((probe.started(), probe.finished()), (1, 0), "the body was stopped at the gate");
+        assert_eq!(in_flight(), 0, "the process holds no key");
+        // Its connection was closed, not given back to the pool with the transaction in it.
+        idem_tests::wait_until("the abandoned connection to close", || async {
+            pool_size(&app) == 0
+        })
+        .await;
+        assert_eq!(app.count("test_effects").await, 0, "nothing was committed");
+        assert_eq!(app.keys_named("k1").await, 0, "nothing was stored");
+        idem_tests::wait_until("the server to let go of the key's lock", || async {
+            app.db_locks().await == 0
+        })
+        .await;
+
+        // The retry runs the handler on a new connection, and completes.
+        probe.gate.add_permits(1);
+        let retry = deadline("the retry", send(&router, request())).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+        assert_eq!(&retry.body[..], b"call 2");
+        assert_eq!(effect_routes(&app).await, ["stuck"], "only the retry's write is committed");
+        assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
     }
 
     async fn an_external_handler_past_its_timeout_releases_its_claim(db) {

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use sqlx::{Pool, Transaction, pool::PoolConnection};
+use sqlx::{Pool, Transaction};
 
 use std::time::Duration;
 
@@ -13,12 +13,12 @@ use crate::record::{Abandoned, KeyRecord, KeyRef, Start, Started};
 pub(crate) use shared::SharedStorage;
 
 /// What [`Storage::begin_claim`] found.
-pub(crate) enum Begun<DB: sqlx::Database> {
+pub(crate) enum Begun<'c, DB: sqlx::Database> {
     /// The transaction holds the key; the handler may run in it. The mark, where the database
     /// gives one, identifies the claiming transaction to its completion
     /// ([`Completion::mark`](crate::record::Completion::mark)).
-    Acquired(Transaction<'static, DB>, Option<String>),
-    /// Another transaction holds the key.
+    Acquired(Transaction<'c, DB>, Option<String>),
+    /// Another transaction holds the key; this one was dropped (its rollback queued).
     #[cfg_attr(
         not(feature = "postgres"),
         expect(
@@ -27,11 +27,11 @@ pub(crate) enum Begun<DB: sqlx::Database> {
         )
     )]
     Busy,
-    /// The key has a live row.
+    /// The key has a live row; the transaction was dropped (its rollback queued).
     Live(KeyRecord),
 }
 
-impl<DB: sqlx::Database> std::fmt::Debug for Begun<DB> {
+impl<DB: sqlx::Database> std::fmt::Debug for Begun<'_, DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Acquired(..) => f.write_str("Acquired"),
@@ -96,12 +96,19 @@ pub(crate) trait Storage: SharedStorage {
     ///
     /// With a `statement_timeout`, a database that can bound its statements does so for this
     /// transaction: a handler stopped in the middle of a statement then cannot hold its
-    /// connection and its key for longer than the statement may run.
-    fn begin_claim(
-        conn: PoolConnection<Self>,
+    /// connection and its key for longer than the statement may run. A database that can end
+    /// a transaction left idle ends this one after `idle_timeout`: a server that never hears
+    /// its client go (a partition) frees the key by itself.
+    ///
+    /// When the key is not acquired, the transaction has been dropped: every answer has been
+    /// read and its `ROLLBACK` is queued on the connection, sent as it goes back to the pool
+    /// (sqlx's test of a returned connection), so that a replay does not wait for it.
+    fn begin_claim<'c>(
+        conn: &'c mut Self::Connection,
         key: &KeyRef,
         statement_timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<Begun<Self>, crate::Error>> + Send + '_;
+        idle_timeout: Duration,
+    ) -> impl Future<Output = Result<Begun<'c, Self>, crate::Error>> + Send;
 
     /// Reads the live row of `key`, without taking any lock.
     fn lookup<'c>(
@@ -129,12 +136,12 @@ pub(crate) trait Storage: SharedStorage {
     /// SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a transaction
     /// that reads first cannot fail to upgrade its lock later.
     fn begin_write(
-        conn: PoolConnection<Self>,
-    ) -> impl Future<Output = Result<Transaction<'static, Self>, crate::Error>> + Send;
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, crate::Error>> + Send;
 
     /// Deletes up to `limit` rows past their expiry, skipping rows that live requests hold.
     fn purge_batch(
-        pool: &Pool<Self>,
+        conn: &mut Self::Connection,
         limit: i64,
     ) -> impl Future<Output = Result<u64, crate::Error>> + Send + '_;
 
@@ -142,7 +149,7 @@ pub(crate) trait Storage: SharedStorage {
     /// under `token`, so that no retry takes them over while the recovery decides. Rows with
     /// recorded steps only `with_steps`.
     fn reclaim_abandoned(
-        pool: &Pool<Self>,
+        conn: &mut Self::Connection,
         limit: i64,
         lease: Duration,
         token: i64,

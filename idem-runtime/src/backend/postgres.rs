@@ -10,10 +10,7 @@
 //! (`NULL`). The completion writes only in the transaction of that id: a handler that ended the
 //! transaction itself (`COMMIT`, `ROLLBACK`) cannot have its outcome stored.
 
-use sqlx::{
-    PgConnection, PgPool, Postgres, Row, SqlSafeStr, Transaction, migrate::Migrator,
-    pool::PoolConnection,
-};
+use sqlx::{PgConnection, Postgres, Row, SqlSafeStr, Transaction, migrate::Migrator};
 
 use std::time::Duration;
 
@@ -114,26 +111,31 @@ impl Dialect for Postgres {
     }
 }
 
+/// A timeout as PostgreSQL's settings take it: whole milliseconds, from 1 to `i32::MAX`.
+fn millis(limit: Duration) -> u128 {
+    limit.as_millis().clamp(1, i32::MAX as u128)
+}
+
 impl Storage for Postgres {
-    async fn begin_claim(
-        conn: PoolConnection<Postgres>,
+    async fn begin_claim<'c>(
+        conn: &'c mut PgConnection,
         key: &KeyRef,
         statement_timeout: Option<Duration>,
-    ) -> Result<Begun<Postgres>, crate::Error> {
+        idle_timeout: Duration,
+    ) -> Result<Begun<'c, Postgres>, crate::Error> {
         // The claim's correctness rests on READ COMMITTED snapshots: the claim statement sees
-        // what committed before it began. The statement timeout goes in the same round trip,
-        // and ends with the transaction.
+        // what committed before it began. The timeouts go in the same round trip, and end with
+        // the transaction.
         let timeout = statement_timeout.map_or(String::new(), |limit| {
-            // PostgreSQL takes up to i32::MAX milliseconds.
-            let millis = limit.as_millis().clamp(1, i32::MAX as u128);
-            format!("SET LOCAL statement_timeout = {millis};")
+            format!("SET LOCAL statement_timeout = {};", millis(limit))
         });
         let begin = sqlx::AssertSqlSafe(format!(
-            "{BEGIN}; {timeout} SELECT CASE WHEN pg_try_advisory_xact_lock({}) \
-             THEN pg_current_xact_id() END",
+            "{BEGIN}; {timeout} SET LOCAL idle_in_transaction_session_timeout = {}; \
+             SELECT CASE WHEN pg_try_advisory_xact_lock({}) THEN pg_current_xact_id() END",
+            millis(idle_timeout),
             key.lock_id
         ));
-        let mut tx = Transaction::begin(conn, Some(begin.into_sql_str())).await?;
+        let mut tx = Transaction::<'c, Postgres>::begin(conn, Some(begin.into_sql_str())).await?;
         let row = sqlx::query(CLAIM)
             .bind(&key.scope)
             .bind(&key.key)
@@ -158,8 +160,8 @@ impl Storage for Postgres {
     }
 
     async fn begin_write(
-        conn: PoolConnection<Postgres>,
-    ) -> Result<Transaction<'static, Postgres>, crate::Error> {
+        conn: &mut PgConnection,
+    ) -> Result<Transaction<'_, Postgres>, crate::Error> {
         Ok(Transaction::begin(conn, None).await?)
     }
 
@@ -212,16 +214,16 @@ impl Storage for Postgres {
         }
     }
 
-    async fn purge_batch(pool: &PgPool, limit: i64) -> Result<u64, crate::Error> {
+    async fn purge_batch(conn: &mut PgConnection, limit: i64) -> Result<u64, crate::Error> {
         Ok(sqlx::query(PURGE)
             .bind(limit)
-            .execute(pool)
+            .execute(conn)
             .await?
             .rows_affected())
     }
 
     async fn reclaim_abandoned(
-        pool: &PgPool,
+        conn: &mut PgConnection,
         limit: i64,
         lease: Duration,
         token: i64,
@@ -232,7 +234,7 @@ impl Storage for Postgres {
             .bind(lease.as_secs_f64())
             .bind(token)
             .bind(with_steps)
-            .fetch_all(pool)
+            .fetch_all(conn)
             .await?;
         rows.iter()
             .map(|row| {

@@ -7,10 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::{
-    Connection, Row, SqlSafeStr, Sqlite, SqliteConnection, SqlitePool, Transaction,
-    migrate::Migrator, pool::PoolConnection,
-};
+use sqlx::{Connection, Row, SqlSafeStr, Sqlite, SqliteConnection, Transaction, migrate::Migrator};
 
 use super::{Begun, SharedStorage, Storage, dialect::Dialect};
 use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started};
@@ -156,8 +153,8 @@ impl Storage for Sqlite {
     const SINGLE_WRITER: bool = true;
 
     async fn begin_write(
-        conn: PoolConnection<Sqlite>,
-    ) -> Result<Transaction<'static, Sqlite>, crate::Error> {
+        conn: &mut SqliteConnection,
+    ) -> Result<Transaction<'_, Sqlite>, crate::Error> {
         Ok(Transaction::begin(conn, Some(BEGIN_IMMEDIATE.into_sql_str())).await?)
     }
 
@@ -165,17 +162,21 @@ impl Storage for Sqlite {
         open_unless_open(conn).await
     }
 
-    async fn begin_claim(
-        conn: PoolConnection<Sqlite>,
+    async fn begin_claim<'c>(
+        conn: &'c mut SqliteConnection,
         key: &KeyRef,
         // SQLite has no statement timeout; its statements are short (no lock waits beyond
         // the busy timeout, no network).
         _statement_timeout: Option<Duration>,
-    ) -> Result<Begun<Sqlite>, crate::Error> {
+        // Nor a server to end an abandoned transaction: the process ends it by closing the
+        // connection.
+        _idle_timeout: Duration,
+    ) -> Result<Begun<'c, Sqlite>, crate::Error> {
         // IMMEDIATE takes the write lock now: a deferred transaction that read first could fail
         // with "database is locked" when it later writes. Holding it, nobody else can complete
         // the key: the transaction holds the key unless it has a live row.
-        let mut tx = Transaction::begin(conn, Some(BEGIN_CLAIM.into_sql_str())).await?;
+        let mut tx =
+            Transaction::<'c, Sqlite>::begin(conn, Some(BEGIN_CLAIM.into_sql_str())).await?;
         Ok(match live_row(&mut tx, key, now_ms()).await? {
             Some((record, _)) => Begun::Live(record),
             None => Begun::Acquired(tx, None),
@@ -244,17 +245,17 @@ impl Storage for Sqlite {
         Ok(Started::Acquired { taken_over })
     }
 
-    async fn purge_batch(pool: &SqlitePool, limit: i64) -> Result<u64, crate::Error> {
+    async fn purge_batch(conn: &mut SqliteConnection, limit: i64) -> Result<u64, crate::Error> {
         Ok(sqlx::query(PURGE)
             .bind(now_ms())
             .bind(limit)
-            .execute(pool)
+            .execute(conn)
             .await?
             .rows_affected())
     }
 
     async fn reclaim_abandoned(
-        pool: &SqlitePool,
+        conn: &mut SqliteConnection,
         limit: i64,
         lease: Duration,
         token: i64,
@@ -267,7 +268,7 @@ impl Storage for Sqlite {
             .bind(token)
             .bind(limit)
             .bind(with_steps)
-            .fetch_all(pool)
+            .fetch_all(conn)
             .await?;
         rows.iter()
             .map(|row| {

@@ -4,7 +4,7 @@
 
 use axum::response::Response;
 
-use super::{Options, Scope, extract::IdemRequest, outcome::Outcome};
+use super::{Limit, Options, Scope, extract::IdemRequest, outcome::Outcome};
 use crate::{
     backend::Backend,
     context::IdempotencyContext,
@@ -41,6 +41,7 @@ impl<DB: Backend> ExternalClaim<DB> {
         scope: Scope,
         options: Options,
     ) -> Result<Self, Response> {
+        let deadline = request.store.deadline();
         let key = request.key_ref(scope)?;
         // Armed before the claim is sent: if this request is cancelled while the claim is in
         // flight, dropping it releases whatever was committed under its token.
@@ -63,8 +64,10 @@ impl<DB: Backend> ExternalClaim<DB> {
                 retention: options.retention,
                 token: claim.token,
             };
-            let _permit = claim.request.store.write_permit().await;
-            claim.request.store.start(&start).await
+            match claim.request.store.write_permit(deadline).await {
+                Ok(_permit) => claim.request.store.start(&start, deadline).await,
+                Err(error) => Err(error),
+            }
         };
         if !matches!(outcome, Ok(Started::Acquired { .. })) {
             claim.armed = false;
@@ -78,7 +81,7 @@ impl<DB: Backend> ExternalClaim<DB> {
                     match claim
                         .request
                         .store
-                        .recorded_steps(&claim.key, claim.token)
+                        .recorded_steps(&claim.key, claim.token, deadline)
                         .await
                     {
                         Ok(steps) => claim.resumed = steps,
@@ -98,6 +101,12 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// The handler's idempotency context.
     pub fn context(&self) -> IdempotencyContext {
         IdempotencyContext::new(&self.key.scope, &self.key.key)
+    }
+
+    /// How long the handler body may run: until its `timeout`, if it has one. The handler
+    /// holds no transaction, so the store's database deadline does not bound it.
+    pub fn limit(&self) -> Limit {
+        Limit::of(self.options.timeout, None)
     }
 
     /// The handler's steps, with what earlier attempts recorded.
@@ -199,7 +208,7 @@ impl<DB: Backend> ExternalClaim<DB> {
     ///
     /// The claim stays armed until the release returns: if this request is cancelled
     /// meanwhile, dropping the claim releases it.
-    pub async fn timed_out(mut self) -> Response {
+    pub async fn stopped(mut self, _limit: Limit) -> Response {
         let released = self.give_up().await;
         self.armed = false;
         if let Err(error) = released {

@@ -28,9 +28,13 @@ mod transactional;
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 pub use external::ExternalClaim;
 pub use extract::Input;
 pub use transactional::Claim;
+
+pub(crate) use outcome::attribute_duration;
 
 use crate::scope::IdempotencyScope;
 
@@ -67,10 +71,48 @@ pub fn hint<T, F: std::future::Future<Output = T>>(future: F) -> F {
     future
 }
 
-/// Runs the handler body for at most `limit`: `None` when it took longer, in which case the
-/// body's future has been dropped (and with it whatever it borrowed, such as the transaction).
-pub async fn within<F: std::future::Future>(limit: Duration, body: F) -> Option<F::Output> {
-    tokio::time::timeout(limit, body).await.ok()
+/// How long a handler body may run: until its `timeout`, and in transactional mode until the
+/// request's database deadline, whichever comes first.
+#[derive(Debug, Clone, Copy)]
+pub struct Limit {
+    at: Option<Instant>,
+    deadline: bool,
+}
+
+impl Limit {
+    /// The earlier of `timeout` from now and `deadline`.
+    pub(crate) fn of(timeout: Option<Duration>, deadline: Option<Instant>) -> Self {
+        let timeout = timeout.map(|limit| Instant::now() + limit);
+        match (timeout, deadline) {
+            (Some(at), Some(deadline)) if deadline < at => Self {
+                at: Some(deadline),
+                deadline: true,
+            },
+            (Some(at), _) => Self {
+                at: Some(at),
+                deadline: false,
+            },
+            (None, deadline) => Self {
+                at: deadline,
+                deadline: deadline.is_some(),
+            },
+        }
+    }
+
+    /// Whether the limit is the request's database deadline rather than the handler's
+    /// `timeout`.
+    pub(crate) fn is_deadline(&self) -> bool {
+        self.deadline
+    }
+}
+
+/// Runs the handler body until `limit`: `None` when it ran longer, in which case the body's
+/// future has been dropped (and with it whatever it borrowed, such as the transaction).
+pub async fn within<F: std::future::Future>(limit: Limit, body: F) -> Option<F::Output> {
+    match limit.at {
+        Some(at) => tokio::time::timeout_at(at, body).await.ok(),
+        None => Some(body.await),
+    }
 }
 
 #[cfg(test)]
@@ -79,8 +121,20 @@ mod tests {
 
     #[tokio::test]
     async fn within_drops_a_body_that_runs_past_its_limit() {
-        let limit = Duration::from_millis(10);
+        let limit = Limit::of(Some(Duration::from_millis(10)), None);
         assert_eq!(within(limit, async { 7 }).await, Some(7));
         assert_eq!(within(limit, std::future::pending::<()>()).await, None);
+    }
+
+    #[tokio::test]
+    async fn a_limit_is_the_earlier_of_the_timeout_and_the_deadline() {
+        let soon = Instant::now() + Duration::from_secs(1);
+        let late = Instant::now() + Duration::from_secs(3600);
+        assert!(Limit::of(Some(Duration::from_secs(60)), Some(soon)).is_deadline());
+        assert!(!Limit::of(Some(Duration::from_secs(60)), Some(late)).is_deadline());
+        assert!(Limit::of(None, Some(late)).is_deadline());
+        let unbounded = Limit::of(None, None);
+        assert!(!unbounded.is_deadline());
+        assert_eq!(within(unbounded, async { 7 }).await, Some(7));
     }
 }

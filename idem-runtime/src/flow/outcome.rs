@@ -144,6 +144,19 @@ impl<DB: Backend> IdemRequest<DB> {
             );
             "the idempotency store is not set up (its key table is missing: the service must \
              run `idem_runtime::migrate`); nothing was stored, retry with the same key later"
+        } else if let crate::Error::TimedOut { after } = error {
+            tracing::error!(parent: &self.span, %error, "the idempotency store's database did not answer in time; the request's work was abandoned and its connection closed");
+            return self.finish(
+                Outcome::Failed,
+                self.problem(
+                    ProblemKind::StoreUnavailable,
+                    format!(
+                        "the database did not answer within {}; nothing was committed, retry with the same key",
+                        attribute_duration(*after)
+                    ),
+                )
+                .into_response(),
+            );
         } else {
             tracing::error!(parent: &self.span, %error, "idempotency store failed");
             "the idempotency store failed; nothing was stored, retry with the same key"
@@ -152,6 +165,21 @@ impl<DB: Backend> IdemRequest<DB> {
             Outcome::Failed,
             self.problem(ProblemKind::StoreUnavailable, detail)
                 .into_response(),
+        )
+    }
+
+    /// The COMMIT was sent and not answered by the request's deadline: it may have committed
+    /// or not, and the connection is being closed.
+    pub(super) fn commit_unanswered(&self, timeout: Duration) -> Response {
+        let limit = attribute_duration(timeout);
+        tracing::error!(parent: &self.span, timeout = %limit, "the database did not answer the handler's COMMIT in time; its outcome is unknown");
+        self.finish(
+            Outcome::Failed,
+            self.problem(
+                ProblemKind::OutcomeUnknown,
+                format!("the database did not answer the commit within {limit}; retry with the same key to get the stored outcome, or to run the request if it was not committed"),
+            )
+            .into_response(),
         )
     }
 
@@ -277,7 +305,7 @@ impl<DB: Backend> IdemRequest<DB> {
 }
 
 /// A duration in the attribute's syntax: `"1h30m"`, `"45s"`.
-fn attribute_duration(duration: Duration) -> String {
+pub(crate) fn attribute_duration(duration: Duration) -> String {
     let mut left = duration.as_secs();
     if left == 0 {
         return format!("{}ms", duration.as_millis());

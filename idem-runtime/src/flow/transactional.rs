@@ -4,9 +4,12 @@
 use axum::response::{IntoResponse, Response};
 use sqlx::Transaction;
 
-use super::{Options, Scope, extract::IdemRequest, outcome::Outcome};
+use tokio::time::Instant;
+
+use super::{Limit, Options, Scope, extract::IdemRequest, outcome::Outcome};
 use crate::{
     backend::{Backend, Begun},
+    checkout::{Checkout, Settle},
     context::IdempotencyContext,
     problem::ProblemKind,
     record::{KeyRef, KeyStatus},
@@ -14,9 +17,19 @@ use crate::{
 };
 
 /// A key held by this request's transaction, for as long as the transaction lives.
+///
+/// The transaction borrows its connection from a slot the handler's expansion owns (`slot` of
+/// [`Claim::acquire`]), which closes the connection unless the claim settles it: whatever cuts
+/// the request short (its deadline, its client going away, a panic) leaves nothing behind on a
+/// pooled connection.
 #[derive(Debug)]
-pub struct Claim<DB: Backend> {
-    tx: Transaction<'static, DB>,
+pub struct Claim<'c, DB: Backend> {
+    tx: Transaction<'c, DB>,
+    /// Settles the slot's connection once the transaction has ended.
+    settle: Settle<'c>,
+    /// When the request's database work must be done (the store's `database_timeout` from
+    /// its start).
+    deadline: Instant,
     /// What identifies the claiming transaction to the completion, where the database gives it.
     mark: Option<String>,
     request: IdemRequest<DB>,
@@ -29,19 +42,22 @@ pub struct Claim<DB: Backend> {
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
-impl<DB: Backend> Claim<DB> {
-    /// Begins the handler's transaction and claims the key in it.
+impl<'c, DB: Backend> Claim<'c, DB> {
+    /// Begins the handler's transaction on a connection put into `slot` and claims the key
+    /// in it.
     ///
     /// # Errors
     ///
     /// The response to send instead of running the handler: the replay of a stored response,
     /// 409 while another request holds the key, 422 when the key was used for another request,
-    /// or a problem when the store fails.
+    /// or a problem when the store fails or does not answer by the request's deadline.
     pub async fn acquire(
+        slot: &'c mut Option<Checkout<DB>>,
         request: IdemRequest<DB>,
         scope: Scope,
         options: Options,
     ) -> Result<Self, Response> {
+        let deadline = request.store.deadline();
         let key = request.key_ref(scope)?;
         let held = match request.store.hold(key.lock_id) {
             Hold::Taken(held) => held,
@@ -51,7 +67,7 @@ impl<DB: Backend> Claim<DB> {
             // Another request of this process is claiming the key or replaying it: a finished
             // key is replayed (concurrent replays must not turn each other into 409s).
             Hold::Claiming => {
-                return match request.store.lookup(&key).await {
+                return match request.store.lookup(&key, deadline).await {
                     Ok(Some(record)) if record.status == KeyStatus::Completed => {
                         Err(request.answer_existing(record, None))
                     }
@@ -63,7 +79,7 @@ impl<DB: Backend> Claim<DB> {
         let mut permit = None;
         if DB::SINGLE_WRITER {
             // A finished key is answered without queueing for the single writer.
-            match request.store.lookup(&key).await {
+            match request.store.lookup(&key, deadline).await {
                 Ok(Some(record)) if record.status == KeyStatus::Completed => {
                     return Err(request.answer_existing(record, None));
                 }
@@ -72,22 +88,32 @@ impl<DB: Backend> Claim<DB> {
             }
             // Writers of this process queue here, not inside the database while holding a
             // pooled connection: the pool stays free for replays and 409s.
-            permit = request.store.write_permit().await;
+            permit = match request.store.write_permit(deadline).await {
+                Ok(permit) => permit,
+                Err(error) => return Err(request.store_failed(&error)),
+            };
         }
         // A statement in flight when the handler is stopped ends at twice the handler's timeout
         // at the latest: the handler, not one of its statements, is stopped first, and the
         // rollback does not wait on a statement for ever.
         let statement_timeout = options.timeout.map(|limit| limit * 2);
-        match request.store.begin_claim(&key, statement_timeout).await {
-            Ok(Begun::Acquired(mut tx, mark)) => {
+        let claimed = request
+            .store
+            .begin_claim(slot, &key, statement_timeout, deadline)
+            .await;
+        match claimed {
+            Ok((Begun::Acquired(mut tx, mark), settle)) => {
                 held.running();
                 if options.replay_5xx {
-                    DB::savepoint(&mut tx)
-                        .await
-                        .map_err(|e| request.store_failed(&e))?;
+                    let saved = request.store.by(deadline, DB::savepoint(&mut tx)).await;
+                    if let Err(error) = saved {
+                        return Err(request.store_failed(&error));
+                    }
                 }
                 Ok(Self {
                     tx,
+                    settle,
+                    deadline,
                     mark,
                     request,
                     key,
@@ -96,14 +122,14 @@ impl<DB: Backend> Claim<DB> {
                     _permit: permit,
                 })
             }
-            Ok(Begun::Busy) => Err(request.in_progress(None)),
-            Ok(Begun::Live(record)) => Err(request.answer_existing(record, None)),
+            Ok((Begun::Busy, _)) => Err(request.in_progress(None)),
+            Ok((Begun::Live(record), _)) => Err(request.answer_existing(record, None)),
             Err(error) => Err(request.store_failed(&error)),
         }
     }
 
     /// The transaction the handler body runs in.
-    pub fn transaction(&mut self) -> &mut Transaction<'static, DB> {
+    pub fn transaction(&mut self) -> &mut Transaction<'c, DB> {
         &mut self.tx
     }
 
@@ -112,10 +138,18 @@ impl<DB: Backend> Claim<DB> {
         IdempotencyContext::new(&self.key.scope, &self.key.key)
     }
 
+    /// How long the handler body may run: until its `timeout`, if it has one, and at the
+    /// latest until the request's deadline.
+    pub fn limit(&self) -> Limit {
+        Limit::of(self.options.timeout, Some(self.deadline))
+    }
+
     /// Stores the handler's response with the key and commits, or rolls everything back.
     pub async fn complete(self, response: Response) -> Response {
         let Self {
             mut tx,
+            mut settle,
+            deadline,
             mark,
             request,
             key,
@@ -123,30 +157,42 @@ impl<DB: Backend> Claim<DB> {
             _held,
             _permit,
         } = self;
+        let store = request.store.clone();
         if response.status().is_server_error() {
-            if let Err(error) = DB::ensure_open(&mut tx).await {
-                tracing::warn!(parent: &request.span, %error, "reopening a transaction the handler ended failed");
-            }
             if !options.replay_5xx {
-                if let Err(error) = tx.rollback().await {
-                    tracing::warn!(parent: &request.span, %error, "rollback after a 5xx failed");
+                if let Err(error) = roll_back(tx, &mut settle, &store, deadline).await {
+                    tracing::warn!(parent: &request.span, %error, "rollback after a 5xx failed; the connection was closed");
                 }
                 return request.finish(Outcome::NotStored, response);
             }
-            if let Err(error) = DB::rollback_to_savepoint(&mut tx).await {
+            if let Err(error) = reopened(&mut tx, &store, deadline).await {
+                tracing::warn!(parent: &request.span, %error, "reopening a transaction the handler ended failed");
+            }
+            if let Err(error) = store.by(deadline, DB::rollback_to_savepoint(&mut tx)).await {
                 return request.store_failed(&error);
             }
         }
-        // On any early return below, dropping `tx` rolls back the writes and the claim.
+        // On any early return below, the transaction is rolled back (or, past the deadline,
+        // its connection closed) with the writes and the claim.
         let captured = match request.capture(response).await {
             Ok(captured) => captured,
-            Err(problem) => return problem,
+            Err(problem) => {
+                let _ = roll_back(tx, &mut settle, &store, deadline).await;
+                return problem;
+            }
         };
         let stored = captured.to_stored();
         let completion = request.completion(&key, &stored, mark.as_deref());
-        match DB::complete(&mut tx, &completion, options.retention).await {
+        let completed = store
+            .by(
+                deadline,
+                DB::complete(&mut tx, &completion, options.retention),
+            )
+            .await;
+        match completed {
             Ok(true) => {}
             Ok(false) => {
+                let _ = roll_back(tx, &mut settle, &store, deadline).await;
                 return request.finish(
                     Outcome::Failed,
                     request.problem(ProblemKind::CommitRefused, "the key's claim was gone at completion (did the handler run COMMIT or ROLLBACK itself?); the outcome was not stored")
@@ -157,38 +203,76 @@ impl<DB: Backend> Claim<DB> {
                 // A statement of the handler failed and the handler answered anyway: its
                 // answer stands, but nothing can be committed with it.
                 tracing::warn!(parent: &request.span, "the handler's transaction was aborted by a failed statement; its answer was not stored");
+                let _ = roll_back(tx, &mut settle, &store, deadline).await;
                 return request.finish(Outcome::NotStored, captured.into_response());
             }
-            Err(error) => return request.store_failed(&error),
+            Err(error) => {
+                if !error.is_timed_out() {
+                    let _ = roll_back(tx, &mut settle, &store, deadline).await;
+                }
+                return request.store_failed(&error);
+            }
         }
-        if let Err(error) = tx.commit().await {
-            return request.commit_failed(&error);
+        match tokio::time::timeout_at(deadline, tx.commit()).await {
+            Ok(Ok(())) => settle.settle(),
+            Ok(Err(error)) => return request.commit_failed(&error),
+            // The COMMIT was sent and not answered: it may have committed or not.
+            Err(_) => return request.commit_unanswered(store.settings().database_timeout()),
         }
         request.finish(Outcome::Executed, captured.into_response())
     }
-}
 
-impl<DB: Backend> Claim<DB> {
-    /// The handler body ran past its `timeout` and its future was dropped: rolls back its
-    /// writes and the claim, and answers 503.
-    pub async fn timed_out(self) -> Response {
+    /// The handler body was stopped at `limit` and its future dropped: rolls back its writes
+    /// and the claim, and answers 503.
+    pub async fn stopped(self, limit: Limit) -> Response {
         let Self {
             tx,
+            mut settle,
+            deadline,
             request,
             options,
             _held,
             _permit,
             ..
         } = self;
+        if limit.is_deadline() {
+            // Nothing is waited on past the deadline: dropping the transaction with the
+            // connection unsettled closes it, and the server rolls back.
+            drop(tx);
+            let timeout = request.store.settings().database_timeout();
+            return request.store_failed(&crate::Error::TimedOut { after: timeout });
+        }
         // Rolled back here rather than on drop, so that the connection is back in the pool
         // and the key free before the client hears about it.
-        let mut tx = tx;
-        if let Err(error) = DB::ensure_open(&mut tx).await {
-            tracing::warn!(parent: &request.span, %error, "reopening a transaction the handler ended failed");
-        }
-        if let Err(error) = tx.rollback().await {
-            tracing::warn!(parent: &request.span, %error, "rollback after a timeout failed");
+        let store = request.store.clone();
+        if let Err(error) = roll_back(tx, &mut settle, &store, deadline).await {
+            tracing::warn!(parent: &request.span, %error, "rollback after a timeout failed; the connection was closed");
         }
         request.timed_out(options.timeout, "its writes were rolled back")
     }
+}
+
+/// Makes sure the transaction is open (see `Storage::ensure_open`), until `deadline`.
+async fn reopened<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    store: &crate::Store<DB>,
+    deadline: Instant,
+) -> Result<(), crate::Error> {
+    store.by(deadline, DB::ensure_open(tx)).await
+}
+
+/// Rolls `tx` back until `deadline`, and settles its connection if that worked; otherwise the
+/// connection is closed when its slot is dropped.
+async fn roll_back<DB: Backend>(
+    mut tx: Transaction<'_, DB>,
+    settle: &mut Settle<'_>,
+    store: &crate::Store<DB>,
+    deadline: Instant,
+) -> Result<(), crate::Error> {
+    reopened(&mut tx, store, deadline).await?;
+    store
+        .by(deadline, async { Ok(tx.rollback().await?) })
+        .await?;
+    settle.settle();
+    Ok(())
 }

@@ -150,16 +150,20 @@ impl<DB: Backend> Store<DB> {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`](crate::Error::Database) on the first database error; the batches
-    /// before it stay deleted.
+    /// [`Error::Database`](crate::Error::Database) on the first database error, or
+    /// [`Error::TimedOut`](crate::Error::TimedOut) when a batch is not done within the store's
+    /// [`database_timeout`](crate::Settings::database_timeout); the batches before it stay
+    /// deleted.
     pub async fn purge_expired(&self, options: PurgeOptions) -> Result<PurgeReport, crate::Error> {
         let started = Instant::now();
         let batch = i64::from(options.batch_size.max(1));
         let mut report = PurgeReport::default();
         loop {
             let rows = {
-                let _permit = self.write_permit().await;
-                DB::purge_batch(self.pool(), batch).await?
+                let deadline = self.deadline();
+                let _permit = self.write_permit(deadline).await?;
+                self.on_connection(deadline, async |conn| DB::purge_batch(conn, batch).await)
+                    .await?
             };
             report.rows += rows;
             metrics::counter!("idem_purge_deleted_total").increment(rows);

@@ -153,7 +153,8 @@ impl<DB: Backend> Store<DB> {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`](crate::Error::Database) while finding or settling claims, or
+    /// [`Error::Database`](crate::Error::Database) or [`Error::TimedOut`](crate::Error::TimedOut)
+    /// while finding or settling claims, or
     /// [`Error::CorruptRow`](crate::Error::CorruptRow) for a claim idem did not write; claims
     /// not settled stay reclaimed until the recovery lease (60 s) runs out, then are found
     /// again.
@@ -164,14 +165,18 @@ impl<DB: Backend> Store<DB> {
     ) -> Result<RecoveryReport, crate::Error> {
         let token = fresh_token();
         let claims = {
-            let _permit = self.write_permit().await;
-            DB::reclaim_abandoned(
-                self.pool(),
-                i64::from(limit.max(1)),
-                RECOVERY_LEASE,
-                token,
-                hook.handles_steps(),
-            )
+            let deadline = self.deadline();
+            let _permit = self.write_permit(deadline).await?;
+            self.on_connection(deadline, async |conn| {
+                DB::reclaim_abandoned(
+                    conn,
+                    i64::from(limit.max(1)),
+                    RECOVERY_LEASE,
+                    token,
+                    hook.handles_steps(),
+                )
+                .await
+            })
             .await?
         };
         let mut report = RecoveryReport {
