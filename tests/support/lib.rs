@@ -19,6 +19,7 @@ mod handlers;
 mod http;
 mod log;
 mod orders;
+mod partition;
 mod probes;
 mod proxy;
 mod redis_server;
@@ -37,6 +38,7 @@ pub use fault_proxy::{Fault, FaultProxy, Seen};
 pub use handlers::{Account, Calls};
 pub use http::{Reply, Req, entry};
 pub use log::CapturedLog;
+pub use partition::{Cue, PartitionProxy, PgMessage};
 pub use proxy::CommitCutter;
 pub use redis_server::RedisServer;
 pub use statements::StatementLog;
@@ -83,16 +85,26 @@ pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Polls `condition` every 10 ms until it holds; panics, saying what it waited for, after
 /// [`DEADLINE`]. The one wait of the suites: the library's tests and the example's use it alike.
-pub async fn wait_until<F, Fut>(what: &str, mut condition: F)
+pub async fn wait_until<F, Fut>(what: &str, condition: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
+    wait_within(DEADLINE, what, condition).await;
+}
+
+/// [`wait_until`] with a deadline of its own, for a test that must end sooner than
+/// [`DEADLINE`] (its failure then says what it waited for).
+pub async fn wait_within<F, Fut>(limit: std::time::Duration, what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
     while !condition().await {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "waited {DEADLINE:?} for {what}"
+            "waited {limit:?} for {what}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
