@@ -31,6 +31,10 @@ struct Cli {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// The longest the command waits for the database (`10s`, `1m`): one that stops
+    /// answering without refusing (a partition) fails the command after it.
+    #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "30s")]
+    timeout: std::time::Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -82,17 +86,23 @@ async fn main() -> ExitCode {
         eprintln!("idem: give the database with --database-url or $DATABASE_URL");
         return ExitCode::from(2);
     };
-    let db = match Db::open(url).await {
-        Ok(db) => db,
-        Err(error) => {
-            eprintln!("idem: {error}");
-            return ExitCode::from(2);
-        }
+    let work = async {
+        let db = Db::open(url).await?;
+        run(&db, cli.command, cli.json).await
     };
-    match run(&db, cli.command, cli.json).await {
-        Ok(code) => code,
-        Err(error) => {
+    match tokio::time::timeout(cli.timeout, work).await {
+        Ok(Ok(code)) => code,
+        Ok(Err(error)) => {
             eprintln!("idem: {error}");
+            ExitCode::from(2)
+        }
+        Err(_) => {
+            eprintln!(
+                "idem: the database did not answer within {}; nothing more was done (a \
+                 release or purge that had reached the database may have happened; run the \
+                 command again to see)",
+                humantime::format_duration(cli.timeout)
+            );
             ExitCode::from(2)
         }
     }

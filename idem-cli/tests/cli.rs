@@ -222,3 +222,36 @@ async fn a_database_without_the_key_table_is_refused_with_a_clear_error() {
         text(&output.stderr)
     );
 }
+
+/// A server that accepts connections and never answers, as a database behind a partition
+/// looks: nothing is refused, nothing comes back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_that_does_not_answer_fails_the_command_at_its_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let port = listener.local_addr().expect("addr").port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&accepted);
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(socket);
+        }
+    });
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=disable");
+    let output = tokio::task::spawn_blocking(move || idem(&url, &["--timeout", "1s", "stats"]))
+        .await
+        .expect("run idem");
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("did not answer within 1s"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "the command reached the silent server"
+    );
+}

@@ -12,6 +12,7 @@ mod events;
 mod external;
 mod faults;
 mod openapi;
+mod partitions;
 mod steps;
 mod tasks;
 mod timeout;

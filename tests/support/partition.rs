@@ -18,7 +18,8 @@
 //! a service that gave up on a request and closed its connection cannot have that request's
 //! held statement or `COMMIT` land later, when the link comes back. A connection opened while
 //! frozen is accepted, and reaches upstream only once the proxy heals (or never, if abandoned
-//! first).
+//! first). With [`PartitionProxy::lose_closes`], the close is lost in the partition too: the
+//! upstream connection stays open, the server hearing nothing, until the proxy heals.
 //!
 //! Counters ([`PartitionProxy::held_messages`], [`PartitionProxy::held_answers`],
 //! [`PartitionProxy::abandoned`], …) let a test wait for "the request is now frozen at X"
@@ -175,6 +176,8 @@ struct Link {
     down: Pipe,
     /// Set to end every task of the link at once (both sockets closed).
     kill: watch::Sender<bool>,
+    /// Abandoned with its close lost: ended when the proxy heals.
+    doomed: bool,
 }
 
 impl Link {
@@ -194,6 +197,7 @@ struct State {
     accepted: usize,
     abandoned: usize,
     cued: usize,
+    lose_closes: bool,
 }
 
 #[derive(Debug)]
@@ -248,6 +252,7 @@ impl PartitionProxy {
                 accepted: 0,
                 abandoned: 0,
                 cued: 0,
+                lose_closes: false,
             }),
         });
         let accepting = Arc::clone(&shared);
@@ -267,6 +272,7 @@ impl PartitionProxy {
                         up: Pipe::default(),
                         down: Pipe::default(),
                         kill,
+                        doomed: false,
                     };
                     state.links.insert(id, link);
                     (id, killed)
@@ -292,10 +298,24 @@ impl PartitionProxy {
         let mut state = self.shared.state();
         state.frozen = false;
         state.cue = None;
-        for link in state.links.values() {
+        for link in state.links.values_mut() {
+            if link.doomed {
+                link.up.units.clear();
+                link.down.units.clear();
+                link.end();
+            }
             link.up.wake.notify_one();
             link.down.wake.notify_one();
         }
+    }
+
+    /// From now on, a client that closes its connection while the proxy is frozen has its
+    /// close lost in the partition too: its held bytes are still dropped, but its upstream
+    /// connection stays open, the server hearing nothing of it, until the proxy heals (and
+    /// then closes it). A server that must notice a vanished client by itself (a timeout of its
+    /// own) is tested so.
+    pub fn lose_closes(&self) {
+        self.shared.state().lose_closes = true;
     }
 
     /// Freezes, as [`PartitionProxy::freeze`], when the next client message `cue` matches
@@ -371,7 +391,8 @@ impl PartitionProxy {
     }
 
     /// Connections whose client closed while the proxy was frozen: their held bytes were
-    /// dropped and their upstream connection closed (see the module's documentation).
+    /// dropped and their upstream connection closed (see the module's documentation; with
+    /// [`PartitionProxy::lose_closes`], closed at heal).
     pub fn abandoned(&self) -> usize {
         self.shared.state().abandoned
     }
@@ -469,7 +490,11 @@ async fn read_client(shared: &Shared, id: u64, mut client: OwnedReadHalf) {
                 state.abandoned += 1;
                 link.up.units.clear();
                 link.down.units.clear();
-                link.end();
+                if state.lose_closes {
+                    link.doomed = true;
+                } else {
+                    link.end();
+                }
             } else {
                 link.up.ended = true;
                 link.up.wake.notify_one();
@@ -792,6 +817,51 @@ mod tests {
                 "the dropped COMMIT never arrived"
             );
             assert_eq!(proxy.open_connections(), 0);
+        })
+        .await
+        .expect("the test's deadline");
+    }
+
+    /// With closes lost, an abandoned connection stays open upstream while frozen (the
+    /// server still has its session) and is closed at heal.
+    #[sqlx::test(migrations = false)]
+    async fn a_lost_close_keeps_the_upstream_connection_open_until_heal(
+        _: sqlx::postgres::PgPoolOptions,
+        connect: PgConnectOptions,
+    ) {
+        tokio::time::timeout(TEST_DEADLINE, async {
+            let proxy = PartitionProxy::postgres(upstream(&connect)).await;
+            proxy.lose_closes();
+            let direct = sqlx::PgPool::connect_with(connect.clone()).await.unwrap();
+            let sessions = || async {
+                let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lost'";
+                sqlx::query_scalar::<_, i64>(sql)
+                    .fetch_one(&direct)
+                    .await
+                    .unwrap()
+            };
+            let options = through(&proxy, &connect).application_name("lost");
+            let mut proxied = PgConnection::connect_with(&options).await.unwrap();
+            proxy.freeze_at(Cue::statement("SELECT 1"));
+            let query =
+                tokio::spawn(async move { sqlx::raw_sql("SELECT 1").execute(&mut proxied).await });
+            wait_until("the query to be held", || async {
+                proxy.held_messages() >= 1
+            })
+            .await;
+            query.abort();
+            assert!(query.await.unwrap_err().is_cancelled());
+            wait_until("the connection to be abandoned", || async {
+                proxy.abandoned() == 1
+            })
+            .await;
+            assert_eq!(proxy.open_connections(), 1, "kept open upstream");
+            assert_eq!(sessions().await, 1, "the server heard of the close");
+            proxy.heal();
+            wait_until("the server to see the connection go after heal", || async {
+                sessions().await == 0
+            })
+            .await;
         })
         .await
         .expect("the test's deadline");
