@@ -16,3 +16,4 @@ mod partitions;
 mod steps;
 mod tasks;
 mod timeout;
+mod wait;
