@@ -10,6 +10,7 @@ mod peer;
 mod purge;
 mod scale;
 mod statements;
+mod wait;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +30,8 @@ enum Scenario {
     Scale(scale::Args),
     /// Purge throughput on a table of expired keys, and live request latency while it runs.
     Purge(purge::Args),
+    /// What duplicates that wait (`Prefer: wait`) cost the database, next to 409-and-retry.
+    Wait(wait::Args),
 }
 
 #[tokio::main]
@@ -42,6 +45,7 @@ async fn main() -> std::process::ExitCode {
         Scenario::Http(args) => http::run(args).await,
         Scenario::Scale(args) => scale::run(args).await,
         Scenario::Purge(args) => purge::run(args).await,
+        Scenario::Wait(args) => wait::run(args).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
