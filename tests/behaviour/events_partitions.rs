@@ -24,9 +24,7 @@ use idem_events::{
     self as events, ConsumeError, ConsumerOptions, Delivery, EventHandler, Message, Processed,
     Publisher, Relay, RelayError, RelayOptions, Subscriber, Subscription,
 };
-use idem_tests::{
-    AnyDelivery, AnySubscription, Cue, DEADLINE, PartitionProxy, TestBackend, TestBroker,
-};
+use idem_tests::{AnyDelivery, AnySubscription, Cue, PartitionProxy, TestBackend, TestBroker};
 use serde_json::json;
 use sqlx::{
     PgPool, Postgres, Transaction,
@@ -42,6 +40,10 @@ const MARGIN: Duration = Duration::from_secs(10);
 
 /// How long a whole test may take: only a hang reaches it.
 const TEST_DEADLINE: Duration = Duration::from_secs(45);
+
+/// How long a test waits for a delivery, or for the relay to publish after the heal: far
+/// longer than either takes, shorter than [`TEST_DEADLINE`] so that what never came is named.
+const WAIT_DEADLINE: Duration = Duration::from_secs(20);
 
 const CONSUMER: &str = "ledger";
 
@@ -153,10 +155,10 @@ async fn records(pool: &PgPool, id: &str) -> i64 {
 
 /// The next delivery, or a failure that says what the test was waiting for.
 async fn next(subscription: &mut AnySubscription, waiting_for: &str) -> AnyDelivery {
-    tokio::time::timeout(DEADLINE, subscription.next())
+    tokio::time::timeout(WAIT_DEADLINE, subscription.next())
         .await
         .unwrap_or_else(|_| {
-            panic!("no message within {DEADLINE:?} while waiting for {waiting_for}")
+            panic!("no message within {WAIT_DEADLINE:?} while waiting for {waiting_for}")
         })
         .expect("the subscription broke")
 }
@@ -237,11 +239,11 @@ async fn a_relay_frozen_at(
     proxy.heal();
     // The topic may stay locked until the abandoned transaction's rollback lands: the relay
     // passes it over meanwhile, and publishes it on a later pass.
-    let deadline = Instant::now() + DEADLINE;
+    let deadline = Instant::now() + WAIT_DEADLINE;
     while count(&direct, UNPUBLISHED).await > 0 {
         assert!(
             Instant::now() < deadline,
-            "the relay did not publish every event within {DEADLINE:?} of the heal"
+            "the relay did not publish every event within {WAIT_DEADLINE:?} of the heal"
         );
         if let Err(error) = bounded("a pass after the heal", relay.drain()).await {
             tracing::debug!(%error, "a pass after the heal failed");
