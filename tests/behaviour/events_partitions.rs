@@ -6,9 +6,10 @@
 //!
 //! PostgreSQL is put behind a [`PartitionProxy`] that freezes at a cue (a statement, a `COMMIT`)
 //! and holds the bytes until the test heals it; the tests' own reads go to the database directly.
-//! Each test runs on both brokers, as `<broker>::<name>`. Every test has a deadline of
-//! [`TEST_DEADLINE`], and every frozen operation must end within [`DATABASE_TIMEOUT`] and a
-//! generous [`MARGIN`].
+//! A spawned relay and consumer are checked the same way: they warn of the outage, retry, and
+//! carry on after the heal. Each test runs on both brokers, as `<broker>::<name>`. Every test
+//! has a deadline of [`TEST_DEADLINE`], and every frozen operation must end within
+//! [`DATABASE_TIMEOUT`] and a generous [`MARGIN`].
 
 use std::{
     collections::HashMap,
@@ -21,10 +22,12 @@ use std::{
 };
 
 use idem_events::{
-    self as events, ConsumeError, ConsumerOptions, Delivery, EventHandler, Message, Processed,
-    Publisher, Relay, RelayError, RelayOptions, Subscriber, Subscription,
+    self as events, CancellationToken, ConsumeError, ConsumerOptions, Delivery, EventHandler,
+    Message, Processed, Publisher, Relay, RelayError, RelayOptions, Subscriber, Subscription,
 };
-use idem_tests::{AnyDelivery, AnySubscription, Cue, PartitionProxy, TestBackend, TestBroker};
+use idem_tests::{
+    AnyDelivery, AnySubscription, Cue, PartitionProxy, TestBackend, TestBroker, wait_within,
+};
 use serde_json::json;
 use sqlx::{
     PgPool, Postgres, Transaction,
@@ -54,6 +57,12 @@ const BATCH_QUERY: &str = "SELECT id, event_id, payload FROM idem_outbox";
 
 /// The relay's statement that marks a batch published.
 const MARK_PUBLISHED: &str = "UPDATE idem_outbox SET published_at";
+
+/// What the spawned relay warns of when its database stops answering.
+const RELAY_OUTAGE: &str = "the outbox relay cannot publish";
+
+/// What the spawned consumer warns of when its database stops answering.
+const CONSUMER_OUTAGE: &str = "the consumer cannot go on";
 
 /// The events not published yet.
 const UNPUBLISHED: &str = "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL";
@@ -398,6 +407,11 @@ async fn a_consumer_frozen(connect: PgConnectOptions, broker: TestBroker, freeze
         "applied once"
     );
     assert_eq!(
+        count(&direct, "SELECT COUNT(*) FROM idem_consumer_failures").await,
+        0,
+        "the database's timeout is not counted against the message"
+    );
+    assert_eq!(
         recorder.calls.load(Ordering::SeqCst),
         if committed { 1 } else { 2 },
         "the handler ran again only when nothing had committed"
@@ -428,6 +442,95 @@ async fn a_consumer_whose_commit_answer_is_held_gives_the_message_back_and_its_r
     .await;
 }
 
+/// A spawned relay and consumer, on one database that freezes with a `COMMIT` forwarded (the
+/// relay's mark, or the consumer's message, whichever comes first): both notice the outage (one
+/// warning each) and retry while it lasts; once healed, what was enqueued before and during the
+/// freeze and after the heal is published and applied, each event exactly once.
+async fn a_spawned_relay_and_consumer_carry_on_after_the_database_heals(
+    connect: PgConnectOptions,
+    broker: TestBroker,
+) {
+    let log = idem_tests::CapturedLog::default();
+    let _guard = tracing::subscriber::set_default(log.subscriber());
+    let direct = direct_pool(&connect).await;
+    broker.declare(CONSUMER).await;
+    let (proxy, pool) = partitioned_pool(&connect).await;
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(
+        pool.clone(),
+        broker.publisher(),
+        RelayOptions::default()
+            .with_poll(Duration::from_millis(10))
+            .with_database_timeout(DATABASE_TIMEOUT)
+            .with_max_backoff(Duration::from_millis(200)),
+    )
+    .spawn(shutdown.clone());
+    let recorder = Recorder::default();
+    let consumer = events::Consumer::new(
+        pool,
+        recorder.clone(),
+        ConsumerOptions::new(CONSUMER)
+            .with_database_timeout(DATABASE_TIMEOUT)
+            .with_max_backoff(Duration::from_millis(200)),
+    )
+    .with_subscriber(broker.subscriber(CONSUMER))
+    .spawn(shutdown.clone());
+    let applied_all = async |ids: &[String]| {
+        wait_within(
+            WAIT_DEADLINE,
+            &format!("{} events applied", ids.len()),
+            || async {
+                let applied = applications(&direct).await;
+                ids.iter().all(|id| applied.contains_key(id))
+            },
+        )
+        .await;
+    };
+    let mut enqueued = vec![enqueue_committed(&direct, 0).await];
+    applied_all(&enqueued).await;
+
+    proxy.freeze_after(Cue::commit());
+    enqueued.push(enqueue_committed(&direct, 1).await);
+    for outage in [RELAY_OUTAGE, CONSUMER_OUTAGE] {
+        wait_within(
+            WAIT_DEADLINE,
+            &format!("the warning {outage:?}"),
+            || async { log.text().contains(outage) },
+        )
+        .await;
+    }
+    assert_eq!(proxy.cued(), 1, "the freeze began at a COMMIT");
+    assert!(proxy.is_frozen(), "both warned while the database was away");
+    enqueued.push(enqueue_committed(&direct, 2).await);
+
+    proxy.heal();
+    applied_all(&enqueued).await;
+    enqueued.push(enqueue_committed(&direct, 3).await);
+    applied_all(&enqueued).await;
+    wait_within(WAIT_DEADLINE, "every event marked published", || async {
+        count(&direct, UNPUBLISHED).await == 0
+    })
+    .await;
+
+    shutdown.cancel();
+    bounded("the relay's stop", relay.into_future())
+        .await
+        .expect("the relay stops");
+    bounded("the consumer's stop", consumer.into_future())
+        .await
+        .expect("the consumer stops");
+    let applied = applications(&direct).await;
+    let once: HashMap<String, usize> = enqueued.iter().map(|id| (id.clone(), 1)).collect();
+    assert_eq!(applied, once, "each event applied once");
+    for outage in [RELAY_OUTAGE, CONSUMER_OUTAGE] {
+        assert_eq!(
+            log.text().matches(outage).count(),
+            1,
+            "one warning for the outage: {outage:?}"
+        );
+    }
+}
+
 /// Each test on PostgreSQL behind the proxy and one broker, as `<broker>::<name>`.
 macro_rules! on_both_brokers {
     ($($name:ident),* $(,)?) => {
@@ -452,4 +555,5 @@ on_both_brokers!(
     a_relay_frozen_before_marking_a_published_batch_times_out_and_its_copies_apply_once,
     a_consumer_frozen_in_its_handler_gives_the_message_back_and_applies_it_once_after_the_heal,
     a_consumer_whose_commit_answer_is_held_gives_the_message_back_and_its_redelivery_is_a_duplicate,
+    a_spawned_relay_and_consumer_carry_on_after_the_database_heals,
 );
