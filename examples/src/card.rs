@@ -23,6 +23,10 @@ pub async fn decide(customer: &str) -> Decision {
             tokio::time::sleep(Duration::from_secs(1)).await;
             Decision::Approved
         }
+        "cus_slower" => {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Decision::Approved
+        }
         _ => Decision::Approved,
     }
 }

@@ -252,7 +252,13 @@ pub fn routes<DB: Sql>() -> Router<AppState<DB>> {
         crate::api_doc::TransferProblems,
     )
 )]
-#[idempotent(scope = "tenant", retention = "24h", replay_5xx = false, state = AppState<DB>)]
+#[idempotent(
+    scope = "tenant",
+    retention = "24h",
+    replay_5xx = false,
+    wait = "10s",
+    state = AppState<DB>
+)]
 pub async fn create_payment<DB: Sql>(
     tenant: Tenant,
     tx: &mut Transaction<'_, DB>,

@@ -3,11 +3,17 @@
 use std::{sync::Arc, time::Duration};
 
 use http::Extensions;
-use reqwest::{Request, Response, header::HeaderValue};
+use reqwest::{
+    Request, Response,
+    header::{HeaderName, HeaderValue},
+};
 use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
 
 use crate::{KeyStore, RetryPolicy, StoredKey, policy::retryable, retry_after::retry_after};
+
+/// RFC 7240's request header, where a client says it would rather wait.
+const PREFER: HeaderName = HeaderName::from_static("prefer");
 
 /// The request header idem reads.
 pub use idem_key::IDEMPOTENCY_KEY;
@@ -212,6 +218,15 @@ impl Middleware for IdempotentRetry {
             request.headers_mut().insert(IDEMPOTENCY_KEY, value);
             // A retry made by a middleware in front of this one sends the same key.
             extensions.insert(IdempotencyKey(key));
+        }
+        if keyed
+            && let Some(wait) = self.policy.prefer_wait()
+            && !request.headers().contains_key(PREFER)
+        {
+            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            if let Ok(value) = HeaderValue::try_from(format!("wait={seconds}")) {
+                request.headers_mut().insert(PREFER, value);
+            }
         }
         let started = Instant::now();
         if !keyed && !request.method().is_idempotent() {

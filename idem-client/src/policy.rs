@@ -18,6 +18,7 @@ pub struct RetryPolicy {
     base: Duration,
     cap: Duration,
     methods: Vec<Method>,
+    prefer_wait: Option<Duration>,
 }
 
 impl Default for RetryPolicy {
@@ -30,6 +31,7 @@ impl Default for RetryPolicy {
             base: Duration::from_millis(200),
             cap: Duration::from_secs(10),
             methods: vec![Method::POST, Method::PATCH],
+            prefer_wait: None,
         }
     }
 }
@@ -62,6 +64,23 @@ impl RetryPolicy {
     pub fn with_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.methods = methods.into_iter().collect();
         self
+    }
+
+    /// Sets [`RetryPolicy::prefer_wait`].
+    #[must_use]
+    pub fn with_prefer_wait(mut self, wait: Duration) -> Self {
+        self.prefer_wait = Some(wait);
+        self
+    }
+
+    /// How long a keyed request offers to wait for a duplicate still running on the server
+    /// (default: not at all). With it, every keyed attempt says `Prefer: wait=<seconds>`
+    /// (RFC 7240, whole seconds, rounded up): a server that honours it answers with the first
+    /// attempt's outcome once it is there (`Preference-Applied`) instead of a 409. A server
+    /// that does not, or whose own limit is shorter, still answers 409, retried as always.
+    /// A request that carries its own `Prefer` header keeps it.
+    pub fn prefer_wait(&self) -> Option<Duration> {
+        self.prefer_wait
     }
 
     /// At most this many attempts per logical request, the first included (default 5).

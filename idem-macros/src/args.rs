@@ -1,5 +1,5 @@
 //! The attribute's arguments, each declared once in [`ARGUMENTS`]: `scope`, `global`,
-//! `retention`, `replay_5xx`, `external`, `lease`, `timeout`, `backend`, `state` (and
+//! `retention`, `replay_5xx`, `external`, `lease`, `timeout`, `wait`, `backend`, `state` (and
 //! `lock_timeout`, the old name of `lease`, refused with an error that names the new one).
 
 use proc_macro2::{Span, TokenStream};
@@ -25,6 +25,7 @@ const ARGUMENTS: &[(&str, ParseArgument)] = &[
     ("lease", parse_lease),
     ("lock_timeout", parse_lock_timeout),
     ("timeout", parse_timeout),
+    ("wait", parse_wait),
     ("backend", parse_backend),
     ("state", parse_state),
 ];
@@ -56,6 +57,8 @@ pub struct Args {
     pub lease_span: Option<Span>,
     /// How long the handler body may run (`None`: unbounded), and where it was written.
     pub timeout: Option<(u64, Span)>,
+    /// The most a duplicate may wait for the first request's answer (`Prefer: wait`).
+    pub wait: Option<u64>,
     /// External mode: the database, when it is not the default one.
     pub backend: Option<syn::Type>,
     /// The router's state, to check the handler against at its definition.
@@ -73,6 +76,7 @@ struct Raw {
     external: Option<Span>,
     lease: Option<(u64, Span)>,
     timeout: Option<(u64, Span)>,
+    wait: Option<u64>,
     backend: Option<syn::Type>,
     state: Option<syn::Type>,
 }
@@ -126,6 +130,7 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
         lease_secs: raw.lease.map_or(DEFAULT_LOCK_TIMEOUT, |(secs, _)| secs),
         lease_span: raw.lease.map(|(_, span)| span),
         timeout: raw.timeout,
+        wait: raw.wait,
         backend: raw.backend,
         state: raw.state,
     };
@@ -245,6 +250,14 @@ fn parse_timeout(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
     }
     let span = path_span(meta);
     raw.timeout = Some((duration_value(meta, "timeout", "10s")?, span));
+    Ok(())
+}
+
+fn parse_wait(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.wait.is_some() {
+        return Err(repeated(meta, "wait"));
+    }
+    raw.wait = Some(duration_value(meta, "wait", "10s")?);
     Ok(())
 }
 

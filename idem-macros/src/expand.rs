@@ -112,6 +112,10 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
         Some((secs, _)) => quote!(::core::option::Option::Some(#secs)),
         None => quote!(::core::option::Option::None),
     };
+    let wait = match args.wait {
+        Some(secs) => quote!(::core::option::Option::Some(#secs)),
+        None => quote!(::core::option::Option::None),
+    };
     let name = ident.to_string();
     // The handler's settings, in a static that both drives each request and is registered for
     // the published policy and the OpenAPI document: they cannot disagree. (Reading it from the
@@ -126,6 +130,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
             #replay_5xx,
             #lease,
             #timeout,
+            #wait,
         );
         #private::inventory::submit! { #private::Registered(&__IDEM_POLICY) }
     };
@@ -194,14 +199,51 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
             ::core::option::Option::None => return __idem_claim.stopped(__idem_limit).await,
         };
     };
-    // Transactional mode: the slot the claim's connection is lent from, declared first so
-    // that it outlives the claim's transaction.
-    let (slot, slot_arg) = match &tx {
-        Some(_) => (
-            quote!(let mut __idem_slot = ::core::option::Option::None;),
-            quote!(&mut __idem_slot,),
-        ),
-        None => (quote!(), quote!()),
+    // Transactional mode: each attempt at the claim lends its transaction's connection from a
+    // slot of its own, declared first so that it outlives the claim; a duplicate that waits for
+    // another process makes several attempts. External mode claims once.
+    let claim_and_run = match &tx {
+        Some(_) => quote! {
+            let mut __idem_attempt = #private::Attempt::from(__idem_request);
+            loop {
+                let mut __idem_slot = ::core::option::Option::None;
+                #[allow(unused_mut)]
+                let mut __idem_claim = match #claim::acquire(
+                    &mut __idem_slot,
+                    __idem_attempt,
+                    &__idem_scope,
+                    __idem_options,
+                )
+                .await
+                {
+                    #private::Acquired::Claimed(__idem_claim) => __idem_claim,
+                    #private::Acquired::Again(__idem_again) => {
+                        __idem_attempt = __idem_again;
+                        continue;
+                    }
+                    #private::Acquired::Answer(__idem_answer) => return __idem_answer,
+                };
+                #into_response
+                #run
+                return __idem_claim.complete(__idem_response).await;
+            }
+        },
+        None => quote! {
+            #[allow(unused_mut)]
+            let mut __idem_claim = match #claim::acquire(
+                __idem_request,
+                __idem_scope,
+                __idem_options,
+            )
+            .await
+            {
+                ::core::result::Result::Ok(__idem_claim) => __idem_claim,
+                ::core::result::Result::Err(__idem_answer) => return __idem_answer,
+            };
+            #into_response
+            #run
+            __idem_claim.complete(__idem_response).await
+        },
     };
 
     quote! {
@@ -214,22 +256,7 @@ fn expand(args: &args::Args, handler: Handler) -> TokenStream {
                 async move {
                     let __idem_scope = #scope;
                     let __idem_options = __IDEM_POLICY.__options();
-                    #slot
-                    #[allow(unused_mut)]
-                    let mut __idem_claim = match #claim::acquire(
-                        #slot_arg
-                        __idem_request,
-                        __idem_scope,
-                        __idem_options,
-                    )
-                    .await
-                    {
-                        ::core::result::Result::Ok(__idem_claim) => __idem_claim,
-                        ::core::result::Result::Err(__idem_answer) => return __idem_answer,
-                    };
-                    #into_response
-                    #run
-                    __idem_claim.complete(__idem_response).await
+                    #claim_and_run
                 },
                 __idem_span,
             )

@@ -21,6 +21,8 @@
 //!   one it takes from `components` is left alone;
 //! - the `Idempotent-Replayed` header on each response it declares inline that can be a
 //!   replay (all but 5xx, which only with `replay_5xx`);
+//! - where the handler lets duplicates wait (`wait`), the optional `Prefer` header parameter
+//!   (`wait=<seconds>`, RFC 7240) and the `Preference-Applied` header on those responses;
 //! - a paragraph of its description saying what a retry gets, and for how long, from the
 //!   handler's attribute ([`HandlerPolicy::describe`]).
 //!
@@ -188,6 +190,7 @@ fn same_settings(a: &HandlerPolicy, b: &HandlerPolicy) -> bool {
         a.replay_5xx(),
         a.lease(),
         a.timeout(),
+        a.wait(),
     ) == (
         b.scope(),
         b.mode(),
@@ -195,6 +198,7 @@ fn same_settings(a: &HandlerPolicy, b: &HandlerPolicy) -> bool {
         b.replay_5xx(),
         b.lease(),
         b.timeout(),
+        b.wait(),
     )
 }
 
@@ -207,6 +211,16 @@ fn document(
         operation.parameters.get_or_insert_with(Vec::new),
         shared_parameters,
     );
+    if let Some(wait) = policy.wait() {
+        let parameters = operation.parameters.get_or_insert_with(Vec::new);
+        let declared = parameters.iter().any(|p| {
+            matches!(p, RefOr::T(p) if p.name.eq_ignore_ascii_case("Prefer")
+                && p.parameter_in == ParameterIn::Header)
+        });
+        if !declared {
+            parameters.push(RefOr::T(prefer_parameter(wait.as_secs())));
+        }
+    }
 
     let paragraph = policy.describe();
     if operation
@@ -230,6 +244,12 @@ fn document(
                 .headers
                 .entry("Idempotent-Replayed".to_owned())
                 .or_insert_with(|| RefOr::T(replayed_header()));
+            if policy.wait().is_some() {
+                response
+                    .headers
+                    .entry("Preference-Applied".to_owned())
+                    .or_insert_with(|| RefOr::T(preference_applied_header()));
+            }
         }
     }
     for problem in layer_problems(policy) {
@@ -391,6 +411,38 @@ fn key_parameter() -> utoipa::openapi::path::Parameter {
         .example(Some(serde_json::json!(
             "8e03978e-40d5-43e8-bc93-6894a57f9324"
         )))
+        .build()
+}
+
+/// `Prefer: wait=<seconds>`, on an operation whose handler lets duplicates wait `wait` seconds.
+fn prefer_parameter(wait: u64) -> utoipa::openapi::path::Parameter {
+    ParameterBuilder::new()
+        .name("Prefer")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(format!(
+            "`wait=<seconds>` (RFC 7240): a retry sent while the first request with its key is \
+             still running waits for that request's outcome, at most the seconds given and at \
+             most {wait}, instead of getting 409 at once. It then gets the outcome as a replay \
+             (marked `Preference-Applied`), or runs the operation itself if the first ended \
+             without one, or the 409 when the wait is over."
+        )))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("wait=[0-9]+")),
+        ))
+        .example(Some(serde_json::json!(format!("wait={wait}"))))
+        .build()
+}
+
+fn preference_applied_header() -> utoipa::openapi::Header {
+    HeaderBuilder::new()
+        .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+        .description(Some(
+            "`wait=<seconds>` when this replay is the outcome of a request this one waited for \
+             (`Prefer: wait`); absent otherwise.",
+        ))
         .build()
 }
 

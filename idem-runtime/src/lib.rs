@@ -161,6 +161,7 @@ mod checkout;
 mod context;
 mod error;
 mod flow;
+mod prefer;
 mod problem;
 mod record;
 mod replay;
@@ -193,7 +194,9 @@ pub use sqlx;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::checkout::Checkout;
-    pub use crate::flow::{Claim, ExternalClaim, Input, Limit, Scope, hint, scope_of, within};
+    pub use crate::flow::{
+        Acquired, Attempt, Claim, ExternalClaim, Input, Limit, Scope, hint, scope_of, within,
+    };
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use inventory;
     /// The backend of `external` handlers that name none, when only one database feature is

@@ -47,6 +47,7 @@ pub struct HandlerPolicy {
     replay_5xx: bool,
     lease_secs: u64,
     timeout_secs: Option<u64>,
+    wait_secs: Option<u64>,
 }
 
 impl HandlerPolicy {
@@ -62,6 +63,7 @@ impl HandlerPolicy {
         replay_5xx: bool,
         lease_secs: u64,
         timeout_secs: Option<u64>,
+        wait_secs: Option<u64>,
     ) -> Self {
         Self {
             name,
@@ -72,6 +74,7 @@ impl HandlerPolicy {
             replay_5xx,
             lease_secs,
             timeout_secs,
+            wait_secs,
         }
     }
 
@@ -119,6 +122,12 @@ impl HandlerPolicy {
         self.timeout_secs.map(Duration::from_secs)
     }
 
+    /// The most a duplicate may wait for the first request's outcome when it asks to
+    /// (`Prefer: wait=<seconds>`), if the handler lets duplicates wait (`wait`).
+    pub fn wait(&self) -> Option<Duration> {
+        self.wait_secs.map(Duration::from_secs)
+    }
+
     /// The settings the request flow runs with.
     #[doc(hidden)]
     pub fn __options(&self) -> Options {
@@ -127,6 +136,7 @@ impl HandlerPolicy {
             replay_5xx: self.replay_5xx,
             lease: Duration::from_secs(self.lease_secs),
             timeout: self.timeout(),
+            wait: self.wait(),
         }
     }
 
@@ -138,8 +148,9 @@ impl HandlerPolicy {
              the same on each retry of it. A retry with the same key and the same request gets \
              the first outcome again, marked `Idempotent-Replayed: true`, for at least {} after \
              the first request; later the key may be forgotten, and reusing it then starts a \
-             new request. {} {} {}",
+             new request. {} {} {} {}",
             human(self.retention_secs),
+            self.in_flight(),
             self.server_errors(),
             self.interrupted(),
             match self.scope {
@@ -147,6 +158,32 @@ impl HandlerPolicy {
                 KeyScope::Global => "Keys are shared by all callers.",
             }
         )
+    }
+
+    /// What a retry sent while the first request runs gets (a sentence).
+    fn in_flight(&self) -> String {
+        match self.wait_secs {
+            None => "A retry sent while the first request is still running gets 409 with \
+                     `Retry-After`."
+                .to_owned(),
+            Some(wait) => format!(
+                "A retry sent while the first request is still running gets 409 with \
+                 `Retry-After`, or, with `Prefer: wait=<seconds>`, waits for its outcome (at \
+                 most {}) and gets it marked `Preference-Applied`.",
+                human(wait)
+            ),
+        }
+    }
+
+    /// What a retry in flight gets, for the policy's table.
+    fn in_flight_cell(&self) -> String {
+        match self.wait_secs {
+            None => "409 with `Retry-After`".to_owned(),
+            Some(wait) => format!(
+                "409 with `Retry-After`; with `Prefer: wait`, waits up to {} for the outcome",
+                human(wait)
+            ),
+        }
     }
 
     /// What a retry after a 5xx gets (a sentence).
@@ -244,10 +281,10 @@ impl fmt::Display for RetentionPolicy {
         writeln!(f)?;
         writeln!(
             f,
-            "| Operation | Outcome kept for at least | 5xx outcome | If the service dies \
-             mid-request | Keys |"
+            "| Operation | Outcome kept for at least | A retry in flight | 5xx outcome | If the \
+             service dies mid-request | Keys |"
         )?;
-        writeln!(f, "|---|---|---|---|---|")?;
+        writeln!(f, "|---|---|---|---|---|---|")?;
         for (operation, policy) in &self.operations {
             let server_errors = if policy.replay_5xx {
                 "kept and replayed".to_owned()
@@ -268,8 +305,9 @@ impl fmt::Display for RetentionPolicy {
             };
             writeln!(
                 f,
-                "| `{operation}` | {} | {server_errors} | {interrupted} | {keys} |",
-                human(policy.retention_secs)
+                "| `{operation}` | {} | {} | {server_errors} | {interrupted} | {keys} |",
+                human(policy.retention_secs),
+                policy.in_flight_cell()
             )?;
         }
         writeln!(f)?;
@@ -283,7 +321,11 @@ impl fmt::Display for RetentionPolicy {
             "- A retry while the first request is still running gets 409 with `Retry-After`: \
              wait that long and retry with the same key. Where the table gives a lease, only \
              while it lasts: a request still running past its lease can be taken over by a \
-             retry, so a lease is set longer than the slowest request."
+             retry, so a lease is set longer than the slowest request. Where the table says \
+             so, a retry may instead ask to wait for the outcome with `Prefer: wait=<seconds>` \
+             (RFC 7240): it gets the first request's outcome as a replay, marked \
+             `Preference-Applied: wait=<seconds>`, or runs the operation itself if the first \
+             ended without one, or gets the 409 when the wait is over."
         )?;
         writeln!(
             f,

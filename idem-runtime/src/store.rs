@@ -2,6 +2,7 @@
 
 use std::{
     collections::HashMap,
+    pin::Pin,
     sync::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicUsize, Ordering},
@@ -9,8 +10,12 @@ use std::{
     time::Duration,
 };
 
+use idem_key::Fingerprint;
 use sqlx::Pool;
-use tokio::time::Instant;
+use tokio::{
+    sync::{Notify, futures::OwnedNotified},
+    time::Instant,
+};
 
 use crate::{
     backend::{Backend, Begun},
@@ -176,6 +181,7 @@ pub struct Store<DB: Backend> {
     held: Arc<HeldKeys>,
     writers: Arc<tokio::sync::Semaphore>,
     queued_writers: Arc<AtomicUsize>,
+    waiting: Arc<AtomicUsize>,
 }
 
 impl<DB: Backend> Clone for Store<DB> {
@@ -186,6 +192,7 @@ impl<DB: Backend> Clone for Store<DB> {
             held: Arc::clone(&self.held),
             writers: Arc::clone(&self.writers),
             queued_writers: Arc::clone(&self.queued_writers),
+            waiting: Arc::clone(&self.waiting),
         }
     }
 }
@@ -193,12 +200,25 @@ impl<DB: Backend> Clone for Store<DB> {
 /// The keys this process's transactional handlers hold right now, and whether each one's
 /// handler is running (its claim is taken) or the key is still being looked up. A duplicate of
 /// a running key is answered 409 from here, without a database connection: SQLite has a single
-/// writer, and an exhausted pool would make the duplicate wait for a connection.
+/// writer, and an exhausted pool would make the duplicate wait for a connection. A duplicate
+/// that may wait (`Prefer: wait`) waits here for the key to be let go, without a connection
+/// either: the waiters of one key share one watch.
 #[derive(Debug, Default)]
-pub(crate) struct HeldKeys(Mutex<HashMap<i64, bool>>);
+pub(crate) struct HeldKeys(Mutex<HashMap<i64, Holder>>);
+
+/// The request of this process holding a key.
+#[derive(Debug)]
+struct Holder {
+    /// Its handler is running (its claim is taken), rather than the key being looked up.
+    running: bool,
+    /// Its request's fingerprint: a duplicate that is another request is never made to wait.
+    fingerprint: Fingerprint,
+    /// Notified when the key is let go.
+    released: Arc<Notify>,
+}
 
 impl HeldKeys {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, bool>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Holder>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -209,9 +229,25 @@ pub(crate) enum Hold {
     /// This request holds the key now.
     Taken(HeldKey),
     /// A handler of this process is running with the key.
-    Running,
-    /// Another request of this process is claiming or replaying the key.
-    Claiming,
+    Running(Holding),
+    /// Another request of this process is claiming the key, replaying it, or waiting for it.
+    Claiming(Holding),
+}
+
+/// Another request of this process holds the key.
+#[derive(Debug)]
+pub(crate) struct Holding {
+    /// That request has this one's fingerprint (it is a duplicate, not another request).
+    pub(crate) same_request: bool,
+    /// Registered while the key was found held, so that a release in between is not missed.
+    released: Pin<Box<OwnedNotified>>,
+}
+
+impl Holding {
+    /// Waits until the key is let go, or until `until`; whether it was let go.
+    pub(crate) async fn released(self, until: Instant) -> bool {
+        tokio::time::timeout_at(until, self.released).await.is_ok()
+    }
 }
 
 /// Releases a held key when dropped.
@@ -224,13 +260,17 @@ pub(crate) struct HeldKey {
 impl HeldKey {
     /// Marks the key's handler as running: duplicates are refused without the database.
     pub(crate) fn running(&self) {
-        self.keys.lock().insert(self.lock_id, true);
+        if let Some(holder) = self.keys.lock().get_mut(&self.lock_id) {
+            holder.running = true;
+        }
     }
 }
 
 impl Drop for HeldKey {
     fn drop(&mut self) {
-        self.keys.lock().remove(&self.lock_id);
+        if let Some(holder) = self.keys.lock().remove(&self.lock_id) {
+            holder.released.notify_waiters();
+        }
     }
 }
 
@@ -252,6 +292,7 @@ impl<DB: Backend> Store<DB> {
             held: Arc::default(),
             writers: Arc::new(tokio::sync::Semaphore::new(1)),
             queued_writers: Arc::default(),
+            waiting: Arc::default(),
         }
     }
 
@@ -287,14 +328,52 @@ impl<DB: Backend> Store<DB> {
         self.queued_writers.load(Ordering::SeqCst)
     }
 
+    /// How many of this process's requests wait right now for a duplicate in flight to end
+    /// (`Prefer: wait`). For tests.
+    #[doc(hidden)]
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Counts a request as waiting until the guard is dropped.
+    pub(crate) fn wait_counted(&self) -> impl Drop + use<DB> {
+        struct Counted(Arc<AtomicUsize>);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        Counted(Arc::clone(&self.waiting))
+    }
+
     /// Holds `lock_id` for this process, unless a request here holds it already.
-    pub(crate) fn hold(&self, lock_id: i64) -> Hold {
+    pub(crate) fn hold(&self, lock_id: i64, fingerprint: &Fingerprint) -> Hold {
         let mut held = self.held.lock();
         match held.get(&lock_id) {
-            Some(true) => Hold::Running,
-            Some(false) => Hold::Claiming,
+            Some(holder) => {
+                let mut released = Box::pin(Arc::clone(&holder.released).notified_owned());
+                // Registered now, under the map's lock: a release after this is seen.
+                released.as_mut().enable();
+                let holding = Holding {
+                    same_request: holder.fingerprint == *fingerprint,
+                    released,
+                };
+                if holder.running {
+                    Hold::Running(holding)
+                } else {
+                    Hold::Claiming(holding)
+                }
+            }
             None => {
-                held.insert(lock_id, false);
+                held.insert(
+                    lock_id,
+                    Holder {
+                        running: false,
+                        fingerprint: *fingerprint,
+                        released: Arc::new(Notify::new()),
+                    },
+                );
                 Hold::Taken(HeldKey {
                     keys: Arc::clone(&self.held),
                     lock_id,

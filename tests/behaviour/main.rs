@@ -17,3 +17,4 @@ mod partitions;
 mod steps;
 mod tasks;
 mod timeout;
+mod wait;

@@ -24,7 +24,7 @@ use utoipa::OpenApi;
         (status = 400, description = "The thing is invalid."),
     )
 )]
-#[idempotent(scope = "account", retention = "90m", replay_5xx = true)]
+#[idempotent(scope = "account", retention = "90m", replay_5xx = true, wait = "10s")]
 async fn create_thing(
     Path(account): Path<String>,
     _tx: &mut Transaction<'_, Sqlite>,
@@ -195,6 +195,30 @@ fn an_idempotent_operation_gets_the_header_the_problems_and_its_policy() {
     assert!(op["responses"]["201"]["headers"]["Idempotent-Replayed"].is_object());
     assert!(doc["components"]["schemas"][PROBLEM_SCHEMA].is_object());
 
+    // `wait = "10s"`: the `Prefer` parameter, the marked replay, and the policy say so.
+    let prefer = op["parameters"]
+        .as_array()
+        .expect("parameters")
+        .iter()
+        .find(|p| p["name"] == "Prefer")
+        .expect("the Prefer parameter");
+    assert_eq!(prefer["in"], "header");
+    assert_eq!(prefer["required"], false);
+    let words = prefer["description"].as_str().expect("a description");
+    assert!(words.contains("at most 10"), "{words}");
+    assert!(op["responses"]["201"]["headers"]["Preference-Applied"].is_object());
+    assert!(
+        description.contains("waits for its outcome (at most 10 seconds)"),
+        "{description}"
+    );
+    let global_params = doc["paths"]["/global"]["post"]["parameters"]
+        .as_array()
+        .expect("parameters");
+    assert!(
+        global_params.iter().all(|p| p["name"] != "Prefer"),
+        "a handler without `wait` takes no Prefer"
+    );
+
     let global = &doc["paths"]["/global"]["post"]["description"];
     let global = global.as_str().expect("a description");
     assert!(global.contains("shared by all callers"), "{global}");
@@ -238,14 +262,16 @@ fn the_policy_lists_each_idempotent_operation_with_its_attribute() {
     let policy = retention_policy(&Doc::openapi()).to_string();
     assert!(
         policy.contains(
-            "| `POST /things/{account}` | 1 hour 30 minutes | kept and replayed | committed \
-             with its outcome, or nothing kept | per caller |"
+            "| `POST /things/{account}` | 1 hour 30 minutes | 409 with `Retry-After`; with \
+             `Prefer: wait`, waits up to 10 seconds for the outcome | kept and replayed | \
+             committed with its outcome, or nothing kept | per caller |"
         ),
         "{policy}"
     );
     assert!(
         policy.contains(
-            "| `POST /global` | 7 days | not kept: a retry runs the request again | 409 at least \
+            "| `POST /global` | 7 days | 409 with `Retry-After` | not kept: a retry runs the \
+             request again | 409 at least \
              until its lease of 45 seconds has run out, then a retry runs the request again | \
              shared by all callers |"
         ),

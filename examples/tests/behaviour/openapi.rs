@@ -429,12 +429,14 @@ async fn the_published_policy_comes_from_the_attributes_and_the_readme_quotes_it
     let generated = api_doc::policy();
     assert_eq!(served, generated, "the service serves the generated policy");
     for row in [
-        "| `POST /v1/payments` | 24 hours | not kept",
-        "| `POST /v1/payouts` | 7 days | kept and replayed",
-        "| `POST /v1/refunds` | 24 hours | not kept: a retry runs the request again | 409 at least \
-         until its lease of 5 seconds has run out, then a retry runs the request again |",
-        "| `POST /v1/orders` | 24 hours | not kept: a retry continues the request after its last \
-         completed step |",
+        "| `POST /v1/payments` | 24 hours | 409 with `Retry-After`; with `Prefer: wait`, waits up \
+         to 10 seconds for the outcome | not kept",
+        "| `POST /v1/payouts` | 7 days | 409 with `Retry-After` | kept and replayed",
+        "| `POST /v1/refunds` | 24 hours | 409 with `Retry-After` | not kept: a retry runs the \
+         request again | 409 at least until its lease of 5 seconds has run out, then a retry runs \
+         the request again |",
+        "| `POST /v1/orders` | 24 hours | 409 with `Retry-After` | not kept: a retry continues the \
+         request after its last completed step |",
         "| `POST /v1/orders` | 24 hours |",
     ] {
         assert!(generated.contains(row), "{row} in:\n{generated}");

@@ -8,8 +8,9 @@ use super::{Limit, Options, Scope, extract::IdemRequest, outcome::Outcome};
 use crate::{
     backend::Backend,
     context::IdempotencyContext,
-    record::{KeyRef, RecordedStep, Start, Started, fresh_token},
+    record::{KeyRef, KeyStatus, RecordedStep, Start, Started, fresh_token},
     steps::Steps,
+    store::Hold,
 };
 
 /// External mode: a `started` row committed before the handler runs, owned by a token and
@@ -41,7 +42,6 @@ impl<DB: Backend> ExternalClaim<DB> {
         scope: Scope,
         options: Options,
     ) -> Result<Self, Response> {
-        let deadline = request.store.deadline();
         let key = request.key_ref(scope)?;
         // Armed before the claim is sent: if this request is cancelled while the claim is in
         // flight, dropping it releases whatever was committed under its token.
@@ -54,47 +54,86 @@ impl<DB: Backend> ExternalClaim<DB> {
             steps: None,
             armed: true,
         };
-        let outcome = {
-            let start = Start {
-                key: &claim.key,
-                method: claim.request.method.as_str(),
-                path: &claim.request.path,
-                fingerprint: &claim.request.fingerprint,
-                lease: options.lease,
-                retention: options.retention,
-                token: claim.token,
+        // A duplicate that may wait keeps looking until the key is free or finished; while it
+        // waits, it holds the key in this process, so that its duplicates here wait on it
+        // rather than each looking at the database.
+        let mut poller = None;
+        loop {
+            let deadline = claim.request.store.deadline();
+            let outcome = {
+                let start = Start {
+                    key: &claim.key,
+                    method: claim.request.method.as_str(),
+                    path: &claim.request.path,
+                    fingerprint: &claim.request.fingerprint,
+                    lease: options.lease,
+                    retention: options.retention,
+                    token: claim.token,
+                };
+                match claim.request.store.write_permit(deadline).await {
+                    Ok(_permit) => claim.request.store.start(&start, deadline).await,
+                    Err(error) => Err(error),
+                }
             };
-            match claim.request.store.write_permit(deadline).await {
-                Ok(_permit) => claim.request.store.start(&start, deadline).await,
-                Err(error) => Err(error),
+            let in_flight = match &outcome {
+                Ok(Started::Busy) => true,
+                Ok(Started::Found { record, .. }) => {
+                    record.status == KeyStatus::Started
+                        && record.fingerprint == claim.request.fingerprint
+                }
+                _ => false,
+            };
+            if in_flight && let Some(until) = claim.request.may_wait(options.wait) {
+                if poller.is_none() {
+                    let fingerprint = claim.request.fingerprint;
+                    match claim.request.store.hold(claim.key.lock_id, &fingerprint) {
+                        Hold::Taken(held) => poller = Some(held),
+                        Hold::Running(holding) | Hold::Claiming(holding) => {
+                            claim.request.wait_for(holding, until).await;
+                            continue;
+                        }
+                    }
+                }
+                claim.request.pause(until).await;
+                continue;
             }
-        };
+            drop(poller);
+            return claim.settle_start(outcome).await;
+        }
+    }
+
+    /// The answer to what the claim's `start` found.
+    async fn settle_start(
+        mut self,
+        outcome: Result<Started, crate::Error>,
+    ) -> Result<Self, Response> {
         if !matches!(outcome, Ok(Started::Acquired { .. })) {
-            claim.armed = false;
+            self.armed = false;
         }
         match outcome {
             Ok(Started::Acquired { taken_over }) => {
                 if taken_over {
                     metrics::counter!("idem_takeovers_total").increment(1);
-                    tracing::info!(parent: &claim.request.span, "took over an abandoned or expired claim");
+                    tracing::info!(parent: &self.request.span, "took over an abandoned or expired claim");
                     // A lapsed claim of this same request keeps what its steps recorded.
-                    match claim
+                    let deadline = self.request.store.deadline();
+                    match self
                         .request
                         .store
-                        .recorded_steps(&claim.key, claim.token, deadline)
+                        .recorded_steps(&self.key, self.token, deadline)
                         .await
                     {
-                        Ok(steps) => claim.resumed = steps,
-                        Err(error) => return Err(claim.request.store_failed(&error)),
+                        Ok(steps) => self.resumed = steps,
+                        Err(error) => return Err(self.request.store_failed(&error)),
                     }
                 }
-                Ok(claim)
+                Ok(self)
             }
             Ok(Started::Found { record, lease_left }) => {
-                Err(claim.request.answer_existing(record, lease_left))
+                Err(self.request.answer_existing(record, lease_left))
             }
-            Ok(Started::Busy) => Err(claim.request.in_progress(None)),
-            Err(error) => Err(claim.request.store_failed(&error)),
+            Ok(Started::Busy) => Err(self.request.in_progress(None)),
+            Err(error) => Err(self.request.store_failed(&error)),
         }
     }
 

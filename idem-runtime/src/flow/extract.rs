@@ -49,6 +49,23 @@ pub struct IdemRequest<DB: Backend> {
     /// The route's template (`/v1/payments/{id}`), the only label metrics get: never the
     /// path, key or scope.
     pub(super) route: Arc<str>,
+    /// How long the client would rather wait than get a 409 (`Prefer: wait=<seconds>`).
+    pub(super) prefer_wait: Option<std::time::Duration>,
+    /// Once this request waits for a duplicate in flight: until when, and how.
+    pub(super) waiting: Option<Waiting>,
+}
+
+/// A request waiting for the outcome of a duplicate in flight.
+#[derive(Debug)]
+pub(super) struct Waiting {
+    /// When the wait ends, with a 409.
+    pub(super) until: tokio::time::Instant,
+    /// The wait applied, in seconds (`Preference-Applied: wait=<seconds>`).
+    pub(super) seconds: u64,
+    /// When it began.
+    pub(super) since: tokio::time::Instant,
+    /// The pauses between two looks at a key held in another process.
+    pub(super) polls: idem_task::Backoff,
 }
 
 impl<DB: Backend> std::fmt::Debug for IdemRequest<DB> {
@@ -62,6 +79,56 @@ impl<DB: Backend> std::fmt::Debug for IdemRequest<DB> {
 }
 
 impl<DB: Backend> IdemRequest<DB> {
+    /// Until when this request may wait for a duplicate in flight: the smaller of the client's
+    /// `Prefer: wait` and the handler's `allowed` wait, counted from the first time it is asked;
+    /// `None` when it may not wait (any more).
+    pub(super) fn may_wait(
+        &mut self,
+        allowed: Option<std::time::Duration>,
+    ) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        if let Some(waiting) = &self.waiting {
+            return (now < waiting.until).then_some(waiting.until);
+        }
+        let wait = self.prefer_wait?.min(allowed?);
+        if wait.is_zero() {
+            return None;
+        }
+        self.waiting = Some(Waiting {
+            until: now + wait,
+            seconds: wait.as_secs(),
+            since: now,
+            polls: idem_task::Backoff::new(
+                std::time::Duration::from_millis(25),
+                std::time::Duration::from_millis(500),
+            ),
+        });
+        Some(now + wait)
+    }
+
+    /// Pauses before the next look at a key that another process holds, until `until` at the
+    /// latest.
+    pub(super) async fn pause(&mut self, until: tokio::time::Instant) {
+        let pause = self
+            .waiting
+            .as_mut()
+            .map_or(std::time::Duration::ZERO, |waiting| {
+                waiting.polls.failed().0
+            });
+        let _counted = self.store.wait_counted();
+        tokio::time::sleep_until((tokio::time::Instant::now() + pause).min(until)).await;
+    }
+
+    /// Waits for a request of this process to let go of the key, until `until` at the latest.
+    pub(super) async fn wait_for(
+        &self,
+        holding: crate::store::Holding,
+        until: tokio::time::Instant,
+    ) {
+        let _counted = self.store.wait_counted();
+        holding.released(until).await;
+    }
+
     /// The `idempotency` span of this request; the handler runs inside it.
     pub fn span(&self) -> Span {
         self.span.clone()
@@ -161,6 +228,7 @@ where
         }
     };
     let fingerprint = Fingerprint::of(&parts.method, &path, &parts.headers, &bytes);
+    let prefer_wait = crate::prefer::wait(&parts.headers);
     let method = parts.method.clone();
     let request = Request::from_parts(parts, Body::from(bytes));
     Ok((
@@ -173,6 +241,8 @@ where
             fingerprint,
             span,
             route,
+            prefer_wait,
+            waiting: None,
         },
     ))
 }

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 pub use external::ExternalClaim;
 pub use extract::Input;
-pub use transactional::Claim;
+pub use transactional::{Acquired, Attempt, Claim};
 
 pub(crate) use outcome::attribute_duration;
 
@@ -63,6 +63,8 @@ pub struct Options {
     pub lease: Duration,
     /// How long the handler body may run before it is stopped (`None`: unbounded).
     pub timeout: Option<Duration>,
+    /// The most a duplicate may wait for the first request's outcome (`None`: 409 at once).
+    pub wait: Option<Duration>,
 }
 
 /// Gives the handler body's future its declared output type, so `?` and `return` inside it

@@ -131,6 +131,21 @@ impl<DB: Backend> IdemRequest<DB> {
     }
 
     pub(super) fn finish(&self, outcome: Outcome, response: Response) -> Response {
+        let mut response = response;
+        if let Some(waiting) = &self.waiting {
+            metrics::histogram!(
+                "idem_wait_duration_seconds",
+                "route" => self.route.to_string(),
+                "outcome" => outcome.as_str(),
+            )
+            .record(waiting.since.elapsed());
+            if outcome == Outcome::Replayed {
+                response.headers_mut().insert(
+                    http::HeaderName::from_static("preference-applied"),
+                    crate::prefer::applied(waiting.seconds),
+                );
+            }
+        }
         finish(&self.span, &self.route, outcome, response)
     }
 

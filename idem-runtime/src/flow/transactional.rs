@@ -42,55 +42,82 @@ pub struct Claim<'c, DB: Backend> {
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
+/// What carries over from one attempt at a claim to the next: the request, and the key this
+/// process holds for it while it waits for another process to let go of the key.
+#[derive(Debug)]
+pub struct Attempt<DB: Backend> {
+    request: IdemRequest<DB>,
+    held: Option<HeldKey>,
+}
+
+impl<DB: Backend> From<IdemRequest<DB>> for Attempt<DB> {
+    fn from(request: IdemRequest<DB>) -> Self {
+        Self {
+            request,
+            held: None,
+        }
+    }
+}
+
+/// What [`Claim::acquire`] came to.
+#[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "matched and taken apart at once by the handler's expansion; a box would cost an \
+              allocation on every request"
+)]
+pub enum Acquired<'c, DB: Backend> {
+    /// The key is this request's: run the handler.
+    Claimed(Claim<'c, DB>),
+    /// Another process holds the key and this request waits for it (`Prefer: wait`): try
+    /// again, with a new connection slot.
+    Again(Attempt<DB>),
+    /// The answer to send instead of running the handler.
+    Answer(Response),
+}
+
 impl<'c, DB: Backend> Claim<'c, DB> {
     /// Begins the handler's transaction on a connection put into `slot` and claims the key
     /// in it.
     ///
-    /// # Errors
-    ///
-    /// The response to send instead of running the handler: the replay of a stored response,
-    /// 409 while another request holds the key, 422 when the key was used for another request,
-    /// or a problem when the store fails or does not answer by the request's deadline.
+    /// A duplicate of a request in flight that may wait (the client's `Prefer: wait` and the
+    /// handler's `wait`) waits here: for a key this process holds, until it is let go; for a
+    /// key another process holds, [`Acquired::Again`] after a pause, holding no connection
+    /// meanwhile. Its transaction borrows `slot`, so each attempt needs a slot of its own.
     pub async fn acquire(
         slot: &'c mut Option<Checkout<DB>>,
-        request: IdemRequest<DB>,
-        scope: Scope,
+        attempt: Attempt<DB>,
+        scope: &Scope,
         options: Options,
-    ) -> Result<Self, Response> {
-        let deadline = request.store.deadline();
-        let key = request.key_ref(scope)?;
-        let held = match request.store.hold(key.lock_id) {
-            Hold::Taken(held) => held,
-            // A handler of this process runs with the key: 409 without touching the database,
-            // so the answer comes at once even when every pooled connection is busy.
-            Hold::Running => return Err(request.in_progress(None)),
-            // Another request of this process is claiming the key or replaying it: a finished
-            // key is replayed (concurrent replays must not turn each other into 409s).
-            Hold::Claiming => {
-                return match request.store.lookup(&key, deadline).await {
-                    Ok(Some(record)) if record.status == KeyStatus::Completed => {
-                        Err(request.answer_existing(record, None))
-                    }
-                    Ok(_) => Err(request.in_progress(None)),
-                    Err(error) => Err(request.store_failed(&error)),
-                };
-            }
+    ) -> Acquired<'c, DB> {
+        let Attempt { mut request, held } = attempt;
+        let key = match request.key_ref(scope.clone()) {
+            Ok(key) => key,
+            Err(answer) => return Acquired::Answer(answer),
         };
+        let held = match held {
+            Some(held) => held,
+            None => match Self::hold(&mut request, &key, options).await {
+                Ok(held) => held,
+                Err(answer) => return Acquired::Answer(answer),
+            },
+        };
+        let deadline = request.store.deadline();
         let mut permit = None;
         if DB::SINGLE_WRITER {
             // A finished key is answered without queueing for the single writer.
             match request.store.lookup(&key, deadline).await {
                 Ok(Some(record)) if record.status == KeyStatus::Completed => {
-                    return Err(request.answer_existing(record, None));
+                    return Acquired::Answer(request.answer_existing(record, None));
                 }
                 Ok(_) => {}
-                Err(error) => return Err(request.store_failed(&error)),
+                Err(error) => return Acquired::Answer(request.store_failed(&error)),
             }
             // Writers of this process queue here, not inside the database while holding a
             // pooled connection: the pool stays free for replays and 409s.
             permit = match request.store.write_permit(deadline).await {
                 Ok(permit) => permit,
-                Err(error) => return Err(request.store_failed(&error)),
+                Err(error) => return Acquired::Answer(request.store_failed(&error)),
             };
         }
         // A statement in flight when the handler is stopped ends at twice the handler's timeout
@@ -107,10 +134,10 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 if options.replay_5xx {
                     let saved = request.store.by(deadline, DB::savepoint(&mut tx)).await;
                     if let Err(error) = saved {
-                        return Err(request.store_failed(&error));
+                        return Acquired::Answer(request.store_failed(&error));
                     }
                 }
-                Ok(Self {
+                Acquired::Claimed(Self {
                     tx,
                     settle,
                     deadline,
@@ -122,9 +149,61 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                     _permit: permit,
                 })
             }
-            Ok((Begun::Busy, _)) => Err(request.in_progress(None)),
-            Ok((Begun::Live(record), _)) => Err(request.answer_existing(record, None)),
-            Err(error) => Err(request.store_failed(&error)),
+            Ok((Begun::Busy, _)) => match request.may_wait(options.wait) {
+                // Another process runs the request: look again after a pause, still holding
+                // the key in this process so that its other duplicates wait on this one.
+                Some(until) => {
+                    drop(permit);
+                    request.pause(until).await;
+                    Acquired::Again(Attempt {
+                        request,
+                        held: Some(held),
+                    })
+                }
+                None => Acquired::Answer(request.in_progress(None)),
+            },
+            Ok((Begun::Live(record), _)) => Acquired::Answer(request.answer_existing(record, None)),
+            Err(error) => Acquired::Answer(request.store_failed(&error)),
+        }
+    }
+
+    /// Holds the key in this process, waiting for another request of this process to let it
+    /// go where this one may wait; otherwise the answer to send (a replay, 409).
+    async fn hold(
+        request: &mut IdemRequest<DB>,
+        key: &KeyRef,
+        options: Options,
+    ) -> Result<HeldKey, Response> {
+        loop {
+            let holding = match request.store.hold(key.lock_id, &request.fingerprint) {
+                Hold::Taken(held) => return Ok(held),
+                // A handler of this process runs with the key: 409 without touching the
+                // database, so the answer comes at once even when every pooled connection is
+                // busy.
+                Hold::Running(holding) => holding,
+                // Another request of this process is claiming the key, replaying it, or waiting
+                // for it: a finished key is replayed (concurrent replays must not turn each
+                // other into 409s).
+                Hold::Claiming(holding) => {
+                    match request.store.lookup(key, request.store.deadline()).await {
+                        Ok(Some(record)) if record.status == KeyStatus::Completed => {
+                            return Err(request.answer_existing(record, None));
+                        }
+                        Ok(_) => {}
+                        Err(error) => return Err(request.store_failed(&error)),
+                    }
+                    holding
+                }
+            };
+            // Another request under the key is never made to wait for the first's outcome.
+            let until = match holding.same_request {
+                true => request.may_wait(options.wait),
+                false => None,
+            };
+            match until {
+                Some(until) => request.wait_for(holding, until).await,
+                None => return Err(request.in_progress(None)),
+            }
         }
     }
 
