@@ -9,6 +9,7 @@ mod contract;
 mod cross_instance;
 mod e2e;
 mod events;
+mod events_partitions;
 mod external;
 mod faults;
 mod openapi;
