@@ -188,9 +188,21 @@ impl Answer {
 /// POSTs to `path` of `base` as tenant `t1` with `key`, the JSON `body`, and a `Prefer` header
 /// when given.
 async fn post(base: &str, path: &str, key: &str, body: &str, prefer: Option<&str>) -> Answer {
+    post_as("t1", base, path, key, body, prefer).await
+}
+
+/// [`post`] as `tenant`.
+async fn post_as(
+    tenant: &str,
+    base: &str,
+    path: &str,
+    key: &str,
+    body: &str,
+    prefer: Option<&str>,
+) -> Answer {
     let mut request = reqwest::Client::new()
         .post(format!("{base}{path}"))
-        .header("authorization", "Bearer t1")
+        .header("authorization", format!("Bearer {tenant}"))
         .header("idempotency-key", key)
         .header("content-type", "application/json")
         .body(body.to_owned());
@@ -371,9 +383,9 @@ backend_tests! {
         let options = Options { connections: Some(10), ..Options::default() };
         let app = App::serving(db, options, built(&probe)).await;
         let base = serve(&app).await;
-        // A finished key, to replay while the waiters wait.
+        // Another tenant's finished key, to replay while the waiters wait.
         probe.open(1);
-        let done = post(&base, "/no-wait", "done", r#"{"n":1}"#, None).await;
+        let done = post_as("t2", &base, "/no-wait", "done", r#"{"n":1}"#, None).await;
         assert_eq!(done.status, StatusCode::CREATED);
 
         let first = spawn_post(&base, "/wait", "k1", None);
@@ -382,8 +394,8 @@ backend_tests! {
             .map(|_| spawn_post(&base, "/wait", "k1", Some("wait=10")))
             .collect();
         wait_until("200 duplicates to wait", || async { waiting(&app) == 200 }).await;
-        // Another request is served meanwhile: the waiters hold no pooled connection.
-        let replay = post(&base, "/no-wait", "done", r#"{"n":1}"#, None).await;
+        // Another tenant's request is served meanwhile: the waiters hold no pooled connection.
+        let replay = post_as("t2", &base, "/no-wait", "done", r#"{"n":1}"#, None).await;
         assert!(replay.replayed(), "{}: {}", replay.status, replay.body);
         assert_eq!(waiting(&app), 200, "the waiters still wait");
 
@@ -446,6 +458,46 @@ backend_tests! {
         let later = post(&base, "/wait-external", "k1", r#"{"n":1}"#, Some("wait=5")).await;
         assert!(later.replayed());
         assert_eq!(later.header("preference-applied"), None, "it did not wait");
+    }
+
+    async fn an_external_waiter_runs_the_handler_when_the_first_releases_its_claim(db) {
+        let probe = Arc::new(Probe::default());
+        // The first call answers 500, which is not stored: its claim is released.
+        probe.script.lock().unwrap().push_back(500);
+        let app = App::serving(db, Options::default(), built(&probe)).await;
+        let base = serve(&app).await;
+        let first = spawn_post(&base, "/wait-external", "k1", None);
+        wait_until("the first body to start", || async { probe.started() == 1 }).await;
+        let waiter = spawn_post(&base, "/wait-external", "k1", Some("wait=5"));
+        wait_until("the duplicate to wait", || async { waiting(&app) == 1 }).await;
+        probe.open(1);
+        assert_eq!(first.await.expect("first").status, StatusCode::INTERNAL_SERVER_ERROR);
+        wait_until("the waiter to run the handler", || async { probe.started() == 2 }).await;
+        probe.open(1);
+        let waiter = waiter.await.expect("the waiter");
+        assert_eq!(waiter.status, StatusCode::CREATED, "{}", waiter.body);
+        assert!(!waiter.replayed(), "a first execution of its own");
+        assert_eq!(waiter.body, "call 2");
+        assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
+    }
+
+    async fn an_external_waiter_gets_409_with_the_leases_retry_after_when_its_wait_is_over(db) {
+        let probe = Arc::new(Probe::default());
+        let app = App::serving(db, Options::default(), built(&probe)).await;
+        let base = serve(&app).await;
+        let first = spawn_post(&base, "/wait-external", "k1", None);
+        wait_until("the first body to start", || async { probe.started() == 1 }).await;
+        let waiter = post(&base, "/wait-external", "k1", r#"{"n":1}"#, Some("wait=1")).await;
+        assert_eq!(waiter.status, StatusCode::CONFLICT, "{}", waiter.body);
+        let after: u64 = waiter
+            .header("retry-after")
+            .expect("Retry-After")
+            .parse()
+            .expect("seconds");
+        assert!(after > 1 && after <= 30, "the lease's remaining time: {after}");
+        assert_eq!(probe.started(), 1);
+        probe.open(1);
+        assert_eq!(first.await.expect("first").status, StatusCode::CREATED);
     }
 
     async fn a_client_that_prefers_to_wait_gets_the_first_outcome_without_a_retry(db) {
