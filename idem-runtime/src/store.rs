@@ -213,8 +213,9 @@ struct Holder {
     running: bool,
     /// Its request's fingerprint: a duplicate that is another request is never made to wait.
     fingerprint: Fingerprint,
-    /// Notified when the key is let go.
-    released: Arc<Notify>,
+    /// Notified when the key is let go; made by the first duplicate that waits for it, so
+    /// that a request nobody waits for allocates none.
+    released: Option<Arc<Notify>>,
 }
 
 impl HeldKeys {
@@ -268,8 +269,13 @@ impl HeldKey {
 
 impl Drop for HeldKey {
     fn drop(&mut self) {
-        if let Some(holder) = self.keys.lock().remove(&self.lock_id) {
-            holder.released.notify_waiters();
+        if let Some(released) = self
+            .keys
+            .lock()
+            .remove(&self.lock_id)
+            .and_then(|holder| holder.released)
+        {
+            released.notify_waiters();
         }
     }
 }
@@ -350,9 +356,12 @@ impl<DB: Backend> Store<DB> {
     /// Holds `lock_id` for this process, unless a request here holds it already.
     pub(crate) fn hold(&self, lock_id: i64, fingerprint: &Fingerprint) -> Hold {
         let mut held = self.held.lock();
-        match held.get(&lock_id) {
+        match held.get_mut(&lock_id) {
             Some(holder) => {
-                let mut released = Box::pin(Arc::clone(&holder.released).notified_owned());
+                let notify = holder
+                    .released
+                    .get_or_insert_with(|| Arc::new(Notify::new()));
+                let mut released = Box::pin(Arc::clone(notify).notified_owned());
                 // Registered now, under the map's lock: a release after this is seen.
                 released.as_mut().enable();
                 let holding = Holding {
@@ -371,7 +380,7 @@ impl<DB: Backend> Store<DB> {
                     Holder {
                         running: false,
                         fingerprint: *fingerprint,
-                        released: Arc::new(Notify::new()),
+                        released: None,
                     },
                 );
                 Hold::Taken(HeldKey {
