@@ -1,5 +1,6 @@
-//! The outbox, the relay and the idempotent consumer, against the real brokers (RabbitMQ and
-//! Redis Streams) on both databases: every test runs as `<database>::<broker>::<name>`.
+//! The outbox, the relay and the idempotent consumer, against the real brokers (RabbitMQ, Redis
+//! Streams and NATS JetStream) on both databases: every test runs as
+//! `<database>::<broker>::<name>`.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -244,13 +245,19 @@ async fn a_redelivered_message_is_applied_once<DB: TestBackend>(
         .await
         .expect("subscribe");
     // The first delivery is applied, but its acknowledgement is lost: the broker delivers it
-    // once more, besides the second copy.
+    // once more, besides the second copy (which JetStream drops: the same `Nats-Msg-Id`
+    // within its duplicate window).
     let first = next(&mut subscription, "the first delivery").await;
     assert_eq!(
         consumer.process(LoseAck(first)).await.expect("process"),
         Processed::Applied
     );
-    for copy in ["the redelivery after the lost ack", "the second copy"] {
+    let copies: &[&str] = if broker.drops_republished_copies() {
+        &["the redelivery after the lost ack"]
+    } else {
+        &["the redelivery after the lost ack", "the second copy"]
+    };
+    for &copy in copies {
         let delivery = next(&mut subscription, copy).await;
         assert_eq!(delivery.message().id(), "evt-1");
         assert_eq!(
@@ -681,6 +688,9 @@ macro_rules! on_both_databases_and_brokers {
         mod redis {
             on_both_databases_and_brokers!(@tests $db, Redis; $($name),*);
         }
+        mod nats {
+            on_both_databases_and_brokers!(@tests $db, Nats; $($name),*);
+        }
     };
     (@tests postgres, $broker:ident; $($name:ident),*) => {$(
         #[sqlx::test(migrations = false)]
@@ -1011,3 +1021,165 @@ async fn sqlite_event_tables_an_earlier_release_created_are_adopted() {
     let pool = sqlite_pool(&dir).await;
     event_tables_an_earlier_release_created_are_adopted(pool, &sql, "X'00'").await;
 }
+
+/// NATS only: a relay that publishes an event again (it stopped between JetStream's ack and
+/// marking the event published) sends the same `Nats-Msg-Id`, and JetStream drops the copy:
+/// the stream holds it once, the consumer receives it once (the event enqueued after it comes
+/// next), and it is applied once.
+async fn nats_an_event_the_relay_publishes_again_is_stored_delivered_and_applied_once<
+    DB: TestBackend,
+>(
+    pool: Pool<DB>,
+) {
+    DB::prepare_events(&pool).await;
+    let broker = TestBroker::new(BrokerKind::Nats);
+    broker.declare(CONSUMER).await;
+    let event = enqueue_committed(&pool, "payment.succeeded", 0).await;
+    let mut relay = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
+    assert_eq!(relay.drain().await.expect("relay"), 1);
+    // As a relay that stopped before its mark: the event waits again, and a new relay (a new
+    // connection) publishes it again.
+    DB::run_sql(&pool, "UPDATE idem_outbox SET published_at = NULL").await;
+    let mut restarted = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
+    assert_eq!(
+        restarted.drain().await.expect("relay"),
+        1,
+        "published again"
+    );
+    let later = enqueue_committed(&pool, "payment.succeeded", 1).await;
+    assert_eq!(restarted.drain().await.expect("relay"), 1);
+    assert_eq!(broker.nats_stored().await, 2, "JetStream kept one copy");
+
+    let applier = Applier::default();
+    let consumer = events::Consumer::new(
+        pool.clone(),
+        applier.clone(),
+        ConsumerOptions::new(CONSUMER),
+    );
+    let mut subscription = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    for expected in [&event, &later] {
+        let delivery = next(&mut subscription, "the next event").await;
+        assert_eq!(delivery.message().id(), expected, "no copy in between");
+        assert_eq!(
+            consumer.process(delivery).await.expect("process"),
+            Processed::Applied
+        );
+    }
+    let mut applied = DB::applied(&pool).await;
+    applied.sort();
+    let mut expected = vec![event.clone(), later];
+    expected.sort();
+    assert_eq!(applied, expected);
+    assert_eq!(applier.calls(&event), 1, "the handler ran once");
+}
+
+/// NATS only: a message whose consumer took it and then never settled it, nor closed its
+/// connection (a process that hangs, or was killed before it could say anything), is delivered
+/// again, to the next subscription, once the consumer's ack wait is over, and says it is
+/// delivered again.
+async fn nats_a_message_left_unsettled_is_delivered_again_after_the_ack_wait<DB: TestBackend>(
+    pool: Pool<DB>,
+) {
+    DB::prepare_events(&pool).await;
+    let broker = TestBroker::new(BrokerKind::Nats);
+    broker.declare(CONSUMER).await;
+    broker
+        .publisher()
+        .publish(&[Message::new("stuck", "payment.succeeded", "{}")])
+        .await
+        .expect("publish");
+    let mut first = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    let taken = next(&mut first, "the message").await;
+    assert!(!taken.redelivered());
+    // Never settled, never given back: its connection stays open too.
+    std::mem::forget(taken);
+    drop(first);
+
+    let consumer = events::Consumer::new(
+        pool.clone(),
+        Applier::default(),
+        ConsumerOptions::new(CONSUMER),
+    );
+    let mut second = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    let again = next(&mut second, "the unsettled message again").await;
+    assert_eq!(again.message().id(), "stuck");
+    assert!(again.redelivered(), "JetStream counts the deliveries");
+    assert_eq!(
+        consumer.process(again).await.expect("process"),
+        Processed::Applied
+    );
+    assert_eq!(DB::applied(&pool).await, ["stuck"]);
+    assert_eq!(broker.waiting(CONSUMER).await, 0, "acknowledged");
+}
+
+/// NATS only: the stream is created with the replicas a single server can hold (one), and a
+/// topic named like the dead letters is refused.
+async fn nats_the_stream_is_created_with_one_replica_per_server_and_dead_topics_are_refused<
+    DB: TestBackend,
+>(
+    pool: Pool<DB>,
+) {
+    DB::prepare_events(&pool).await;
+    let broker = TestBroker::new(BrokerKind::Nats);
+    let nats = broker.nats();
+    assert!(
+        matches!(
+            broker
+                .publisher()
+                .publish(&[Message::new("x", "dead.payment", "{}")])
+                .await,
+            Err(BrokerError::Invalid(_))
+        ),
+        "a topic in the dead letters' subjects is refused"
+    );
+    broker.declare(CONSUMER).await;
+    let (_client, jetstream) = nats.connect().await.expect("connect");
+    let info = jetstream
+        .get_stream(nats.stream())
+        .await
+        .expect("the stream")
+        .get_info()
+        .await
+        .expect("stream info");
+    assert_eq!(info.config.num_replicas, 1);
+    assert_eq!(info.config.subjects, [format!("{}.>", broker.name())]);
+}
+
+/// Each NATS-only test on both databases, as `<database>_<name>`.
+macro_rules! nats_on_both_databases {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[sqlx::test(migrations = false)]
+            async fn postgres(
+                _: sqlx::postgres::PgPoolOptions,
+                connect: sqlx::postgres::PgConnectOptions,
+            ) {
+                super::$name(super::postgres_pool(connect).await).await;
+            }
+
+            #[tokio::test]
+            async fn sqlite() {
+                let dir = tempfile::tempdir().expect("a temporary directory");
+                super::$name(super::sqlite_pool(&dir).await).await;
+            }
+        }
+    )*};
+}
+
+nats_on_both_databases!(
+    nats_an_event_the_relay_publishes_again_is_stored_delivered_and_applied_once,
+    nats_a_message_left_unsettled_is_delivered_again_after_the_ack_wait,
+    nats_the_stream_is_created_with_one_replica_per_server_and_dead_topics_are_refused,
+);
