@@ -36,6 +36,8 @@
 //! consumers pass over them: topics `dead` and `dead.…` are refused.
 //!
 //! The client reconnects by itself, to any server of the list or that the cluster told it of.
+//! Its connections are named `idem-events relay <stream>` and
+//! `idem-events consumer <name> <stream>` in the servers' monitoring.
 
 use std::{sync::Arc, time::Duration};
 
@@ -120,7 +122,8 @@ impl Nats {
     }
 
     /// The replicas of the stream when this creates it (at least 1). Without it: as many as
-    /// the cluster has servers, at most 3. A stream that exists is left as it is.
+    /// the cluster has servers (those the connected server is routed to then), at most 3. A
+    /// stream that exists is left as it is.
     #[must_use]
     pub fn replicas(mut self, replicas: usize) -> Self {
         self.replicas = Some(replicas.max(1));
@@ -178,18 +181,21 @@ impl Nats {
     ///
     /// [`BrokerError::Unavailable`] when no server could be reached.
     pub async fn connect(&self) -> Result<(Client, Context), BrokerError> {
-        self.connect_watched()
+        self.connect_watched("idem-events")
             .await
             .map(|(client, js, _)| (client, js))
     }
 
     /// [`Nats::connect`], with a counter of the client's disconnections.
+    /// The connection is named `name` (the server's monitoring shows it).
     async fn connect_watched(
         &self,
+        name: &str,
     ) -> Result<(Client, Context, watch::Receiver<u64>), BrokerError> {
         let (disconnects, watched) = watch::channel(0u64);
         let disconnects = Arc::new(disconnects);
         let client = ConnectOptions::new()
+            .name(name)
             .connection_timeout(CONNECT_TIMEOUT)
             .request_timeout(Some(REQUEST_TIMEOUT))
             .event_callback(move |event| {
@@ -238,7 +244,7 @@ impl Nats {
 }
 
 /// How many servers the cluster of the connected server has: the client URLs it advertises
-/// (none when it runs alone).
+/// (none when it runs alone): the servers it is routed to now, itself included.
 fn cluster_size(client: &Client) -> usize {
     let mut urls = client.server_info().connect_urls;
     urls.sort();
@@ -363,7 +369,8 @@ impl Publisher for NatsPublisher {
         let connected = match held.as_mut() {
             Some(connected) => connected,
             None => {
-                let (client, jetstream, disconnects) = self.broker.connect_watched().await?;
+                let name = format!("idem-events relay {}", self.broker.stream);
+                let (client, jetstream, disconnects) = self.broker.connect_watched(&name).await?;
                 held.insert(Connected {
                     client,
                     jetstream,
@@ -449,7 +456,8 @@ impl Subscriber for NatsSubscriber {
     type Subscription = NatsSubscription;
 
     async fn subscribe(&self) -> Result<NatsSubscription, BrokerError> {
-        let (client, jetstream) = self.broker.connect().await?;
+        let name = format!("idem-events consumer {} {}", self.name, self.broker.stream);
+        let (client, jetstream, _) = self.broker.connect_watched(&name).await?;
         let consumer = self.declare_on(&client, &jetstream).await?;
         let messages = consumer
             .stream()
