@@ -186,23 +186,31 @@ impl Nats {
             .map(|(client, js, _)| (client, js))
     }
 
-    /// [`Nats::connect`], with a counter of the client's disconnections.
-    /// The connection is named `name` (the server's monitoring shows it).
+    /// [`Nats::connect`], with the state of the client's link, which its events keep. The
+    /// connection is named `name` (the server's monitoring shows it).
     async fn connect_watched(
         &self,
         name: &str,
-    ) -> Result<(Client, Context, watch::Receiver<u64>), BrokerError> {
-        let (disconnects, watched) = watch::channel(0u64);
-        let disconnects = Arc::new(disconnects);
+    ) -> Result<(Client, Context, watch::Receiver<Link>), BrokerError> {
+        let (link, watched) = watch::channel(Link {
+            connected: true,
+            disconnects: 0,
+        });
+        let link = Arc::new(link);
         let client = ConnectOptions::new()
             .name(name)
             .connection_timeout(CONNECT_TIMEOUT)
             .request_timeout(Some(REQUEST_TIMEOUT))
             .event_callback(move |event| {
-                let disconnects = Arc::clone(&disconnects);
+                let link = Arc::clone(&link);
                 async move {
-                    if matches!(event, Event::Disconnected) {
-                        disconnects.send_modify(|count| *count += 1);
+                    match event {
+                        Event::Disconnected => link.send_modify(|link| {
+                            link.connected = false;
+                            link.disconnects += 1;
+                        }),
+                        Event::Connected => link.send_modify(|link| link.connected = true),
+                        _ => {}
                     }
                 }
             })
@@ -269,11 +277,21 @@ fn is_consumer_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
 }
 
+/// The client's link to the servers, as its events tell it.
+#[derive(Debug, Clone, Copy)]
+struct Link {
+    connected: bool,
+    disconnects: u64,
+}
+
+/// How long a publish waits for a client that lost its connection to reconnect.
+const RECONNECT_WAIT: Duration = Duration::from_secs(5);
+
 /// What the publisher keeps between batches: a client that reconnects by itself.
 struct Connected {
     client: Client,
     jetstream: Context,
-    disconnects: watch::Receiver<u64>,
+    link: watch::Receiver<Link>,
     /// Whether the stream is known to exist.
     declared: bool,
 }
@@ -302,7 +320,16 @@ impl NatsPublisher {
         messages: &[Message],
     ) -> Result<(), BrokerError> {
         if connected.client.connection_state() != State::Connected {
-            return Err(BrokerError::unavailable("not connected to NATS"));
+            // Reconnecting (to this server or another of the cluster): a moment's wait.
+            let mut link = connected.link.clone();
+            tokio::time::timeout(RECONNECT_WAIT, link.wait_for(|link| link.connected))
+                .await
+                .map_err(|_| {
+                    BrokerError::unavailable(format!(
+                        "not connected to NATS, and not reconnected within {RECONNECT_WAIT:?}"
+                    ))
+                })?
+                .map_err(BrokerError::unavailable)?;
         }
         if !connected.declared {
             broker
@@ -310,7 +337,7 @@ impl NatsPublisher {
                 .await?;
             connected.declared = true;
         }
-        connected.disconnects.mark_unchanged();
+        let disconnects = connected.link.borrow_and_update().disconnects;
         for message in messages {
             let publish = PublishMessage::build()
                 .payload(message.payload().clone())
@@ -324,7 +351,7 @@ impl NatsPublisher {
             // reconnection, if at all (the client does not send again what it had written).
             let acked = tokio::select! {
                 acked = ack => acked,
-                _ = connected.disconnects.changed() => {
+                _ = connected.link.wait_for(|link| link.disconnects != disconnects) => {
                     return Err(BrokerError::unavailable(
                         "the connection to NATS broke before JetStream acknowledged the message",
                     ));
@@ -370,11 +397,11 @@ impl Publisher for NatsPublisher {
             Some(connected) => connected,
             None => {
                 let name = format!("idem-events relay {}", self.broker.stream);
-                let (client, jetstream, disconnects) = self.broker.connect_watched(&name).await?;
+                let (client, jetstream, link) = self.broker.connect_watched(&name).await?;
                 held.insert(Connected {
                     client,
                     jetstream,
-                    disconnects,
+                    link,
                     declared: false,
                 })
             }

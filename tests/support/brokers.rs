@@ -313,7 +313,7 @@ impl TestBroker {
         RabbitMq::new(self.url.as_str(), self.name())
     }
 
-    /// The NATS subscriber of `consumer`, with the tests' [`NATS_ACK_WAIT`].
+    /// The NATS subscriber of `consumer`, with the tests' short ack wait (`NATS_ACK_WAIT`).
     pub fn nats_subscriber(&self, consumer: &str) -> NatsSubscriber {
         self.note(consumer);
         self.nats().subscriber(consumer).ack_wait(NATS_ACK_WAIT)
