@@ -1306,6 +1306,30 @@ impl Cluster {
     }
 }
 
+/// Starts a killed server again when dropped, if the test did not: a test that fails after its
+/// kill leaves the cluster whole for the next one.
+struct RestartOnDrop<'a> {
+    cluster: &'a Cluster,
+    node: &'static str,
+}
+
+impl Drop for RestartOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.cluster.alive(self.node) {
+            return;
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/nats-cluster");
+        let restarted = std::process::Command::new(script)
+            .arg("restart")
+            .arg(&self.cluster.dir)
+            .arg(self.node)
+            .status();
+        if !restarted.as_ref().is_ok_and(|status| status.success()) {
+            eprintln!("{} could not be started again: {restarted:?}", self.node);
+        }
+    }
+}
+
 /// The cluster: the stream a relay or a consumer creates has one replica per server (three),
 /// unless the replicas are set.
 #[tokio::test]
@@ -1386,6 +1410,10 @@ async fn cluster_a_node_killed_while_events_flow_loses_and_repeats_nothing<DB: T
         })
         .await;
         let victim = cluster.holder_within(&role).await;
+        let guard = RestartOnDrop {
+            cluster: &cluster,
+            node: victim,
+        };
         cluster.kill(victim).await;
         for _ in 0..30 {
             expected.push(enqueue_committed(&pool, "payment.succeeded", seq).await);
@@ -1402,6 +1430,7 @@ async fn cluster_a_node_killed_while_events_flow_loses_and_repeats_nothing<DB: T
             "`{role}` reconnected to another server: {now:?}"
         );
         cluster.restart(victim).await;
+        drop(guard);
     }
     shutdown.cancel();
     relay.await.expect("the relay stops");
