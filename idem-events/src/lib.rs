@@ -2,7 +2,7 @@
 //!
 //! Events on the producing side, written with the writes they tell about; consumers on the
 //! other side whose writes happen once per message. On PostgreSQL or SQLite with sqlx, and
-//! RabbitMQ or Redis Streams as the broker.
+//! RabbitMQ, Redis Streams or NATS JetStream as the broker.
 //!
 //! **Producing.** A handler calls [`enqueue`] with its transaction: the event is a row of the
 //! outbox table, written with the handler's own writes, so it exists exactly when they do (a
@@ -20,7 +20,8 @@
 //!
 //! **Brokers.** The relay and the consumers see a broker only through [`Publisher`],
 //! [`Subscriber`], [`Subscription`] and [`Delivery`]. The `rabbitmq` feature implements them
-//! with lapin (module `rabbitmq`), the `redis` feature on Redis Streams (module `redis`).
+//! with lapin (module `rabbitmq`), the `redis` feature on Redis Streams (module `redis`), the `nats` feature on NATS JetStream
+//! with async-nats (module `nats`).
 //!
 //! **Running.** The relay and the consumers are built from their parts and an options value
 //! ([`RelayOptions`], [`ConsumerOptions`]) and run by `spawn(shutdown)`, which returns a
@@ -35,6 +36,7 @@
 //! - `postgres`, `sqlite`: the databases (at least one).
 //! - `rabbitmq`: the RabbitMQ adapter, with lapin.
 //! - `redis`: the Redis Streams adapter.
+//! - `nats`: the NATS JetStream adapter, with async-nats.
 //!
 //! The crate stands alone: [`enqueue`] takes any sqlx transaction, whether or not an
 //! idempotent handler (crate `idem-runtime`) runs in it.
@@ -51,6 +53,8 @@ mod outbox;
 mod relay;
 mod storage;
 
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 #[cfg(feature = "redis")]

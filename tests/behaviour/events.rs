@@ -1,5 +1,6 @@
-//! The outbox, the relay and the idempotent consumer, against the real brokers (RabbitMQ and
-//! Redis Streams) on both databases: every test runs as `<database>::<broker>::<name>`.
+//! The outbox, the relay and the idempotent consumer, against the real brokers (RabbitMQ, Redis
+//! Streams and NATS JetStream) on both databases: every test runs as
+//! `<database>::<broker>::<name>`.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -244,13 +245,19 @@ async fn a_redelivered_message_is_applied_once<DB: TestBackend>(
         .await
         .expect("subscribe");
     // The first delivery is applied, but its acknowledgement is lost: the broker delivers it
-    // once more, besides the second copy.
+    // once more, besides the second copy (which JetStream drops: the same `Nats-Msg-Id`
+    // within its duplicate window).
     let first = next(&mut subscription, "the first delivery").await;
     assert_eq!(
         consumer.process(LoseAck(first)).await.expect("process"),
         Processed::Applied
     );
-    for copy in ["the redelivery after the lost ack", "the second copy"] {
+    let copies: &[&str] = if broker.drops_republished_copies() {
+        &["the redelivery after the lost ack"]
+    } else {
+        &["the redelivery after the lost ack", "the second copy"]
+    };
+    for &copy in copies {
         let delivery = next(&mut subscription, copy).await;
         assert_eq!(delivery.message().id(), "evt-1");
         assert_eq!(
@@ -681,6 +688,9 @@ macro_rules! on_both_databases_and_brokers {
         mod redis {
             on_both_databases_and_brokers!(@tests $db, Redis; $($name),*);
         }
+        mod nats {
+            on_both_databases_and_brokers!(@tests $db, Nats; $($name),*);
+        }
     };
     (@tests postgres, $broker:ident; $($name:ident),*) => {$(
         #[sqlx::test(migrations = false)]
@@ -1010,4 +1020,441 @@ async fn sqlite_event_tables_an_earlier_release_created_are_adopted() {
     ));
     let pool = sqlite_pool(&dir).await;
     event_tables_an_earlier_release_created_are_adopted(pool, &sql, "X'00'").await;
+}
+
+/// NATS only: a relay that publishes an event again (it stopped between JetStream's ack and
+/// marking the event published) sends the same `Nats-Msg-Id`, and JetStream drops the copy:
+/// the stream holds it once, the consumer receives it once (the event enqueued after it comes
+/// next), and it is applied once.
+async fn nats_an_event_the_relay_publishes_again_is_stored_delivered_and_applied_once<
+    DB: TestBackend,
+>(
+    pool: Pool<DB>,
+) {
+    DB::prepare_events(&pool).await;
+    let broker = TestBroker::new(BrokerKind::Nats);
+    broker.declare(CONSUMER).await;
+    let event = enqueue_committed(&pool, "payment.succeeded", 0).await;
+    let mut relay = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
+    assert_eq!(relay.drain().await.expect("relay"), 1);
+    // As a relay that stopped before its mark: the event waits again, and a new relay (a new
+    // connection) publishes it again.
+    DB::run_sql(&pool, "UPDATE idem_outbox SET published_at = NULL").await;
+    let mut restarted = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
+    assert_eq!(
+        restarted.drain().await.expect("relay"),
+        1,
+        "published again"
+    );
+    let later = enqueue_committed(&pool, "payment.succeeded", 1).await;
+    assert_eq!(restarted.drain().await.expect("relay"), 1);
+    assert_eq!(broker.nats_stored().await, 2, "JetStream kept one copy");
+
+    let applier = Applier::default();
+    let consumer = events::Consumer::new(
+        pool.clone(),
+        applier.clone(),
+        ConsumerOptions::new(CONSUMER),
+    );
+    let mut subscription = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    for expected in [&event, &later] {
+        let delivery = next(&mut subscription, "the next event").await;
+        assert_eq!(delivery.message().id(), expected, "no copy in between");
+        assert_eq!(
+            consumer.process(delivery).await.expect("process"),
+            Processed::Applied
+        );
+    }
+    let mut applied = DB::applied(&pool).await;
+    applied.sort();
+    let mut expected = vec![event.clone(), later];
+    expected.sort();
+    assert_eq!(applied, expected);
+    assert_eq!(applier.calls(&event), 1, "the handler ran once");
+}
+
+/// NATS only: a message whose consumer took it and then never settled it, nor closed its
+/// connection (a process that hangs, or was killed before it could say anything), is delivered
+/// again, to the next subscription, once the consumer's ack wait is over, and says it is
+/// delivered again.
+async fn nats_a_message_left_unsettled_is_delivered_again_after_the_ack_wait<DB: TestBackend>(
+    pool: Pool<DB>,
+) {
+    DB::prepare_events(&pool).await;
+    let broker = TestBroker::new(BrokerKind::Nats);
+    broker.declare(CONSUMER).await;
+    broker
+        .publisher()
+        .publish(&[Message::new("stuck", "payment.succeeded", "{}")])
+        .await
+        .expect("publish");
+    let mut first = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    let taken = next(&mut first, "the message").await;
+    assert!(!taken.redelivered());
+    // Never settled, never given back: its connection stays open too.
+    std::mem::forget(taken);
+    drop(first);
+
+    let consumer = events::Consumer::new(
+        pool.clone(),
+        Applier::default(),
+        ConsumerOptions::new(CONSUMER),
+    );
+    let mut second = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    let again = next(&mut second, "the unsettled message again").await;
+    assert_eq!(again.message().id(), "stuck");
+    assert!(again.redelivered(), "JetStream counts the deliveries");
+    assert_eq!(
+        consumer.process(again).await.expect("process"),
+        Processed::Applied
+    );
+    assert_eq!(DB::applied(&pool).await, ["stuck"]);
+    assert_eq!(broker.waiting(CONSUMER).await, 0, "acknowledged");
+}
+
+/// NATS only: the stream is created with the replicas a single server can hold (one), and a
+/// topic named like the dead letters is refused.
+async fn nats_the_stream_is_created_with_one_replica_per_server_and_dead_topics_are_refused<
+    DB: TestBackend,
+>(
+    pool: Pool<DB>,
+) {
+    DB::prepare_events(&pool).await;
+    let broker = TestBroker::new(BrokerKind::Nats);
+    let nats = broker.nats();
+    assert!(
+        matches!(
+            broker
+                .publisher()
+                .publish(&[Message::new("x", "dead.payment", "{}")])
+                .await,
+            Err(BrokerError::Invalid(_))
+        ),
+        "a topic in the dead letters' subjects is refused"
+    );
+    broker.declare(CONSUMER).await;
+    let (_client, jetstream) = nats.connect().await.expect("connect");
+    let info = jetstream
+        .get_stream(nats.stream())
+        .await
+        .expect("the stream")
+        .get_info()
+        .await
+        .expect("stream info");
+    assert_eq!(info.config.num_replicas, 1);
+    assert_eq!(info.config.subjects, [format!("{}.>", broker.name())]);
+}
+
+/// Each NATS-only test on both databases, as `<database>_<name>`.
+macro_rules! nats_on_both_databases {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[sqlx::test(migrations = false)]
+            async fn postgres(
+                _: sqlx::postgres::PgPoolOptions,
+                connect: sqlx::postgres::PgConnectOptions,
+            ) {
+                super::$name(super::postgres_pool(connect).await).await;
+            }
+
+            #[tokio::test]
+            async fn sqlite() {
+                let dir = tempfile::tempdir().expect("a temporary directory");
+                super::$name(super::sqlite_pool(&dir).await).await;
+            }
+        }
+    )*};
+}
+
+nats_on_both_databases!(
+    nats_an_event_the_relay_publishes_again_is_stored_delivered_and_applied_once,
+    nats_a_message_left_unsettled_is_delivered_again_after_the_ack_wait,
+    nats_the_stream_is_created_with_one_replica_per_server_and_dead_topics_are_refused,
+);
+
+/// The three-node cluster of `scripts/nats-cluster up`, whose directory `$NATS_CLUSTER_DIR`
+/// names: its servers' pids, URLs and monitoring ports are files there. The `cluster_` tests
+/// are ignored in the suite; scripts/test runs them one at a time against such a cluster.
+struct Cluster {
+    dir: std::path::PathBuf,
+    /// The three client URLs, comma-separated.
+    url: String,
+}
+
+/// The cluster's servers.
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+
+/// How long a cluster test's NATS consumer leaves a message unsettled before it comes back.
+const CLUSTER_ACK_WAIT: Duration = Duration::from_secs(2);
+
+impl Cluster {
+    fn from_env() -> Self {
+        let dir = std::env::var("NATS_CLUSTER_DIR").expect(
+            "NATS_CLUSTER_DIR names the directory of `scripts/nats-cluster up DIR` (the cluster \
+             tests run against it)",
+        );
+        let dir = std::path::PathBuf::from(dir);
+        let env = std::fs::read_to_string(dir.join("env")).expect("the cluster's env file");
+        let url = env
+            .lines()
+            .find_map(|line| line.strip_prefix("NATS_URL="))
+            .expect("NATS_URL in the cluster's env file")
+            .to_owned();
+        Self { dir, url }
+    }
+
+    fn file(&self, node: &str, what: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{node}.{what}")))
+            .unwrap_or_else(|error| panic!("{node}.{what}: {error}"))
+            .trim()
+            .to_owned()
+    }
+
+    fn node_url(&self, node: &str) -> String {
+        self.file(node, "url")
+    }
+
+    fn pid(&self, node: &str) -> u32 {
+        self.file(node, "pid").parse().expect("a pid")
+    }
+
+    /// Whether `node`'s process runs (a zombie, reaped by no one yet, has no command line).
+    fn alive(&self, node: &str) -> bool {
+        std::fs::read(format!("/proc/{}/cmdline", self.pid(node)))
+            .is_ok_and(|cmdline| !cmdline.is_empty())
+    }
+
+    /// The server whose monitoring lists a client connection named `name`.
+    async fn holder(&self, name: &str) -> Option<&'static str> {
+        for node in NODES {
+            if !self.alive(node) {
+                continue;
+            }
+            let url = format!(
+                "http://127.0.0.1:{}/connz?limit=1024",
+                self.file(node, "monitor")
+            );
+            let Ok(reply) = reqwest::get(&url).await else {
+                continue;
+            };
+            let Ok(connz) = reply.json::<serde_json::Value>().await else {
+                continue;
+            };
+            let holds = connz["connections"]
+                .as_array()
+                .is_some_and(|all| all.iter().any(|c| c["name"] == name));
+            if holds {
+                return Some(node);
+            }
+        }
+        None
+    }
+
+    /// The server holding the connection `name`, once one lists it (within [`DEADLINE`]).
+    async fn holder_within(&self, name: &str) -> &'static str {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(node) = self.holder(name).await {
+                return node;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no server lists the connection `{name}` within {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL to `node`, and waits until its process is gone.
+    async fn kill(&self, node: &str) {
+        let pid = self.pid(node);
+        let status = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -KILL {pid} ({node})");
+        wait_until(&format!("{node} ({pid}) gone after SIGKILL"), || async {
+            !self.alive(node)
+        })
+        .await;
+    }
+
+    /// Starts `node` again (scripts/nats-cluster restart), which waits until the cluster has
+    /// a meta leader.
+    async fn restart(&self, node: &str) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/nats-cluster");
+        let status = tokio::process::Command::new(script)
+            .arg("restart")
+            .arg(&self.dir)
+            .arg(node)
+            .status()
+            .await
+            .expect("run scripts/nats-cluster restart");
+        assert!(status.success(), "scripts/nats-cluster restart {node}");
+    }
+}
+
+/// Starts a killed server again when dropped, if the test did not: a test that fails after its
+/// kill leaves the cluster whole for the next one.
+struct RestartOnDrop<'a> {
+    cluster: &'a Cluster,
+    node: &'static str,
+}
+
+impl Drop for RestartOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.cluster.alive(self.node) {
+            return;
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/nats-cluster");
+        let restarted = std::process::Command::new(script)
+            .arg("restart")
+            .arg(&self.cluster.dir)
+            .arg(self.node)
+            .status();
+        if !restarted.as_ref().is_ok_and(|status| status.success()) {
+            eprintln!("{} could not be started again: {restarted:?}", self.node);
+        }
+    }
+}
+
+/// The cluster: the stream a relay or a consumer creates has one replica per server (three),
+/// unless the replicas are set.
+#[tokio::test]
+#[ignore = "needs the NATS cluster of scripts/nats-cluster (NATS_CLUSTER_DIR); scripts/test runs it"]
+async fn cluster_the_stream_is_created_with_three_replicas_on_three_servers() {
+    let cluster = Cluster::from_env();
+    for (replicas, expected) in [(None, 3), (Some(1), 1)] {
+        let broker = TestBroker::at(BrokerKind::Nats, &cluster.node_url("n1"));
+        let mut nats = events::nats::Nats::new(&cluster.url, broker.name()).expect("the URLs");
+        if let Some(replicas) = replicas {
+            nats = nats.replicas(replicas);
+        }
+        nats.subscriber(CONSUMER)
+            .declare()
+            .await
+            .expect("declare the stream and the consumer");
+        let (_client, jetstream) = nats.connect().await.expect("connect");
+        let info = jetstream
+            .get_stream(nats.stream())
+            .await
+            .expect("the stream")
+            .get_info()
+            .await
+            .expect("stream info");
+        assert_eq!(info.config.num_replicas, expected, "{replicas:?}");
+        let placed = info.cluster.expect("the stream's cluster info");
+        assert!(placed.leader.is_some(), "the stream has a leader");
+        assert_eq!(placed.replicas.len(), expected - 1, "the other replicas");
+    }
+}
+
+/// The cluster: while a relay publishes and a consumer applies, the server holding the
+/// consumer's connection is killed with SIGKILL, then (after starting it again) the one holding
+/// the relay's: both reconnect to the others, and every event is applied exactly once.
+async fn cluster_a_node_killed_while_events_flow_loses_and_repeats_nothing<DB: TestBackend>(
+    pool: Pool<DB>,
+) {
+    DB::prepare_events(&pool).await;
+    let cluster = Cluster::from_env();
+    for node in NODES {
+        assert!(cluster.alive(node), "{node} is not running");
+    }
+    let broker = TestBroker::at(BrokerKind::Nats, &cluster.node_url("n1")).used_by(CONSUMER);
+    let nats = events::nats::Nats::new(&cluster.url, broker.name()).expect("the URLs");
+    let subscriber = nats.subscriber(CONSUMER).ack_wait(CLUSTER_ACK_WAIT);
+    subscriber.declare().await.expect("declare");
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(
+        pool.clone(),
+        nats.publisher(),
+        RelayOptions::default()
+            .with_poll(Duration::from_millis(10))
+            .with_max_backoff(Duration::from_millis(500)),
+    )
+    .spawn(shutdown.clone());
+    let consumer = events::Consumer::new(
+        pool.clone(),
+        Applier::default(),
+        ConsumerOptions::new(CONSUMER).with_max_backoff(Duration::from_millis(500)),
+    )
+    .with_subscriber(subscriber)
+    .spawn(shutdown.clone());
+
+    let mut expected = Vec::new();
+    let mut seq = 0;
+    for role in [
+        format!("idem-events consumer {CONSUMER} {}", nats.stream()),
+        format!("idem-events relay {}", nats.stream()),
+    ] {
+        // Events flow: some are applied, some wait in the outbox or the stream.
+        let before = expected.len();
+        for _ in 0..30 {
+            expected.push(enqueue_committed(&pool, "payment.succeeded", seq).await);
+            seq += 1;
+        }
+        wait_until("a third of the batch applied", || async {
+            DB::applied(&pool).await.len() >= before + 10
+        })
+        .await;
+        let victim = cluster.holder_within(&role).await;
+        let guard = RestartOnDrop {
+            cluster: &cluster,
+            node: victim,
+        };
+        cluster.kill(victim).await;
+        for _ in 0..30 {
+            expected.push(enqueue_committed(&pool, "payment.succeeded", seq).await);
+            seq += 1;
+        }
+        wait_until(
+            &format!("every event applied after {victim} was killed"),
+            || async { DB::applied(&pool).await.len() >= expected.len() },
+        )
+        .await;
+        let now = cluster.holder(&role).await;
+        assert!(
+            now.is_some_and(|node| node != victim),
+            "`{role}` reconnected to another server: {now:?}"
+        );
+        cluster.restart(victim).await;
+        drop(guard);
+    }
+    shutdown.cancel();
+    relay.await.expect("the relay stops");
+    consumer.await.expect("the consumer stops");
+    let mut applied = DB::applied(&pool).await;
+    applied.sort();
+    expected.sort();
+    assert_eq!(applied, expected, "every event applied exactly once");
+}
+
+#[sqlx::test(migrations = false)]
+#[ignore = "needs the NATS cluster of scripts/nats-cluster (NATS_CLUSTER_DIR); scripts/test runs it"]
+async fn cluster_postgres_a_node_killed_while_events_flow_loses_and_repeats_nothing(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    cluster_a_node_killed_while_events_flow_loses_and_repeats_nothing(postgres_pool(connect).await)
+        .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the NATS cluster of scripts/nats-cluster (NATS_CLUSTER_DIR); scripts/test runs it"]
+async fn cluster_sqlite_a_node_killed_while_events_flow_loses_and_repeats_nothing() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    cluster_a_node_killed_while_events_flow_loses_and_repeats_nothing(sqlite_pool(&dir).await)
+        .await;
 }

@@ -1,8 +1,9 @@
 //! The real brokers the event tests run against, behind one type: RabbitMQ at `$AMQP_URL`
 //! (default `amqp://guest:guest@127.0.0.1:5672/%2f`) and Redis at `$REDIS_URL` (default
-//! `redis://127.0.0.1:6379`). Each test gets names of its own (an exchange or a stream), so
-//! tests run side by side on one broker; they are removed when the test's last [`TestBroker`]
-//! is dropped, whether the test passed or panicked.
+//! `redis://127.0.0.1:6379`) and NATS JetStream at `$NATS_URL` (default
+//! `nats://127.0.0.1:4222`). Each test gets names of its own (an exchange, a stream, or a
+//! subject prefix and its JetStream stream), so tests run side by side on one broker; they are
+//! removed when the test's last [`TestBroker`] is dropped, whether the test passed or panicked.
 
 use std::{
     collections::BTreeSet,
@@ -12,6 +13,7 @@ use std::{
 
 use idem_events::{
     BrokerError, Delivery, Message, Publisher, Subscriber, Subscription,
+    nats::{Nats, NatsDelivery, NatsPublisher, NatsSubscriber, NatsSubscription},
     rabbitmq::{
         RabbitMq, RabbitMqDelivery, RabbitMqPublisher, RabbitMqSubscriber, RabbitMqSubscription,
     },
@@ -26,6 +28,11 @@ use crate::TcpProxy;
 /// outcomes, not for this time.
 pub const REDIS_CLAIM_IDLE: Duration = Duration::from_millis(200);
 
+/// How long a NATS consumer in the tests may leave a message unsettled before JetStream
+/// delivers it again: the delay before the message of a consumer that died without a word comes
+/// back. Short, for the same reason as [`REDIS_CLAIM_IDLE`].
+pub const NATS_ACK_WAIT: Duration = Duration::from_secs(2);
+
 /// Which broker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BrokerKind {
@@ -33,6 +40,8 @@ pub enum BrokerKind {
     RabbitMq,
     /// Redis Streams.
     Redis,
+    /// NATS JetStream.
+    Nats,
 }
 
 /// How long dropping a [`TestBroker`] may spend removing its names from the broker.
@@ -151,6 +160,16 @@ impl Removal {
                 .await
                 .map_err(|error| error.to_string())?;
             }
+            BrokerKind::Nats => {
+                let nats = Nats::new(self.url.as_str(), &self.name).map_err(|e| e.to_string())?;
+                let (_client, jetstream) = nats.connect().await.map_err(|e| e.to_string())?;
+                match jetstream.delete_stream(nats.stream()).await {
+                    Ok(_) => {}
+                    // Never created: nothing to remove.
+                    Err(error) if error.to_string().contains("not found") => {}
+                    Err(error) => return Err(format!("stream {}: {error}", nats.stream())),
+                }
+            }
         }
         Ok(())
     }
@@ -163,6 +182,9 @@ pub fn broker_url(kind: BrokerKind) -> String {
             .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned()),
         BrokerKind::Redis => {
             std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+        }
+        BrokerKind::Nats => {
+            std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
         }
     }
 }
@@ -227,6 +249,7 @@ impl TestBroker {
             self.url.port().unwrap_or(match self.kind {
                 BrokerKind::RabbitMq => 5672,
                 BrokerKind::Redis => 6379,
+                BrokerKind::Nats => 4222,
             })
         )
     }
@@ -248,6 +271,7 @@ impl TestBroker {
         match self.kind {
             BrokerKind::RabbitMq => AnyPublisher::RabbitMq(self.rabbitmq().publisher()),
             BrokerKind::Redis => AnyPublisher::Redis(self.redis().publisher()),
+            BrokerKind::Nats => AnyPublisher::Nats(self.nats().publisher()),
         }
     }
 
@@ -263,6 +287,7 @@ impl TestBroker {
                     .subscriber(consumer)
                     .claim_idle(REDIS_CLAIM_IDLE),
             ),
+            BrokerKind::Nats => AnySubscriber::Nats(self.nats_subscriber(consumer)),
         }
     }
 
@@ -273,6 +298,7 @@ impl TestBroker {
         match self.kind {
             BrokerKind::RabbitMq => self.rabbitmq_subscriber(consumer, "#").declare().await,
             BrokerKind::Redis => self.redis().subscriber(consumer).declare().await,
+            BrokerKind::Nats => self.nats_subscriber(consumer).declare().await,
         }
         .expect("declare the consumer");
     }
@@ -285,6 +311,34 @@ impl TestBroker {
 
     fn rabbitmq(&self) -> RabbitMq {
         RabbitMq::new(self.url.as_str(), self.name())
+    }
+
+    /// The NATS subscriber of `consumer`, with the tests' short ack wait (`NATS_ACK_WAIT`).
+    pub fn nats_subscriber(&self, consumer: &str) -> NatsSubscriber {
+        self.note(consumer);
+        self.nats().subscriber(consumer).ack_wait(NATS_ACK_WAIT)
+    }
+
+    /// The NATS names: the subject prefix is [`TestBroker::name`], the stream named after it.
+    pub fn nats(&self) -> Nats {
+        Nats::new(self.url.as_str(), self.name()).expect("a NATS URL")
+    }
+
+    /// Whether the broker itself drops a message published again with the same id (NATS
+    /// JetStream, within its duplicate window).
+    pub fn drops_republished_copies(&self) -> bool {
+        self.kind == BrokerKind::Nats
+    }
+
+    /// NATS only: how many messages the test's stream holds.
+    pub async fn nats_stored(&self) -> u64 {
+        let nats = self.nats();
+        let (_client, jetstream) = nats.connect().await.expect("connect to NATS");
+        let stream = jetstream
+            .get_stream(nats.stream())
+            .await
+            .expect("the test's stream");
+        stream.get_info().await.expect("stream info").state.messages
     }
 
     fn redis(&self) -> RedisStreams {
@@ -312,6 +366,7 @@ impl TestBroker {
                     .map(|entry| entry.get::<String>("id").unwrap_or_default())
                     .collect()
             }
+            BrokerKind::Nats => self.nats_dead_letters(consumer).await,
         }
     }
 
@@ -367,7 +422,57 @@ impl TestBroker {
                     .map(|group| group.pending + group.lag.unwrap_or(0))
                     .sum()
             }
+            BrokerKind::Nats => {
+                let nats = self.nats();
+                let (_client, jetstream) = nats.connect().await.expect("connect to NATS");
+                let stream = jetstream
+                    .get_stream(nats.stream())
+                    .await
+                    .expect("the test's stream");
+                let info = stream
+                    .get_consumer::<async_nats::jetstream::consumer::pull::Config>(consumer)
+                    .await
+                    .expect("the consumer")
+                    .get_info()
+                    .await
+                    .expect("consumer info");
+                usize::try_from(info.num_pending).expect("a count") + info.num_ack_pending
+            }
         }
+    }
+
+    /// The event ids of the dead letters the consumer published, oldest first: the messages of
+    /// the stream on `<prefix>.dead.>` whose `Idem-Consumer` is `consumer`, read by sequence.
+    async fn nats_dead_letters(&self, consumer: &str) -> Vec<String> {
+        let nats = self.nats();
+        let (_client, jetstream) = nats.connect().await.expect("connect to NATS");
+        let stream = jetstream
+            .get_stream(nats.stream())
+            .await
+            .expect("the test's stream");
+        let state = stream.get_info().await.expect("stream info").state;
+        let dead = format!("{}.dead.", self.name());
+        let mut ids = Vec::new();
+        if state.messages == 0 {
+            return ids;
+        }
+        for sequence in state.first_sequence..=state.last_sequence {
+            let Ok(message) = stream.get_raw_message(sequence).await else {
+                continue;
+            };
+            let header = |name: &str| {
+                message
+                    .headers
+                    .get_last(name)
+                    .map(|value| value.as_str().to_owned())
+            };
+            if message.subject.starts_with(&dead)
+                && header("Idem-Consumer").as_deref() == Some(consumer)
+            {
+                ids.push(header("Idem-Event-Id").unwrap_or_default());
+            }
+        }
+        ids
     }
 
     async fn redis_connection(&self) -> redis::aio::MultiplexedConnection {
@@ -416,6 +521,8 @@ pub enum AnyPublisher {
     RabbitMq(RabbitMqPublisher),
     /// Redis.
     Redis(RedisPublisher),
+    /// NATS.
+    Nats(NatsPublisher),
 }
 
 impl Publisher for AnyPublisher {
@@ -423,6 +530,7 @@ impl Publisher for AnyPublisher {
         match self {
             Self::RabbitMq(publisher) => publisher.publish(messages).await,
             Self::Redis(publisher) => publisher.publish(messages).await,
+            Self::Nats(publisher) => publisher.publish(messages).await,
         }
     }
 }
@@ -434,6 +542,8 @@ pub enum AnySubscriber {
     RabbitMq(RabbitMqSubscriber),
     /// Redis.
     Redis(RedisSubscriber),
+    /// NATS.
+    Nats(NatsSubscriber),
 }
 
 impl Subscriber for AnySubscriber {
@@ -443,6 +553,9 @@ impl Subscriber for AnySubscriber {
         Ok(match self {
             Self::RabbitMq(subscriber) => AnySubscription::RabbitMq(subscriber.subscribe().await?),
             Self::Redis(subscriber) => AnySubscription::Redis(subscriber.subscribe().await?),
+            Self::Nats(subscriber) => {
+                AnySubscription::Nats(Box::new(subscriber.subscribe().await?))
+            }
         })
     }
 }
@@ -454,6 +567,8 @@ pub enum AnySubscription {
     RabbitMq(RabbitMqSubscription),
     /// Redis.
     Redis(RedisSubscription),
+    /// NATS.
+    Nats(Box<NatsSubscription>),
 }
 
 impl Subscription for AnySubscription {
@@ -465,6 +580,7 @@ impl Subscription for AnySubscription {
                 AnyDelivery::RabbitMq(Box::new(subscription.next().await?))
             }
             Self::Redis(subscription) => AnyDelivery::Redis(subscription.next().await?),
+            Self::Nats(subscription) => AnyDelivery::Nats(Box::new(subscription.next().await?)),
         })
     }
 }
@@ -476,6 +592,8 @@ pub enum AnyDelivery {
     RabbitMq(Box<RabbitMqDelivery>),
     /// Redis.
     Redis(RedisDelivery),
+    /// NATS.
+    Nats(Box<NatsDelivery>),
 }
 
 impl Delivery for AnyDelivery {
@@ -483,6 +601,7 @@ impl Delivery for AnyDelivery {
         match self {
             Self::RabbitMq(delivery) => delivery.message(),
             Self::Redis(delivery) => delivery.message(),
+            Self::Nats(delivery) => delivery.message(),
         }
     }
 
@@ -490,6 +609,7 @@ impl Delivery for AnyDelivery {
         match self {
             Self::RabbitMq(delivery) => delivery.redelivered(),
             Self::Redis(delivery) => delivery.redelivered(),
+            Self::Nats(delivery) => delivery.redelivered(),
         }
     }
 
@@ -497,6 +617,7 @@ impl Delivery for AnyDelivery {
         match self {
             Self::RabbitMq(delivery) => (*delivery).ack().await,
             Self::Redis(delivery) => delivery.ack().await,
+            Self::Nats(delivery) => (*delivery).ack().await,
         }
     }
 
@@ -504,6 +625,7 @@ impl Delivery for AnyDelivery {
         match self {
             Self::RabbitMq(delivery) => (*delivery).retry().await,
             Self::Redis(delivery) => delivery.retry().await,
+            Self::Nats(delivery) => (*delivery).retry().await,
         }
     }
 
@@ -511,6 +633,7 @@ impl Delivery for AnyDelivery {
         match self {
             Self::RabbitMq(delivery) => (*delivery).dead_letter(reason).await,
             Self::Redis(delivery) => delivery.dead_letter(reason).await,
+            Self::Nats(delivery) => (*delivery).dead_letter(reason).await,
         }
     }
 }
@@ -553,6 +676,11 @@ mod tests {
                     .await
                     .expect("EXISTS")
             }
+            BrokerKind::Nats => {
+                let nats = Nats::new(&url, name).expect("a NATS URL");
+                let (_client, jetstream) = nats.connect().await.expect("connect to NATS");
+                jetstream.get_stream(nats.stream()).await.is_ok()
+            }
         }
     }
 
@@ -580,5 +708,10 @@ mod tests {
     #[tokio::test]
     async fn redis_names_are_removed_when_a_panicking_test_drops_them() {
         names_are_removed_when_a_panicking_test_drops_them(BrokerKind::Redis).await;
+    }
+
+    #[tokio::test]
+    async fn nats_names_are_removed_when_a_panicking_test_drops_them() {
+        names_are_removed_when_a_panicking_test_drops_them(BrokerKind::Nats).await;
     }
 }
