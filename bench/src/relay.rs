@@ -326,7 +326,10 @@ async fn steady_latency<P: Publisher, S: Subscriber>(
     let count = usize::try_from(u64::from(args.rate) * args.secs).unwrap_or(usize::MAX);
     let committing = commit_steadily(pool, &latencies, args.rate, count).await;
     let caught_up = match committing {
-        Ok(()) => catch_up(&latencies, count).await,
+        Ok(()) => match catch_up(&latencies, count).await {
+            Ok(()) => all_marked(pool).await,
+            Err(error) => Err(error),
+        },
         Err(error) => Err(error),
     };
     stop.cancel();
@@ -391,6 +394,28 @@ async fn catch_up(latencies: &Latencies, count: usize) -> Result<(), db::Error> 
             )
             .into());
         }
+    }
+}
+
+/// Waits until the relay marked every event published (a consumed event may still be in the
+/// batch it publishes), for at most [`CATCH_UP`]: one stopped before would leave its batch to
+/// the next broker's relay.
+async fn all_marked(pool: &PgPool) -> Result<(), db::Error> {
+    let deadline = Instant::now() + CATCH_UP;
+    loop {
+        let waiting: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE published_at IS NULL")
+                .fetch_one(pool)
+                .await?;
+        if waiting == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(
+                format!("{waiting} events not marked published within {CATCH_UP:?}").into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
