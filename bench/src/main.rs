@@ -8,6 +8,7 @@ mod http;
 mod load;
 mod peer;
 mod purge;
+mod relay;
 mod scale;
 mod statements;
 mod wait;
@@ -32,6 +33,9 @@ enum Scenario {
     Purge(purge::Args),
     /// What duplicates that wait (`Prefer: wait`) cost the database, next to 409-and-retry.
     Wait(wait::Args),
+    /// Events/s from a full outbox to the broker's acknowledgement, and commit-to-consume
+    /// latency, on RabbitMQ, Redis and NATS JetStream.
+    Relay(relay::Args),
 }
 
 #[tokio::main]
@@ -46,6 +50,7 @@ async fn main() -> std::process::ExitCode {
         Scenario::Scale(args) => scale::run(args).await,
         Scenario::Purge(args) => purge::run(args).await,
         Scenario::Wait(args) => wait::run(args).await,
+        Scenario::Relay(args) => relay::run(args).await,
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

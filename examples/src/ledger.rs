@@ -15,7 +15,7 @@ use idem_runtime::Settings;
 use crate::{auth::Tenant, bounded, error::ApiError};
 
 /// The consumer's name: the key its processed ids are recorded under, its RabbitMQ queue
-/// (`<exchange>.ledger`) and its Redis consumer group.
+/// (`<exchange>.ledger`), its Redis consumer group and its NATS durable consumer.
 pub const CONSUMER: &str = "ledger";
 
 /// The topic it consumes.

@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, str::FromStr, time::Duration};
 
-use idem_events::{rabbitmq::RabbitMq, redis::RedisStreams};
+use idem_events::{nats::Nats, rabbitmq::RabbitMq, redis::RedisStreams};
 use sqlx::{
     PgPool, SqlitePool,
     postgres::PgPoolOptions,
@@ -77,16 +77,27 @@ pub enum Broker {
     RabbitMq(RabbitMq),
     /// `$EVENTS=redis`: Redis at `$REDIS_URL`.
     Redis(RedisStreams),
+    /// `$EVENTS=nats`: NATS JetStream at `$NATS_URL`.
+    Nats(Nats),
 }
 
-/// The broker `$EVENTS` names (`rabbitmq`, the default; `redis`; `off` for none), at
-/// `$AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`) or `$REDIS_URL` (default
-/// `redis://127.0.0.1:6379`). Events go through the exchange or stream `$EVENTS_STREAM`
-/// (default `idem.events`).
+/// The most replicas JetStream gives a stream.
+const MAX_NATS_REPLICAS: usize = 5;
+
+/// The broker `$EVENTS` names (`rabbitmq`, the default; `redis`; `nats`; `off` for none), at
+/// `$AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`), `$REDIS_URL` (default
+/// `redis://127.0.0.1:6379`) or `$NATS_URL` (default `nats://127.0.0.1:4222`; a
+/// comma-separated list of servers, all used for reconnects). Events go through the exchange
+/// or stream `$EVENTS_STREAM` (default `idem.events`); on NATS, the subjects
+/// `<$EVENTS_STREAM>.<topic>` of the JetStream stream named after it with its dots made
+/// underscores (`idem_events`), created when missing with one replica per server of the
+/// cluster, at most 3, or `$NATS_REPLICAS`.
 ///
 /// # Errors
 ///
-/// When `$EVENTS` names no broker, or `$REDIS_URL` is not a Redis URL.
+/// When `$EVENTS` names no broker, `$REDIS_URL` is not a Redis URL, `$NATS_URL` names no NATS
+/// server or `$EVENTS_STREAM` is no NATS subject (with `EVENTS=nats`), or `$NATS_REPLICAS` is
+/// not a whole number from 1 to 5.
 pub fn broker() -> Result<Option<Broker>, Error> {
     let stream = std::env::var("EVENTS_STREAM").unwrap_or_else(|_| "idem.events".to_owned());
     let events = std::env::var("EVENTS").unwrap_or_default();
@@ -101,8 +112,37 @@ pub fn broker() -> Result<Option<Broker>, Error> {
                 std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
             Ok(Some(Broker::Redis(RedisStreams::new(&url, &stream)?)))
         }
+        "nats" => {
+            let url =
+                std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+            let mut broker = Nats::new(&url, &stream).map_err(|e| format!("NATS_URL: {e}"))?;
+            if let Some(replicas) = nats_replicas(std::env::var("NATS_REPLICAS").ok())? {
+                broker = broker.replicas(replicas);
+            }
+            Ok(Some(Broker::Nats(broker)))
+        }
         "off" => Ok(None),
-        other => Err(format!("EVENTS must be rabbitmq, redis or off, got {other:?}").into()),
+        other => Err(format!("EVENTS must be rabbitmq, redis, nats or off, got {other:?}").into()),
+    }
+}
+
+/// The replicas `$NATS_REPLICAS` (`value`) asks the stream to be created with: none when unset
+/// or empty (one per server, at most 3).
+///
+/// # Errors
+///
+/// When `value` is not a whole number from 1 to 5 (JetStream's most).
+fn nats_replicas(value: Option<String>) -> Result<Option<usize>, Error> {
+    let Some(value) = value.filter(|value| !value.is_empty()) else {
+        return Ok(None);
+    };
+    match value.parse::<usize>() {
+        Ok(replicas) if (1..=MAX_NATS_REPLICAS).contains(&replicas) => Ok(Some(replicas)),
+        _ => Err(format!(
+            "NATS_REPLICAS must be a whole number from 1 to {MAX_NATS_REPLICAS} (the stream's \
+             replicas), got {value:?}"
+        )
+        .into()),
     }
 }
 
@@ -178,5 +218,26 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nats_replicas;
+
+    #[test]
+    fn nats_replicas_takes_one_to_five_and_refuses_anything_else() {
+        assert_eq!(nats_replicas(None).expect("unset"), None);
+        assert_eq!(nats_replicas(Some(String::new())).expect("empty"), None);
+        for n in 1..=5 {
+            assert_eq!(nats_replicas(Some(n.to_string())).expect("valid"), Some(n));
+        }
+        for bad in ["0", "6", "-1", "three", "2.5", " 3"] {
+            let error = nats_replicas(Some(bad.to_owned())).expect_err(bad);
+            assert!(
+                error.to_string().contains("NATS_REPLICAS must be"),
+                "{bad}: {error}"
+            );
+        }
     }
 }

@@ -16,8 +16,8 @@ use idem_events::{
     Message, Pass, Processed, Publisher, Relay, RelayOptions, Subscriber, Subscription, Waiting,
 };
 use idem_tests::{
-    AnySubscription, BrokerKind, DEADLINE, RedisServer, TcpProxy, TestBackend, TestBroker,
-    wait_until,
+    AnySubscription, BrokerKind, CLUSTER_ACK_WAIT, DEADLINE, NATS_NODES, NatsCluster, RedisServer,
+    TcpProxy, TestBackend, TestBroker, wait_until,
 };
 use serde_json::json;
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
@@ -1184,161 +1184,15 @@ nats_on_both_databases!(
     nats_the_stream_is_created_with_one_replica_per_server_and_dead_topics_are_refused,
 );
 
-/// The three-node cluster of `scripts/nats-cluster up`, whose directory `$NATS_CLUSTER_DIR`
-/// names: its servers' pids, URLs and monitoring ports are files there. The `cluster_` tests
-/// are ignored in the suite; scripts/test runs them one at a time against such a cluster.
-struct Cluster {
-    dir: std::path::PathBuf,
-    /// The three client URLs, comma-separated.
-    url: String,
-}
-
-/// The cluster's servers.
-const NODES: [&str; 3] = ["n1", "n2", "n3"];
-
-/// How long a cluster test's NATS consumer leaves a message unsettled before it comes back.
-const CLUSTER_ACK_WAIT: Duration = Duration::from_secs(2);
-
-impl Cluster {
-    fn from_env() -> Self {
-        let dir = std::env::var("NATS_CLUSTER_DIR").expect(
-            "NATS_CLUSTER_DIR names the directory of `scripts/nats-cluster up DIR` (the cluster \
-             tests run against it)",
-        );
-        let dir = std::path::PathBuf::from(dir);
-        let env = std::fs::read_to_string(dir.join("env")).expect("the cluster's env file");
-        let url = env
-            .lines()
-            .find_map(|line| line.strip_prefix("NATS_URL="))
-            .expect("NATS_URL in the cluster's env file")
-            .to_owned();
-        Self { dir, url }
-    }
-
-    fn file(&self, node: &str, what: &str) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{node}.{what}")))
-            .unwrap_or_else(|error| panic!("{node}.{what}: {error}"))
-            .trim()
-            .to_owned()
-    }
-
-    fn node_url(&self, node: &str) -> String {
-        self.file(node, "url")
-    }
-
-    fn pid(&self, node: &str) -> u32 {
-        self.file(node, "pid").parse().expect("a pid")
-    }
-
-    /// Whether `node`'s process runs (a zombie, reaped by no one yet, has no command line).
-    fn alive(&self, node: &str) -> bool {
-        std::fs::read(format!("/proc/{}/cmdline", self.pid(node)))
-            .is_ok_and(|cmdline| !cmdline.is_empty())
-    }
-
-    /// The server whose monitoring lists a client connection named `name`.
-    async fn holder(&self, name: &str) -> Option<&'static str> {
-        for node in NODES {
-            if !self.alive(node) {
-                continue;
-            }
-            let url = format!(
-                "http://127.0.0.1:{}/connz?limit=1024",
-                self.file(node, "monitor")
-            );
-            let Ok(reply) = reqwest::get(&url).await else {
-                continue;
-            };
-            let Ok(connz) = reply.json::<serde_json::Value>().await else {
-                continue;
-            };
-            let holds = connz["connections"]
-                .as_array()
-                .is_some_and(|all| all.iter().any(|c| c["name"] == name));
-            if holds {
-                return Some(node);
-            }
-        }
-        None
-    }
-
-    /// The server holding the connection `name`, once one lists it (within [`DEADLINE`]).
-    async fn holder_within(&self, name: &str) -> &'static str {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(node) = self.holder(name).await {
-                return node;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no server lists the connection `{name}` within {DEADLINE:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// SIGKILL to `node`, and waits until its process is gone.
-    async fn kill(&self, node: &str) {
-        let pid = self.pid(node);
-        let status = std::process::Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -KILL {pid} ({node})");
-        wait_until(&format!("{node} ({pid}) gone after SIGKILL"), || async {
-            !self.alive(node)
-        })
-        .await;
-    }
-
-    /// Starts `node` again (scripts/nats-cluster restart), which waits until the cluster has
-    /// a meta leader.
-    async fn restart(&self, node: &str) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/nats-cluster");
-        let status = tokio::process::Command::new(script)
-            .arg("restart")
-            .arg(&self.dir)
-            .arg(node)
-            .status()
-            .await
-            .expect("run scripts/nats-cluster restart");
-        assert!(status.success(), "scripts/nats-cluster restart {node}");
-    }
-}
-
-/// Starts a killed server again when dropped, if the test did not: a test that fails after its
-/// kill leaves the cluster whole for the next one.
-struct RestartOnDrop<'a> {
-    cluster: &'a Cluster,
-    node: &'static str,
-}
-
-impl Drop for RestartOnDrop<'_> {
-    fn drop(&mut self) {
-        if self.cluster.alive(self.node) {
-            return;
-        }
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/nats-cluster");
-        let restarted = std::process::Command::new(script)
-            .arg("restart")
-            .arg(&self.cluster.dir)
-            .arg(self.node)
-            .status();
-        if !restarted.as_ref().is_ok_and(|status| status.success()) {
-            eprintln!("{} could not be started again: {restarted:?}", self.node);
-        }
-    }
-}
-
 /// The cluster: the stream a relay or a consumer creates has one replica per server (three),
 /// unless the replicas are set.
 #[tokio::test]
 #[ignore = "needs the NATS cluster of scripts/nats-cluster (NATS_CLUSTER_DIR); scripts/test runs it"]
 async fn cluster_the_stream_is_created_with_three_replicas_on_three_servers() {
-    let cluster = Cluster::from_env();
+    let cluster = NatsCluster::from_env();
     for (replicas, expected) in [(None, 3), (Some(1), 1)] {
         let broker = TestBroker::at(BrokerKind::Nats, &cluster.node_url("n1"));
-        let mut nats = events::nats::Nats::new(&cluster.url, broker.name()).expect("the URLs");
+        let mut nats = events::nats::Nats::new(cluster.url(), broker.name()).expect("the URLs");
         if let Some(replicas) = replicas {
             nats = nats.replicas(replicas);
         }
@@ -1368,12 +1222,12 @@ async fn cluster_a_node_killed_while_events_flow_loses_and_repeats_nothing<DB: T
     pool: Pool<DB>,
 ) {
     DB::prepare_events(&pool).await;
-    let cluster = Cluster::from_env();
-    for node in NODES {
+    let cluster = NatsCluster::from_env();
+    for node in NATS_NODES {
         assert!(cluster.alive(node), "{node} is not running");
     }
     let broker = TestBroker::at(BrokerKind::Nats, &cluster.node_url("n1")).used_by(CONSUMER);
-    let nats = events::nats::Nats::new(&cluster.url, broker.name()).expect("the URLs");
+    let nats = events::nats::Nats::new(cluster.url(), broker.name()).expect("the URLs");
     let subscriber = nats.subscriber(CONSUMER).ack_wait(CLUSTER_ACK_WAIT);
     subscriber.declare().await.expect("declare");
     let shutdown = CancellationToken::new();
@@ -1410,10 +1264,7 @@ async fn cluster_a_node_killed_while_events_flow_loses_and_repeats_nothing<DB: T
         })
         .await;
         let victim = cluster.holder_within(&role).await;
-        let guard = RestartOnDrop {
-            cluster: &cluster,
-            node: victim,
-        };
+        let guard = cluster.restart_on_drop(victim);
         cluster.kill(victim).await;
         for _ in 0..30 {
             expected.push(enqueue_committed(&pool, "payment.succeeded", seq).await);

@@ -4,13 +4,22 @@
 //! `$SQLITE_PATH` (default `ledger.db`). Consumes from RabbitMQ at `$AMQP_URL` (queue
 //! `<$EVENTS_STREAM>.ledger`, bound to `payment.succeeded`), or with `$EVENTS=redis` from the
 //! Redis stream `$EVENTS_STREAM` (default `idem.events`) at `$REDIS_URL`, as the consumer group
-//! `ledger`. Serves `GET /v1/ledger` on `$LEDGER_ADDR` (default `127.0.0.1:3002`).
+//! `ledger`, or with `$EVENTS=nats` from NATS JetStream at `$NATS_URL` (default
+//! `nats://127.0.0.1:4222`, or a comma-separated list of servers), as the durable consumer
+//! `ledger` of the stream `$EVENTS_STREAM` with its dots made underscores (`idem_events`;
+//! created when missing as the payments service would, `$NATS_REPLICAS` included). On NATS,
+//! `$NATS_ACK_WAIT` is the seconds a message the ledger took may stay unacknowledged before
+//! JetStream delivers it again (default 30; read when the durable consumer is created). Serves
+//! `GET /v1/ledger` on `$LEDGER_ADDR` (default `127.0.0.1:3002`).
+//!
+//! Each message is acknowledged after the transaction that applied it commits; one that fails
+//! five times goes to the broker's dead-letter place.
 //!
 //! For crash tests, `$CRASH_AFTER=apply` aborts the process inside the handler of the first
 //! message, after its writes and before its commit; `$CRASH_AFTER=commit` aborts it after the
 //! first commit, before the acknowledgement.
 
-use std::process::ExitCode;
+use std::{process::ExitCode, time::Duration};
 
 use idem_events::{CancellationToken, Consumer, ConsumerOptions};
 use idem_examples::{
@@ -30,13 +39,20 @@ async fn run() -> Result<(), Error> {
     let Some(broker) = setup::broker()? else {
         return Err("EVENTS=off: the ledger has nothing to consume".into());
     };
+    let ack_wait = nats_ack_wait()?;
     match setup::database("ledger.db", 8).await? {
-        Database::Postgres(pool) => serve(pool, broker).await,
-        Database::Sqlite(pool) => serve(pool, broker).await,
+        Database::Postgres(pool) => serve(pool, broker, ack_wait).await,
+        Database::Sqlite(pool) => serve(pool, broker, ack_wait).await,
     }
 }
 
-async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Error> {
+/// Consumes from `broker` into `pool` and serves the ledger, until Ctrl-C or SIGTERM; on
+/// NATS, `ack_wait` is the durable consumer's.
+async fn serve<DB: LedgerSql>(
+    pool: Pool<DB>,
+    broker: Broker,
+    ack_wait: Duration,
+) -> Result<(), Error> {
     idem_events::migrate(&pool)
         .await
         .map_err(|e| format!("cannot create idem's event tables: {e}"))?;
@@ -72,6 +88,12 @@ async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Erro
                 .with_subscriber(broker.subscriber(CONSUMER))
                 .spawn(stop.clone())
         }
+        Broker::Nats(broker) => {
+            tracing::info!(stream = %broker.stream(), "consuming from NATS JetStream");
+            consumer
+                .with_subscriber(broker.subscriber(CONSUMER).ack_wait(ack_wait))
+                .spawn(stop.clone())
+        }
     };
     tracing::info!(addr = %listener.local_addr()?, "ledger listening");
     setup::serve(
@@ -85,4 +107,19 @@ async fn serve<DB: LedgerSql>(pool: Pool<DB>, broker: Broker) -> Result<(), Erro
     // The message in flight is finished and settled before the consumer stops.
     let _ = consuming.await;
     Ok(())
+}
+
+/// `$NATS_ACK_WAIT`: the seconds a message may stay unacknowledged before JetStream delivers it
+/// again (default 30).
+fn nats_ack_wait() -> Result<Duration, Error> {
+    let Ok(value) = std::env::var("NATS_ACK_WAIT") else {
+        return Ok(Duration::from_secs(30));
+    };
+    match value.parse::<u64>() {
+        Ok(secs) if secs > 0 => Ok(Duration::from_secs(secs)),
+        _ => Err(
+            format!("NATS_ACK_WAIT must be a whole number of seconds above 0, got {value:?}")
+                .into(),
+        ),
+    }
 }

@@ -13,7 +13,12 @@
 //!
 //! Every succeeded payment enqueues a `payment.succeeded` event in its transaction; the
 //! service relays them to RabbitMQ at `$AMQP_URL`, or with `$EVENTS=redis` to the Redis stream
-//! `$EVENTS_STREAM` (default `idem.events`) at `$REDIS_URL`; `$EVENTS=off` runs no relay. A
+//! `$EVENTS_STREAM` (default `idem.events`) at `$REDIS_URL`, or with `$EVENTS=nats` to NATS
+//! JetStream at `$NATS_URL` (default `nats://127.0.0.1:4222`; a comma-separated list of the
+//! cluster's servers, all used for reconnects) on the subject `<$EVENTS_STREAM>.<topic>`
+//! (`idem.events.payment.succeeded`) of the stream `$EVENTS_STREAM` with its dots made
+//! underscores (`idem_events`), created when missing with one replica per server of the
+//! cluster, at most 3, or `$NATS_REPLICAS`; `$EVENTS=off` runs no relay. A
 //! broker that is down stops nothing: events wait in the outbox until it is back. On SQLite,
 //! the relay holds topics under `$RELAY_NAME` (default `payments`): give each instance that
 //! shares a SQLite file a name of its own, kept across restarts.
@@ -89,6 +94,10 @@ async fn serve<DB: Sql>(
         }
         Some(Broker::Redis(broker)) => {
             tracing::info!("relaying events to Redis");
+            relay(pool, broker.publisher(), abort_after_publish).spawn(stop.clone())
+        }
+        Some(Broker::Nats(broker)) => {
+            tracing::info!(stream = %broker.stream(), "relaying events to NATS JetStream");
             relay(pool, broker.publisher(), abort_after_publish).spawn(stop.clone())
         }
         None => {
