@@ -2,6 +2,7 @@
 //! PostgreSQL (`$DATABASE_URL`, else the local server), printing ratios against a baseline
 //! measured in the same run. Without a benchmark name it runs `http`.
 
+mod claim;
 mod cpu;
 mod db;
 mod http;
@@ -27,6 +28,8 @@ enum Scenario {
     /// Requests/s, p50, p99 and SQL statements per request of bare, first, replay, contended and
     /// mixed traffic over HTTP, in interleaved rounds, with the ratios to bare.
     Http(http::Args),
+    /// What each way of claiming a key costs PostgreSQL, without HTTP: transactions/s and CPU.
+    Claim(claim::Args),
     /// Claim latency with millions of keys in the table against an empty table.
     Scale(scale::Args),
     /// Purge throughput on a table of expired keys, and live request latency while it runs.
@@ -47,6 +50,7 @@ async fn main() -> std::process::ExitCode {
         .unwrap_or(Scenario::Http(http::Args::default()))
     {
         Scenario::Http(args) => http::run(args).await,
+        Scenario::Claim(args) => claim::run(args).await,
         Scenario::Scale(args) => scale::run(args).await,
         Scenario::Purge(args) => purge::run(args).await,
         Scenario::Wait(args) => wait::run(args).await,

@@ -642,4 +642,27 @@ async fn a_first_execution_adds_two_statements_and_a_replay_writes_nothing(
     );
     // The read-only transaction is rolled back as its connection returns to the pool.
     assert_eq!(replay.len(), 1, "the claim alone: {replay:#?}");
+
+    // A route whose 5xx outcomes are stored costs its successes nothing more.
+    let stored_5xx = app
+        .send(
+            Req::post("/test/stored-5xx")
+                .tenant("t1")
+                .key("k2")
+                .json(&entry(100, "ok"))
+                .build(),
+        )
+        .await;
+    assert_eq!(
+        stored_5xx.status,
+        StatusCode::CREATED,
+        "{:?}",
+        stored_5xx.body
+    );
+    let stored_5xx = log.take();
+    assert_eq!(
+        stored_5xx.len(),
+        first.len(),
+        "a replay_5xx route's success runs what any first execution runs: {stored_5xx:#?}"
+    );
 }

@@ -770,8 +770,16 @@ async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: TestBacke
     .with_subscriber(broker.subscriber(CONSUMER))
     .spawn(shutdown.clone());
     let before = enqueue_committed(&pool, "payment.succeeded", 0).await;
-    wait_until("the first event applied", || async {
+    // Applied, and marked published: the consumer can apply an event before the relay has
+    // heard the broker take it.
+    wait_until("the first event applied and marked published", || async {
         DB::applied(&pool).await.contains(&before)
+            && DB::count(
+                &pool,
+                "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL",
+            )
+            .await
+                == 0
     })
     .await;
 

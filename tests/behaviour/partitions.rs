@@ -90,18 +90,25 @@ fn post(key: &str) -> Req {
 /// The test app with [`settings`] and a pool of `connections` (default 10), on the test's
 /// PostgreSQL database behind a partition proxy.
 async fn partitioned(connect: PgConnectOptions, connections: Option<u32>) -> (PartitionProxy, App) {
-    let upstream = format!("{}:{}", connect.get_host(), connect.get_port());
-    let proxy = PartitionProxy::postgres(upstream).await;
-    let through_proxy = connect
-        .host("127.0.0.1")
-        .port(proxy.port())
-        .ssl_mode(PgSslMode::Disable);
+    let (proxy, through_proxy) = behind_a_partition_proxy(connect).await;
     let options = Options {
         settings: settings(),
         connections,
     };
     let app = App::build(TestDb::Postgres(Box::new(through_proxy)), options).await;
     (proxy, app)
+}
+
+/// A partition proxy in front of the server of `connect`, and the options that reach it through
+/// the proxy.
+async fn behind_a_partition_proxy(connect: PgConnectOptions) -> (PartitionProxy, PgConnectOptions) {
+    let upstream = format!("{}:{}", connect.get_host(), connect.get_port());
+    let proxy = PartitionProxy::postgres(upstream).await;
+    let through_proxy = connect
+        .host("127.0.0.1")
+        .port(proxy.port())
+        .ssl_mode(PgSslMode::Disable);
+    (proxy, through_proxy)
 }
 
 /// Once healed, waits until the server has ended every transaction the timed-out requests
@@ -456,4 +463,210 @@ async fn a_request_behind_a_stalled_sqlite_lock_holder_is_503_store_unavailable_
         assert_eq!(app.keys_with_status("completed").await, 2);
     })
     .await;
+}
+
+/// Two instances on the test's database: one reaching it directly, one behind a partition proxy
+/// whose freezes last while the other instance runs a request (its database deadline is the
+/// test's).
+async fn two_instances_one_behind_a_proxy(connect: PgConnectOptions) -> (App, PartitionProxy, App) {
+    let direct = App::new(TestDb::Postgres(Box::new(connect.clone()))).await;
+    let (proxy, through_proxy) = behind_a_partition_proxy(connect).await;
+    let options = Options {
+        settings: Settings::default().with_database_timeout(TEST_DEADLINE),
+        connections: None,
+    };
+    let app = App::build(TestDb::Postgres(Box::new(through_proxy)), options).await;
+    (direct, proxy, app)
+}
+
+/// PostgreSQL: a duplicate at another instance claims the key while the first request's
+/// `COMMIT` is at the server and its answer not yet back (held): the first's completion
+/// committed with its writes, so the duplicate replays it (or, if it came before the server let
+/// the key go, is 409), and never runs the handler.
+#[sqlx::test(migrations = false)]
+async fn a_duplicate_that_claims_while_the_first_commits_replays_and_never_runs_the_handler(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    within_test_deadline(async {
+        let (direct, proxy, app) = two_instances_one_behind_a_proxy(connect).await;
+        proxy.freeze_after(Cue::commit());
+        let request = post("k1");
+        let first = {
+            let (app, request) = (app.clone(), request.clone());
+            tokio::spawn(async move { app.send(request.build()).await })
+        };
+        wait_for("the first's COMMIT to reach the server", || async {
+            proxy.cued() == 1
+        })
+        .await;
+        wait_for("the first's commit to be visible", || async {
+            direct.count("idem_keys").await == 1
+        })
+        .await;
+        let duplicate = answered(&direct, &request).await;
+        assert!(
+            duplicate.replayed() || duplicate.status == StatusCode::CONFLICT,
+            "{}: {:?}",
+            duplicate.status,
+            duplicate.body
+        );
+        assert_eq!(
+            direct.calls.entries.load(Ordering::SeqCst),
+            0,
+            "never run here"
+        );
+        proxy.heal();
+        let first = first.await.expect("the first request's task");
+        assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+        let again = answered(&direct, &request).await;
+        assert!(again.replayed(), "{}: {:?}", again.status, again.body);
+        assert_eq!(again.body, first.body);
+        assert_eq!(direct.count("test_entries").await, 1);
+        assert_eq!(app.calls.entries.load(Ordering::SeqCst), 1);
+    })
+    .await;
+}
+
+/// PostgreSQL: a replay's transaction is given no transaction id, so its rollback writes
+/// nothing (not even an abort record). Its `ROLLBACK`, sent as the connection goes back to the
+/// pool, is held: the replayed answer is out, and the server shows the transaction open, idle,
+/// without an id.
+#[sqlx::test(migrations = false)]
+async fn a_replays_transaction_is_given_no_transaction_id(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    within_test_deadline(async {
+        let (direct, proxy, app) = two_instances_one_behind_a_proxy(connect).await;
+        let request = post("k1");
+        let first = answered(&app, &request).await;
+        assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+        proxy.freeze_at(Cue::matching("the replay's ROLLBACK", |message| {
+            message.kind() == Some(b'Q')
+                && message
+                    .sql()
+                    .is_some_and(|sql| sql.trim().eq_ignore_ascii_case("ROLLBACK"))
+        }));
+        let replay = answered(&app, &request).await;
+        assert!(replay.replayed(), "{}: {:?}", replay.status, replay.body);
+        wait_for("the replay's ROLLBACK to be held", || async {
+            proxy.cued() == 1
+        })
+        .await;
+        let idem_tests::AnyStore::Postgres(store) = direct.store() else {
+            unreachable!("a PostgreSQL app")
+        };
+        let idle: Vec<Option<String>> = sqlx::query_scalar(
+            "SELECT backend_xid::text FROM pg_stat_activity \
+             WHERE datname = current_database() AND state = 'idle in transaction'",
+        )
+        .fetch_all(store.pool())
+        .await
+        .expect("the server's sessions");
+        assert_eq!(
+            idle,
+            vec![None],
+            "one open transaction, the replay's, without an id"
+        );
+        proxy.heal();
+        until_no_lock(&direct).await;
+    })
+    .await;
+}
+
+/// PostgreSQL: undoing the writes of a 5xx that is stored (`replay_5xx`) lets the key go for an
+/// instant: one simple query rolls the transaction back, begins again and tries the lock again.
+/// A transaction that was waiting for the key's lock takes it in that instant (here one that the
+/// test queues on the lock while the undo is held at the proxy): the first request then answers
+/// its own 5xx, not stored, and a retry runs the handler.
+#[sqlx::test(migrations = false)]
+async fn a_5xx_whose_key_is_taken_while_its_writes_are_undone_is_answered_not_stored(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    within_test_deadline(async {
+        let (direct, proxy, app) = two_instances_one_behind_a_proxy(connect.clone()).await;
+        proxy.freeze_at(Cue::statement("ROLLBACK; BEGIN"));
+        let request = Req::post("/test/stored-5xx")
+            .tenant("t1")
+            .key("k1")
+            .json(&entry(100, "n1"));
+        let first = {
+            let (app, request) = (app.clone(), request.clone());
+            tokio::spawn(async move { app.send(request.build()).await })
+        };
+        wait_for("the 5xx's undo to be held", || async { proxy.cued() == 1 }).await;
+
+        // Another transaction queues on the key's lock, which the first still holds.
+        let mut other = sqlx::PgConnection::connect_with(&connect)
+            .await
+            .expect("connect");
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let waiter = tokio::spawn(async move {
+            let mut tx = other.begin().await.expect("begin");
+            sqlx::query(
+                "SELECT pg_advisory_xact_lock((SELECT (classid::bigint << 32) | objid::bigint \
+                 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())))",
+            )
+            .execute(&mut *tx)
+            .await
+            .expect("the key's lock, once the first lets it go");
+            let _ = released.await;
+            tx.rollback().await.expect("rollback");
+        });
+        wait_for(
+            "the other transaction to wait for the key's lock",
+            || async { waiting_for_advisory_locks(&direct).await == 1 },
+        )
+        .await;
+
+        proxy.heal();
+        let first = first.await.expect("the first request's task");
+        assert_eq!(
+            first.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{:?}",
+            first.body
+        );
+        assert!(!first.replayed(), "its own answer");
+        assert_eq!(
+            first.header("retry-after"),
+            None,
+            "the handler's 503, not a problem of the store"
+        );
+        release.send(()).expect("the waiter holds the key");
+        waiter.await.expect("the waiter's task");
+
+        let retry = answered(&direct, &request).await;
+        assert!(
+            !retry.replayed(),
+            "nothing was stored: the retry runs the handler"
+        );
+        assert_eq!(retry.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(direct.calls.entries.load(Ordering::SeqCst), 1);
+        let again = answered(&direct, &request).await;
+        assert!(again.replayed(), "{}: {:?}", again.status, again.body);
+        assert_eq!(
+            direct.count("test_entries").await,
+            0,
+            "every 5xx's writes undone"
+        );
+    })
+    .await;
+}
+
+/// How many advisory locks sessions of the test's database are waiting for.
+async fn waiting_for_advisory_locks(app: &App) -> i64 {
+    let idem_tests::AnyStore::Postgres(store) = app.store() else {
+        unreachable!("a PostgreSQL app")
+    };
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("the server's locks")
 }

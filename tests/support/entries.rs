@@ -90,7 +90,7 @@ async fn create_entry<DB: TestBackend>(
 }
 
 /// Writes the entry, then answers 503; with `replay_5xx` the 503 is stored (and the write
-/// undone with the handler's other writes), kept a week.
+/// undone with the handler's other writes), kept a week. The note `"ok"` succeeds instead (201).
 #[idempotent(scope = "tenant", retention = "7d", replay_5xx = true)]
 async fn create_entry_then_fail<DB: TestBackend>(
     tenant: Tenant,
@@ -99,7 +99,10 @@ async fn create_entry_then_fail<DB: TestBackend>(
     Json(entry): Json<NewEntry>,
 ) -> Response {
     let call = calls.entries.fetch_add(1, Ordering::SeqCst) + 1;
-    insert(tx, &tenant, &entry).await;
+    let id = insert(tx, &tenant, &entry).await;
+    if entry.note == "ok" {
+        return created(id, &entry);
+    }
     (
         StatusCode::SERVICE_UNAVAILABLE,
         format!("failed on call {call}"),

@@ -49,6 +49,8 @@ const NEGOTIATIONS: [u32; 2] = [80_877_103, 80_877_104];
 pub struct PgMessage<'a> {
     kind: Option<u8>,
     body: &'a [u8],
+    /// For a `Bind`, the SQL of the statement it binds, as that connection prepared it.
+    bound: Option<&'a str>,
 }
 
 impl<'a> PgMessage<'a> {
@@ -63,15 +65,26 @@ impl<'a> PgMessage<'a> {
         self.body
     }
 
-    /// The SQL text of a simple query (`Q`) or of a statement being prepared (`P`: a name, then
-    /// the text); `None` for any other message.
+    /// The SQL text of a simple query (`Q`), of a statement being prepared (`P`: a name, then
+    /// the text), or of the prepared statement a `Bind` (`B`) runs: a statement is prepared once
+    /// per connection and run by binds from then on. `None` for any other message.
     pub fn sql(&self) -> Option<&'a str> {
         let text = match self.kind? {
             b'Q' => self.body.split(|b| *b == 0).next()?,
             b'P' => self.body.split(|b| *b == 0).nth(1)?,
+            b'B' => return self.bound,
             _ => return None,
         };
         std::str::from_utf8(text).ok()
+    }
+
+    /// The name of the statement a `Parse` prepares or a `Bind` runs.
+    fn statement_name(&self) -> Option<&'a [u8]> {
+        match self.kind? {
+            b'P' => self.body.split(|b| *b == 0).next(),
+            b'B' => self.body.split(|b| *b == 0).nth(1),
+            _ => None,
+        }
     }
 
     /// Whether it is a simple query of `COMMIT` alone (as sqlx commits a transaction).
@@ -473,6 +486,8 @@ impl Link {
 /// at its end, ends the pipe, or abandons the link if the proxy is frozen.
 async fn read_client(shared: &Shared, id: u64, mut client: OwnedReadHalf) {
     let mut untyped = shared.postgres;
+    // The SQL of each statement this connection prepared, by name.
+    let mut prepared: HashMap<Vec<u8>, String> = HashMap::new();
     loop {
         let read = if shared.postgres {
             read_message(&mut client, &mut untyped).await
@@ -502,21 +517,31 @@ async fn read_client(shared: &Shared, id: u64, mut client: OwnedReadHalf) {
             return;
         };
         let mut forced = false;
-        if let Some((cue, at)) = &state.cue {
-            let message = PgMessage {
-                kind: kind_at.map(|at| bytes[at]),
-                body: &bytes[kind_at.map_or(4, |at| at + 5)..],
-            };
-            if (cue.matches)(&message) {
-                let at = *at;
-                state.cue = None;
-                state.cued += 1;
-                state.frozen = true;
-                if at == AtCue::Forward {
-                    forced = true;
-                    for unit in &mut link.up.units {
-                        unit.forced = true;
-                    }
+        let mut message = PgMessage {
+            kind: kind_at.map(|at| bytes[at]),
+            body: &bytes[kind_at.map_or(4, |at| at + 5)..],
+            bound: None,
+        };
+        if let Some(name) = message.statement_name() {
+            if message.kind == Some(b'P') {
+                if let Some(sql) = message.sql() {
+                    prepared.insert(name.to_vec(), sql.to_owned());
+                }
+            } else {
+                message.bound = prepared.get(name).map(String::as_str);
+            }
+        }
+        if let Some((cue, at)) = &state.cue
+            && (cue.matches)(&message)
+        {
+            let at = *at;
+            state.cue = None;
+            state.cued += 1;
+            state.frozen = true;
+            if at == AtCue::Forward {
+                forced = true;
+                for unit in &mut link.up.units {
+                    unit.forced = true;
                 }
             }
         }

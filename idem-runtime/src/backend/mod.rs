@@ -41,6 +41,24 @@ impl<DB: sqlx::Database> std::fmt::Debug for Begun<'_, DB> {
     }
 }
 
+/// What [`Storage::undo_handler`] came to.
+#[derive(Debug)]
+pub(crate) enum Undone {
+    /// The handler's writes are undone and the transaction holds the key, under this mark
+    /// (where the database gives one): its outcome may be stored.
+    Kept(Option<String>),
+    /// The handler's writes are undone, and another transaction took the key meanwhile (it was
+    /// free for an instant): the outcome is not stored.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        expect(dead_code, reason = "only PostgreSQL lets the key go to undo")
+    )]
+    Taken,
+    /// The handler ended the claim's transaction itself (`COMMIT`, `ROLLBACK`): nothing can be
+    /// undone or stored.
+    Ended,
+}
+
 mod dialect;
 mod shared;
 
@@ -109,6 +127,24 @@ pub(crate) trait Storage: SharedStorage {
         statement_timeout: Option<Duration>,
         idle_timeout: Duration,
     ) -> impl Future<Output = Result<Begun<'c, Self>, crate::Error>> + Send;
+
+    /// Prepares the transaction of a handler whose 5xx outcomes are stored for
+    /// [`undo_handler`](Storage::undo_handler), before the handler runs; nothing where undoing
+    /// needs no preparation (PostgreSQL).
+    fn before_handler(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
+
+    /// Undoes a handler's writes for a 5xx outcome that is stored, keeping the key or taking it
+    /// again in a fresh transaction on `conn` (as [`begin_claim`](Storage::begin_claim) does,
+    /// with the same timeouts). `mark` is the claim's ([`Begun::Acquired`]).
+    fn undo_handler<'c>(
+        conn: &'c mut Self::Connection,
+        key: &'c KeyRef,
+        mark: Option<&'c str>,
+        statement_timeout: Option<Duration>,
+        idle_timeout: Duration,
+    ) -> impl Future<Output = Result<Undone, crate::Error>> + Send + 'c;
 
     /// Reads the live row of `key`, without taking any lock.
     fn lookup<'c>(

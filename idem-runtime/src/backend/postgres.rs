@@ -2,26 +2,28 @@
 //! written once, completed, in the handler's commit.
 //!
 //! The claim costs one statement beyond `BEGIN` (two when an expired row of the key is in the
-//! way, and is deleted). The lock is tried in the same round trip as
-//! `BEGIN` (its id is a number, formatted into the simple query), and taking it assigns the
-//! transaction its id. The claim statement then reads the key's row in a snapshot taken after
-//! the lock was taken, so that a completion committed by the lock's previous holder is seen; and
-//! `pg_current_xact_id_if_assigned()` tells it whether the lock was taken (an id) or not
-//! (`NULL`). The completion writes only in the transaction of that id: a handler that ended the
-//! transaction itself (`COMMIT`, `ROLLBACK`) cannot have its outcome stored.
+//! way, and is deleted). The lock is tried in the same round trip as `BEGIN` (its id is a number,
+//! formatted into the simple query), and taking it marks the transaction: the setting
+//! `idem.claim`, set `LOCAL` to the lock's id, which ends with the transaction. The claim
+//! statement then reads the key's row in a snapshot taken after the lock was tried, so that a
+//! completion committed by the lock's previous holder is seen, and reads the mark to know
+//! whether the lock was taken. The completion writes only while the mark is there: a handler
+//! that ended the transaction itself (`COMMIT`, `ROLLBACK`) ended the mark with it and cannot
+//! have its outcome stored. Nothing of the claim assigns the transaction an id, so a replay or a
+//! 409 writes nothing, not even an abort record.
 
 use sqlx::{PgConnection, Postgres, Row, SqlSafeStr, Transaction, migrate::Migrator};
 
 use std::time::Duration;
 
-use super::{Begun, SharedStorage, Storage, dialect::Dialect};
+use super::{Begun, SharedStorage, Storage, Undone, dialect::Dialect};
 use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, Start, Started};
 
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
-// The key's row, live or expired, read after `begin_claim`'s lock attempt; `mark` is the
-// transaction's id if that attempt took the lock, else NULL.
-const CLAIM: &str = "SELECT pg_current_xact_id_if_assigned()::text AS mark, \
+// The key's row, live or expired, read after `begin_claim`'s lock attempt; `held` whether that
+// attempt took the lock (the transaction's mark is the lock's id, `$3`).
+const CLAIM: &str = "SELECT current_setting('idem.claim', true) = $3 AS held, \
      k.status, k.method, k.path, k.fingerprint, k.response_status, k.response_headers, \
      k.response_body, k.expires_at > now() AS live \
      FROM (SELECT 1) AS claim LEFT JOIN idem_keys k ON k.scope = $1 AND k.key = $2";
@@ -30,13 +32,16 @@ const CLAIM: &str = "SELECT pg_current_xact_id_if_assigned()::text AS mark, \
 const DELETE_EXPIRED: &str =
     "DELETE FROM idem_keys WHERE scope = $1 AND key = $2 AND expires_at <= now()";
 
+// The transaction's mark before a rollback (see `undo_handler`).
+const MARK: &str = "SELECT current_setting('idem.claim', true) AS mark";
+
 // A plain INSERT (the claim removed any expired row), written only in the claiming transaction.
 const COMPLETE: &str = "INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, response_status, response_headers, \
       response_body, created_at, expires_at) \
      SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), \
             now() + make_interval(secs => $9) \
-     WHERE pg_current_xact_id_if_assigned()::text = $10";
+     WHERE current_setting('idem.claim', true) = $10";
 
 const LOOKUP: &str = "SELECT status, method, path, fingerprint, response_status, \
      response_headers, response_body FROM idem_keys \
@@ -93,7 +98,7 @@ impl Dialect for Postgres {
         retention.map(|r| r.as_secs_f64())
     }
 
-    /// The claiming transaction's id, in which alone the completion writes.
+    /// The claiming transaction's mark (the lock's id), which the completion checks.
     type Guard<'a> = &'a str;
 
     fn completion_guard<'a>(c: &Completion<'a>) -> &'a str {
@@ -116,6 +121,71 @@ fn millis(limit: Duration) -> u128 {
     limit.as_millis().clamp(1, i32::MAX as u128)
 }
 
+/// Whether `error` is SQLSTATE 25P02 (in_failed_sql_transaction): an earlier statement failed.
+fn in_failed_transaction(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.code().as_deref() == Some("25P02"))
+}
+
+/// The simple query that begins a claim's transaction (`begin`: the `BEGIN`, or what rolls back
+/// and begins again), sets its timeouts, and tries the key's lock, marking the transaction when
+/// the lock is taken.
+fn begin_claim_sql(
+    begin: &str,
+    key: &KeyRef,
+    statement_timeout: Option<Duration>,
+    idle_timeout: Duration,
+) -> sqlx::AssertSqlSafe<String> {
+    // The timeouts go in the same round trip, and end with the transaction.
+    let timeout = statement_timeout.map_or(String::new(), |limit| {
+        format!("SET LOCAL statement_timeout = {};", millis(limit))
+    });
+    sqlx::AssertSqlSafe(format!(
+        "{begin}; {timeout} SET LOCAL idle_in_transaction_session_timeout = {}; \
+         SELECT CASE WHEN pg_try_advisory_xact_lock({lock}) \
+         THEN set_config('idem.claim', '{lock}', true) END",
+        millis(idle_timeout),
+        lock = key.lock_id
+    ))
+}
+
+/// What the claim statement found.
+enum Claimed {
+    /// The key has a live row.
+    Live(KeyRecord),
+    /// Another transaction holds the key.
+    Busy,
+    /// This transaction holds the key, under this mark.
+    Held(String),
+}
+
+/// Reads the key's row after the lock attempt of [`begin_claim_sql`], in the transaction open
+/// on `conn`; deletes an expired row of a key the transaction holds.
+async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Claimed, crate::Error> {
+    let mark = key.lock_id.to_string();
+    let row = sqlx::query(CLAIM)
+        .bind(&key.scope)
+        .bind(&key.key)
+        .bind(&mark)
+        .fetch_one(&mut *conn)
+        .await?;
+    let held: Option<bool> = row.try_get("held")?;
+    let live: Option<bool> = row.try_get("live")?;
+    let record = Postgres::decode_record(&row)?;
+    Ok(match (record, live, held == Some(true)) {
+        (Some(record), Some(true), _) => Claimed::Live(record),
+        (_, _, false) => Claimed::Busy,
+        (Some(_), _, true) => {
+            sqlx::query(DELETE_EXPIRED)
+                .bind(&key.scope)
+                .bind(&key.key)
+                .execute(&mut *conn)
+                .await?;
+            Claimed::Held(mark)
+        }
+        (None, _, true) => Claimed::Held(mark),
+    })
+}
+
 impl Storage for Postgres {
     async fn begin_claim<'c>(
         conn: &'c mut PgConnection,
@@ -124,38 +194,53 @@ impl Storage for Postgres {
         idle_timeout: Duration,
     ) -> Result<Begun<'c, Postgres>, crate::Error> {
         // The claim's correctness rests on READ COMMITTED snapshots: the claim statement sees
-        // what committed before it began. The timeouts go in the same round trip, and end with
-        // the transaction.
-        let timeout = statement_timeout.map_or(String::new(), |limit| {
-            format!("SET LOCAL statement_timeout = {};", millis(limit))
-        });
-        let begin = sqlx::AssertSqlSafe(format!(
-            "{BEGIN}; {timeout} SET LOCAL idle_in_transaction_session_timeout = {}; \
-             SELECT CASE WHEN pg_try_advisory_xact_lock({}) THEN pg_current_xact_id() END",
-            millis(idle_timeout),
-            key.lock_id
-        ));
+        // what committed before it began.
+        let begin = begin_claim_sql(BEGIN, key, statement_timeout, idle_timeout);
         let mut tx = Transaction::<'c, Postgres>::begin(conn, Some(begin.into_sql_str())).await?;
-        let row = sqlx::query(CLAIM)
-            .bind(&key.scope)
-            .bind(&key.key)
-            .fetch_one(&mut *tx)
-            .await?;
-        let mark: Option<String> = row.try_get("mark")?;
-        let live: Option<bool> = row.try_get("live")?;
-        let record = Self::decode_record(&row)?;
-        Ok(match (record, live, mark) {
-            (Some(record), Some(true), _) => Begun::Live(record),
-            (_, _, None) => Begun::Busy,
-            (Some(_), _, Some(mark)) => {
-                sqlx::query(DELETE_EXPIRED)
-                    .bind(&key.scope)
-                    .bind(&key.key)
-                    .execute(&mut *tx)
-                    .await?;
-                Begun::Acquired(tx, Some(mark))
-            }
-            (None, _, Some(mark)) => Begun::Acquired(tx, Some(mark)),
+        Ok(match claim(&mut tx, key).await? {
+            Claimed::Live(record) => Begun::Live(record),
+            Claimed::Busy => Begun::Busy,
+            Claimed::Held(mark) => Begun::Acquired(tx, Some(mark)),
+        })
+    }
+
+    async fn before_handler(_: &mut PgConnection) -> Result<(), crate::Error> {
+        Ok(())
+    }
+
+    async fn undo_handler<'c>(
+        conn: &'c mut PgConnection,
+        key: &'c KeyRef,
+        mark: Option<&'c str>,
+        statement_timeout: Option<Duration>,
+        idle_timeout: Duration,
+    ) -> Result<Undone, crate::Error> {
+        // The transaction is rolled back and begun again in one round trip, so that sqlx's
+        // count of open transactions on the connection stays right, and the claim is taken
+        // again. A subtransaction around the handler would keep the key through the undo, but
+        // cost a round trip and a subtransaction on every request for the rare 5xx.
+        let restart = begin_claim_sql(
+            "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED",
+            key,
+            statement_timeout,
+            idle_timeout,
+        );
+        match sqlx::query_scalar::<_, Option<String>>(MARK)
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(before) if before.as_deref() == mark => {}
+            Ok(_) => return Ok(Undone::Ended),
+            // A statement of the handler failed, which aborted the claim's transaction: its
+            // mark cannot be read; the transaction is the claim's all the same (a handler that
+            // ended it would have had to begin another).
+            Err(error) if in_failed_transaction(&error) => {}
+            Err(error) => return Err(error.into()),
+        }
+        sqlx::raw_sql(restart).execute(&mut *conn).await?;
+        Ok(match claim(conn, key).await? {
+            Claimed::Held(mark) => Undone::Kept(Some(mark)),
+            Claimed::Live(_) | Claimed::Busy => Undone::Taken,
         })
     }
 
@@ -250,7 +335,6 @@ impl Storage for Postgres {
     }
 
     fn is_transaction_aborted(error: &crate::Error) -> bool {
-        // SQLSTATE 25P02: in_failed_sql_transaction.
-        matches!(error, crate::Error::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25P02"))
+        matches!(error, crate::Error::Database(error) if in_failed_transaction(error))
     }
 }

@@ -88,16 +88,6 @@ pub(crate) trait SharedStorage: sqlx::Database + Sized {
         token: i64,
     ) -> impl Future<Output = Result<Vec<RecordedStep>, crate::Error>> + Send + 'c;
 
-    /// Marks the point that [`SharedStorage::rollback_to_savepoint`] returns to.
-    fn savepoint(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
-
-    /// Undoes everything since [`SharedStorage::savepoint`], keeping the claim.
-    fn rollback_to_savepoint(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
-
     /// Creates or upgrades the key table, and checks the settings the backend relies on.
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
 
@@ -251,20 +241,6 @@ where
             None => None,
         };
         Ok(steps.map(|Json(steps)| steps).unwrap_or_default())
-    }
-
-    async fn savepoint(conn: &mut DB::Connection) -> Result<(), crate::Error> {
-        sqlx::raw_sql("SAVEPOINT idem_handler")
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    async fn rollback_to_savepoint(conn: &mut DB::Connection) -> Result<(), crate::Error> {
-        sqlx::raw_sql("ROLLBACK TO SAVEPOINT idem_handler")
-            .execute(conn)
-            .await?;
-        Ok(())
     }
 
     async fn migrate(pool: &Pool<DB>) -> Result<(), crate::Error> {

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{Connection, Row, SqlSafeStr, Sqlite, SqliteConnection, Transaction, migrate::Migrator};
 
-use super::{Begun, SharedStorage, Storage, dialect::Dialect};
+use super::{Begun, SharedStorage, Storage, Undone, dialect::Dialect};
 use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started};
 
 const LIVE: &str = "SELECT status, method, path, fingerprint, response_status, response_headers, \
@@ -67,6 +67,11 @@ const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 // completion, which releases it first, then knows.
 const BEGIN_CLAIM: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_claim";
 const RELEASE_CLAIM: &str = "RELEASE SAVEPOINT idem_claim";
+
+// Around the handler of a route whose 5xx outcomes are stored: undoing its writes keeps the
+// transaction, its write lock and so the key.
+const BEFORE_HANDLER: &str = "SAVEPOINT idem_handler";
+const UNDO_HANDLER: &str = "ROLLBACK TO SAVEPOINT idem_handler";
 
 /// A duration in whole milliseconds, as statements bind it (saturating).
 fn millis(duration: Duration) -> i64 {
@@ -181,6 +186,29 @@ impl Storage for Sqlite {
             Some((record, _)) => Begun::Live(record),
             None => Begun::Acquired(tx, None),
         })
+    }
+
+    async fn before_handler(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
+        sqlx::raw_sql(BEFORE_HANDLER).execute(conn).await?;
+        Ok(())
+    }
+
+    async fn undo_handler<'c>(
+        conn: &'c mut SqliteConnection,
+        _key: &'c KeyRef,
+        _mark: Option<&'c str>,
+        _statement_timeout: Option<Duration>,
+        _idle_timeout: Duration,
+    ) -> Result<Undone, crate::Error> {
+        match sqlx::raw_sql(UNDO_HANDLER).execute(&mut *conn).await {
+            Ok(_) => Ok(Undone::Kept(None)),
+            // The handler ended the transaction, and the savepoint with it.
+            Err(sqlx::Error::Database(e)) if e.message().contains("no such savepoint") => {
+                open_unless_open(conn).await?;
+                Ok(Undone::Ended)
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 
     async fn lookup(

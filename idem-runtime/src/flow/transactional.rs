@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::{Limit, Options, Scope, extract::IdemRequest, outcome::Outcome};
 use crate::{
-    backend::{Backend, Begun},
+    backend::{Backend, Begun, Undone},
     checkout::{Checkout, Settle},
     context::IdempotencyContext,
     problem::ProblemKind,
@@ -132,8 +132,11 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             Ok((Begun::Acquired(mut tx, mark), settle)) => {
                 held.running();
                 if options.replay_5xx {
-                    let saved = request.store.by(deadline, DB::savepoint(&mut tx)).await;
-                    if let Err(error) = saved {
+                    let prepared = request
+                        .store
+                        .by(deadline, DB::before_handler(&mut tx))
+                        .await;
+                    if let Err(error) = prepared {
                         return Acquired::Answer(request.store_failed(&error));
                     }
                 }
@@ -229,7 +232,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             mut tx,
             mut settle,
             deadline,
-            mark,
+            mut mark,
             request,
             key,
             options,
@@ -244,11 +247,37 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 }
                 return request.finish(Outcome::NotStored, response);
             }
-            if let Err(error) = reopened(&mut tx, &store, deadline).await {
-                tracing::warn!(parent: &request.span, %error, "reopening a transaction the handler ended failed");
-            }
-            if let Err(error) = store.by(deadline, DB::rollback_to_savepoint(&mut tx)).await {
-                return request.store_failed(&error);
+            let undone = store
+                .by(
+                    deadline,
+                    DB::undo_handler(
+                        &mut tx,
+                        &key,
+                        mark.as_deref(),
+                        options.timeout.map(|limit| limit * 2),
+                        store.settings().database_timeout(),
+                    ),
+                )
+                .await;
+            match undone {
+                Ok(Undone::Kept(kept)) => mark = kept,
+                Ok(Undone::Taken) => {
+                    // The key was free for an instant, and a retry took it: the retry's outcome
+                    // is the one stored, and this 5xx, whose writes are undone, is only answered.
+                    tracing::debug!(parent: &request.span, "a retry took the key while this 5xx was undone; it is answered, not stored");
+                    let _ = roll_back(tx, &mut settle, &store, deadline).await;
+                    return request.finish(Outcome::NotStored, response);
+                }
+                Ok(Undone::Ended) => {
+                    let _ = roll_back(tx, &mut settle, &store, deadline).await;
+                    return claim_gone(&request);
+                }
+                Err(error) => {
+                    if !error.is_timed_out() {
+                        let _ = roll_back(tx, &mut settle, &store, deadline).await;
+                    }
+                    return request.store_failed(&error);
+                }
             }
         }
         // On any early return below, the transaction is rolled back (or, past the deadline,
@@ -272,11 +301,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             Ok(true) => {}
             Ok(false) => {
                 let _ = roll_back(tx, &mut settle, &store, deadline).await;
-                return request.finish(
-                    Outcome::Failed,
-                    request.problem(ProblemKind::CommitRefused, "the key's claim was gone at completion (did the handler run COMMIT or ROLLBACK itself?); the outcome was not stored")
-                        .into_response(),
-                );
+                return claim_gone(&request);
             }
             Err(error) if DB::is_transaction_aborted(&error) => {
                 // A statement of the handler failed and the handler answered anyway: its
@@ -329,6 +354,20 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         }
         request.timed_out(options.timeout, "its writes were rolled back")
     }
+}
+
+/// The answer when the handler ended the claim's transaction itself: its outcome is not stored.
+fn claim_gone<DB: Backend>(request: &IdemRequest<DB>) -> Response {
+    request.finish(
+        Outcome::Failed,
+        request
+            .problem(
+                ProblemKind::CommitRefused,
+                "the key's claim was gone at completion (did the handler run COMMIT or ROLLBACK \
+                 itself?); the outcome was not stored",
+            )
+            .into_response(),
+    )
 }
 
 /// Makes sure the transaction is open (see `Storage::ensure_open`), until `deadline`.
