@@ -211,12 +211,24 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
     if tx.is_none()
         && args.backend.is_none()
         && !steps_attempted
-        && cfg!(all(feature = "postgres", feature = "sqlite"))
+        && DATABASES.len() > 1
         && let Some(span) = args.external
     {
+        let names: Vec<String> = DATABASES
+            .iter()
+            .map(|(feature, _)| format!("`{feature}`"))
+            .collect();
+        let choices: Vec<String> = DATABASES
+            .iter()
+            .map(|(_, ty)| format!("`backend = {ty}`"))
+            .collect();
         errors.push(syn::Error::new(
             span,
-            "this handler has no transaction to name its database, and idem-runtime has both `postgres` and `sqlite` on: add `backend = sqlx::Postgres` or `backend = sqlx::Sqlite`",
+            format!(
+                "this handler has no transaction to name its database, and idem-runtime has {} on: add {}",
+                listed(&names, "and"),
+                listed(&choices, "or")
+            ),
         ));
     }
     if let (Some(_), Some((arg, _))) = (&tx, &steps) {
@@ -505,4 +517,24 @@ fn first_borrow(ty: &Type) -> Option<Span> {
     let mut find = Find(None);
     find.visit_type(ty);
     find.0
+}
+
+/// The database features idem-runtime has on (it sets this crate's features of the same
+/// names), each with the type a handler names it by.
+const DATABASES: &[(&str, &str)] = &[
+    #[cfg(feature = "postgres")]
+    ("postgres", "sqlx::Postgres"),
+    #[cfg(feature = "sqlite")]
+    ("sqlite", "sqlx::Sqlite"),
+    #[cfg(feature = "mysql")]
+    ("mysql", "sqlx::MySql"),
+];
+
+/// `items` as a sentence lists them: `a`, `a and b`, `a, b and c`.
+fn listed(items: &[String], last: &str) -> String {
+    match items {
+        [] => String::new(),
+        [only] => only.clone(),
+        [init @ .., tail] => format!("{} {last} {tail}", init.join(", ")),
+    }
 }

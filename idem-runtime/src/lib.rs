@@ -150,9 +150,9 @@ pub mod policy;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+#[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
 compile_error!(
-    "idem-runtime needs a database: enable its feature `postgres` or `sqlite` (or both), e.g. `idem-runtime = { version = \"0.1\", features = [\"sqlite\"] }`"
+    "idem-runtime needs a database: enable its feature `postgres`, `sqlite` or `mysql` (or several), e.g. `idem-runtime = { version = \"0.1\", features = [\"sqlite\"] }`"
 );
 pub mod tasks;
 
@@ -207,6 +207,10 @@ pub mod __private {
     /// on (with both, the attribute requires `backend = ...`).
     #[cfg(all(feature = "sqlite", not(feature = "postgres")))]
     pub type DefaultBackend = sqlx::Sqlite;
+    /// The backend of `external` handlers that name none, when only one database feature is
+    /// on (with several, the attribute requires `backend = ...`).
+    #[cfg(all(feature = "mysql", not(any(feature = "postgres", feature = "sqlite"))))]
+    pub type DefaultBackend = sqlx::MySql;
     pub use axum::response::{IntoResponse, Response};
     pub use tracing::Instrument;
 

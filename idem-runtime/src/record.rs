@@ -157,8 +157,11 @@ pub struct Completion<'a> {
     /// ([`Begun::Acquired`](crate::backend::Begun::Acquired)): the completion writes only in
     /// that same transaction.
     #[cfg_attr(
-        not(feature = "postgres"),
-        expect(dead_code, reason = "only PostgreSQL marks the claiming transaction")
+        not(any(feature = "postgres", feature = "mysql")),
+        expect(
+            dead_code,
+            reason = "only PostgreSQL and MySQL mark the claiming transaction"
+        )
     )]
     pub mark: Option<&'a str>,
 }
@@ -222,7 +225,7 @@ pub enum Started {
     },
     /// Another request is claiming the key this instant.
     #[cfg_attr(
-        not(feature = "postgres"),
+        not(any(feature = "postgres", feature = "mysql")),
         expect(
             dead_code,
             reason = "SQLite's writers queue: a claim there never meets another"

@@ -16,8 +16,8 @@ use idem_events::{
     Message, Pass, Processed, Publisher, Relay, RelayOptions, Subscriber, Subscription, Waiting,
 };
 use idem_tests::{
-    AnySubscription, BrokerKind, CLUSTER_ACK_WAIT, DEADLINE, NATS_NODES, NatsCluster, RedisServer,
-    TcpProxy, TestBackend, TestBroker, wait_until,
+    AnySubscription, BrokerKind, CLUSTER_ACK_WAIT, DEADLINE, EventBackend, NATS_NODES, NatsCluster,
+    RedisServer, TcpProxy, TestBroker, wait_until,
 };
 use serde_json::json;
 use sqlx::{Pool, Postgres, Sqlite, Transaction};
@@ -47,7 +47,7 @@ impl Applier {
     }
 }
 
-impl<DB: TestBackend> EventHandler<DB> for Applier {
+impl<DB: EventBackend> EventHandler<DB> for Applier {
     type Error = String;
 
     async fn handle(
@@ -111,7 +111,7 @@ async fn next(subscription: &mut AnySubscription, waiting_for: &str) -> idem_tes
 }
 
 /// Enqueues one event in a transaction of its own and commits; returns its id.
-async fn enqueue_committed<DB: TestBackend>(pool: &Pool<DB>, topic: &str, seq: usize) -> String {
+async fn enqueue_committed<DB: EventBackend>(pool: &Pool<DB>, topic: &str, seq: usize) -> String {
     let mut tx = pool.begin().await.expect("begin");
     let id = events::enqueue(&mut tx, topic, &json!({ "seq": seq }))
         .await
@@ -168,7 +168,7 @@ fn assert_in_order(
     }
 }
 
-async fn a_rolled_back_transaction_enqueues_nothing<DB: TestBackend>(
+async fn a_rolled_back_transaction_enqueues_nothing<DB: EventBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
@@ -215,7 +215,7 @@ async fn a_rolled_back_transaction_enqueues_nothing<DB: TestBackend>(
     );
 }
 
-async fn a_redelivered_message_is_applied_once<DB: TestBackend>(
+async fn a_redelivered_message_is_applied_once<DB: EventBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
@@ -274,7 +274,7 @@ async fn a_redelivered_message_is_applied_once<DB: TestBackend>(
 }
 
 async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow<
-    DB: TestBackend,
+    DB: EventBackend,
 >(
     pool: Pool<DB>,
     broker: TestBroker,
@@ -329,7 +329,7 @@ async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow
 }
 
 async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broker_is_away<
-    DB: TestBackend,
+    DB: EventBackend,
 >(
     pool: Pool<DB>,
     broker: TestBroker,
@@ -408,7 +408,7 @@ async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broke
     assert_in_order(&arrived, &enqueued);
 }
 
-async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestBackend>(
+async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: EventBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
@@ -456,7 +456,7 @@ async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: TestBac
     assert_in_order(&arrived, &enqueued);
 }
 
-async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: TestBackend>(
+async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: EventBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
@@ -509,7 +509,7 @@ impl Publisher for Stalled {
     }
 }
 
-async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestBackend>(
+async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: EventBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
@@ -544,7 +544,7 @@ async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: TestBackend
     );
 }
 
-async fn a_consumer_receives_again_after_its_connection_drops<DB: TestBackend>(
+async fn a_consumer_receives_again_after_its_connection_drops<DB: EventBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
@@ -586,7 +586,7 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: TestBackend>(
 }
 
 async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_place<
-    DB: TestBackend,
+    DB: EventBackend,
 >(
     pool: Pool<DB>,
     broker: TestBroker,
@@ -646,7 +646,7 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
     );
 }
 
-async fn the_relay_reports_its_backlog<DB: TestBackend>(pool: Pool<DB>, broker: TestBroker) {
+async fn the_relay_reports_its_backlog<DB: EventBackend>(pool: Pool<DB>, broker: TestBroker) {
     DB::prepare_events(&pool).await;
     broker.declare(CONSUMER).await;
     let mut relay = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
@@ -750,7 +750,7 @@ on_both_databases_and_brokers!(
 /// relay and a consumer run: both carry on, and what was enqueued meanwhile arrives. (This Redis
 /// keeps nothing on disk: what the stream held before is gone, as the events that were already
 /// applied.)
-async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: TestBackend>(
+async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: EventBackend>(
     pool: Pool<DB>,
 ) {
     DB::prepare_events(&pool).await;
@@ -831,7 +831,7 @@ async fn sqlite_the_relay_and_the_consumer_carry_on_after_a_redis_restart() {
 }
 
 /// RabbitMQ only: Redis takes every entry, so it never refuses a topic.
-async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: TestBackend>(pool: Pool<DB>) {
+async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: EventBackend>(pool: Pool<DB>) {
     DB::prepare_events(&pool).await;
     let broker = TestBroker::new(BrokerKind::RabbitMq);
     broker
@@ -913,7 +913,7 @@ async fn sqlite_a_topic_no_queue_receives_waits_while_the_others_flow() {
 }
 
 /// The tables the database holds, by name, but sqlx's and SQLite's own.
-async fn tables<DB: TestBackend>(pool: &Pool<DB>, sql: &str) -> Vec<String> {
+async fn tables<DB: EventBackend>(pool: &Pool<DB>, sql: &str) -> Vec<String> {
     let mut names = DB::strings(pool, sql).await;
     names.retain(|name| !name.starts_with("sqlite_"));
     names.sort();
@@ -922,7 +922,7 @@ async fn tables<DB: TestBackend>(pool: &Pool<DB>, sql: &str) -> Vec<String> {
 
 /// The key table's migrations create only the key table: the event tables come with
 /// `idem_events::migrate`, which adds them beside it.
-async fn each_crate_migrates_only_its_own_tables<DB: TestBackend>(pool: Pool<DB>, list: &str) {
+async fn each_crate_migrates_only_its_own_tables<DB: EventBackend>(pool: Pool<DB>, list: &str) {
     idem_runtime::migrate(&pool)
         .await
         .expect("migrate the key table");
@@ -951,7 +951,7 @@ async fn each_crate_migrates_only_its_own_tables<DB: TestBackend>(pool: Pool<DB>
 /// A database whose event tables an earlier release created together with the key table (its
 /// migration recorded in `_idem_migrations`, which no longer lists it) keeps working: both
 /// migrations run again, and the waiting event is still there.
-async fn event_tables_an_earlier_release_created_are_adopted<DB: TestBackend>(
+async fn event_tables_an_earlier_release_created_are_adopted<DB: EventBackend>(
     pool: Pool<DB>,
     event_sql: &str,
     checksum: &str,
@@ -1035,7 +1035,7 @@ async fn sqlite_event_tables_an_earlier_release_created_are_adopted() {
 /// the stream holds it once, the consumer receives it once (the event enqueued after it comes
 /// next), and it is applied once.
 async fn nats_an_event_the_relay_publishes_again_is_stored_delivered_and_applied_once<
-    DB: TestBackend,
+    DB: EventBackend,
 >(
     pool: Pool<DB>,
 ) {
@@ -1089,7 +1089,7 @@ async fn nats_an_event_the_relay_publishes_again_is_stored_delivered_and_applied
 /// connection (a process that hangs, or was killed before it could say anything), is delivered
 /// again, to the next subscription, once the consumer's ack wait is over, and says it is
 /// delivered again.
-async fn nats_a_message_left_unsettled_is_delivered_again_after_the_ack_wait<DB: TestBackend>(
+async fn nats_a_message_left_unsettled_is_delivered_again_after_the_ack_wait<DB: EventBackend>(
     pool: Pool<DB>,
 ) {
     DB::prepare_events(&pool).await;
@@ -1135,7 +1135,7 @@ async fn nats_a_message_left_unsettled_is_delivered_again_after_the_ack_wait<DB:
 /// NATS only: the stream is created with the replicas a single server can hold (one), and a
 /// topic named like the dead letters is refused.
 async fn nats_the_stream_is_created_with_one_replica_per_server_and_dead_topics_are_refused<
-    DB: TestBackend,
+    DB: EventBackend,
 >(
     pool: Pool<DB>,
 ) {
@@ -1226,7 +1226,7 @@ async fn cluster_the_stream_is_created_with_three_replicas_on_three_servers() {
 /// The cluster: while a relay publishes and a consumer applies, the server holding the
 /// consumer's connection is killed with SIGKILL, then (after starting it again) the one holding
 /// the relay's: both reconnect to the others, and every event is applied exactly once.
-async fn cluster_a_node_killed_while_events_flow_loses_and_repeats_nothing<DB: TestBackend>(
+async fn cluster_a_node_killed_while_events_flow_loses_and_repeats_nothing<DB: EventBackend>(
     pool: Pool<DB>,
 ) {
     DB::prepare_events(&pool).await;

@@ -26,7 +26,8 @@ use idem_events::{
     Message, Processed, Publisher, Relay, RelayError, RelayOptions, Subscriber, Subscription,
 };
 use idem_tests::{
-    AnyDelivery, AnySubscription, Cue, PartitionProxy, TestBackend, TestBroker, wait_within,
+    AnyDelivery, AnySubscription, Cue, EventBackend, PartitionProxy, TestBackend, TestBroker,
+    wait_within,
 };
 use serde_json::json;
 use sqlx::{
@@ -102,7 +103,7 @@ impl EventHandler<Postgres> for Recorder {
         tx: &mut Transaction<'static, Postgres>,
     ) -> Result<(), String> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        <Postgres as TestBackend>::apply(tx, message)
+        <Postgres as EventBackend>::apply(tx, message)
             .await
             .map_err(|error| error.to_string())
     }
@@ -115,7 +116,7 @@ async fn direct_pool(connect: &PgConnectOptions) -> PgPool {
         .connect_with(connect.clone())
         .await
         .expect("connect to the test database");
-    <Postgres as TestBackend>::prepare_events(&pool).await;
+    <Postgres as EventBackend>::prepare_events(&pool).await;
     pool
 }
 
@@ -144,7 +145,7 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 /// How many times each message id was applied (rows of `test_applied`).
 async fn applications(pool: &PgPool) -> HashMap<String, usize> {
     let mut applied = HashMap::new();
-    for id in <Postgres as TestBackend>::applied(pool).await {
+    for id in <Postgres as EventBackend>::applied(pool).await {
         *applied.entry(id).or_default() += 1;
     }
     applied

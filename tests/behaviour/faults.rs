@@ -22,6 +22,12 @@ fn post(key: &str) -> Req {
 backend_tests! {
     async fn a_commit_the_database_refuses_is_500_commit_refused_and_stores_nothing(db) {
         let app = App::new(db).await;
+        if app.is_mysql() {
+            // MySQL checks every constraint at once: it has no deferred ones, and refuses a
+            // COMMIT on one server only for a lost connection (tested as an unknown outcome).
+            // A Galera cluster refuses one at certification: the cluster tests cover that.
+            return;
+        }
         let request = || Req::post("/test/deferred").tenant("t1").key("k1").build();
         let reply = app.send(request()).await;
         assert_eq!(
@@ -75,7 +81,8 @@ backend_tests! {
             assert!(!second.replayed());
             assert_eq!(&second.body[..], b"call 2");
         } else {
-            // SQLite undoes the failed statement alone: the answer is stored with the writes.
+            // SQLite and MySQL undo the failed statement alone: the answer is stored with the
+            // writes.
             assert_eq!(app.count("test_effects").await, 1);
             assert!(second.replayed());
             assert_eq!(&second.body[..], b"call 1");
@@ -94,6 +101,14 @@ backend_tests! {
                  FOR EACH ROW EXECUTE FUNCTION test_poison();",
             )
             .await;
+        } else if app.is_mysql() {
+            // MySQL's claim inserts the key's row and its completion updates it.
+            app.execute(
+                "CREATE TRIGGER test_poison BEFORE UPDATE ON idem_keys FOR EACH ROW \
+                 BEGIN IF NEW.`key` = 'poison' THEN \
+                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'poisoned key'; END IF; END",
+            )
+            .await;
         } else {
             app.execute(
                 "CREATE TRIGGER test_poison BEFORE INSERT ON idem_keys WHEN NEW.key = 'poison' \
@@ -107,7 +122,7 @@ backend_tests! {
             ProblemKind::StoreUnavailable.type_uri()
         );
         assert_eq!(app.count("test_entries").await, 0, "the entry was rolled back with the key");
-        assert_eq!(app.count("idem_keys").await, 0);
+        assert_eq!(app.count("idem_keys").await, 0, "the claim was rolled back too");
         assert_eq!(app.send(post("fine").build()).await.status, StatusCode::CREATED);
         assert_eq!(app.count("test_entries").await, 1);
     }
@@ -125,7 +140,9 @@ backend_tests! {
                 ProblemKind::CommitRefused.type_uri(),
                 "{how}"
             );
-            assert_eq!(app.keys_named(key).await, 0, "{how}: no outcome was stored");
+            // (MySQL: a handler's COMMIT commits the claim's row, which is expired from the
+            // start: the retry takes it over.)
+            assert_eq!(app.live_keys_named(key).await, 0, "{how}: no outcome was stored");
             // Nothing holds the key: a retry runs the handler again (and is refused again).
             let retry = app.send(request().build()).await;
             assert_eq!(retry.status, StatusCode::INTERNAL_SERVER_ERROR, "{how}");
@@ -136,7 +153,7 @@ backend_tests! {
             let reply = app.send(request.build()).await;
             assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{how}");
         }
-        assert_eq!(app.count("idem_keys").await, 0);
+        assert_eq!(app.live_keys().await, 0);
         // The connection is whole: a request after them all completes and is stored.
         let after = app.send(Req::post("/test/entries").tenant("t1").key("k6").json(&idem_tests::entry(1, "n")).build()).await;
         assert_eq!(after.status, StatusCode::CREATED, "{:?}", after.body);
@@ -379,6 +396,7 @@ async fn send_to_test_app(
     let router = match store {
         AnyStore::Postgres(store) => TestApp::default().routes(store, parts),
         AnyStore::Sqlite(store) => TestApp::default().routes(store, parts),
+        AnyStore::MySql(store) => TestApp::default().routes(store, parts),
     };
     tokio::time::timeout(idem_tests::DEADLINE, async {
         let response = tower::ServiceExt::oneshot(router, request).await.unwrap();

@@ -129,6 +129,11 @@ fn routes_with(
             let router = stuck_routes(probe).with_state(store.clone());
             (router, Box::new(move || store.keys_in_flight()))
         }
+        Db::MySql(pool) => {
+            let store = Store::new(pool.clone()).with_settings(settings);
+            let router = stuck_routes(probe).with_state(store.clone());
+            (router, Box::new(move || store.keys_in_flight()))
+        }
     }
 }
 
@@ -173,6 +178,7 @@ fn pool_size(app: &App) -> u32 {
     match &app.db {
         Db::Postgres(pool) => pool.size(),
         Db::Sqlite(pool) => pool.size(),
+        Db::MySql(pool) => pool.size(),
     }
 }
 
@@ -182,6 +188,7 @@ async fn effect_routes(app: &App) -> Vec<String> {
     match &app.db {
         Db::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
         Db::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
+        Db::MySql(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
     }
     .expect("read effects")
 }

@@ -87,6 +87,7 @@ impl Service for Waiting {
             match parts.store {
                 AnyStore::Postgres(store) => routes(store, &self.0).await,
                 AnyStore::Sqlite(store) => routes(store, &self.0).await,
+                AnyStore::MySql(store) => routes(store, &self.0).await,
             }
         })
     }
@@ -261,6 +262,7 @@ fn waiting(app: &App) -> usize {
     match app.store() {
         AnyStore::Postgres(store) => store.waiting(),
         AnyStore::Sqlite(store) => store.waiting(),
+        AnyStore::MySql(store) => store.waiting(),
     }
 }
 
@@ -419,8 +421,9 @@ backend_tests! {
         let first = spawn_post(&base, "/wait", "k1", None);
         wait_until("the first body to start", || async { probe.started() == 1 }).await;
         let waiter = spawn_post(&other_base, "/wait", "k1", Some("wait=5"));
-        if app.is_postgres() {
-            // PostgreSQL: the other instance looks again now and then, holding no connection.
+        if !app.is_single_writer() {
+            // PostgreSQL, MySQL: the other instance looks again now and then, holding no
+            // connection.
             wait_until("the duplicate to wait", || async { waiting(&other) == 1 }).await;
         }
         // (SQLite: the other instance waits for the file's write lock.)
@@ -430,7 +433,7 @@ backend_tests! {
         assert_eq!(waiter.status, StatusCode::CREATED, "{}", waiter.body);
         assert!(waiter.replayed());
         assert_eq!(waiter.body, "call 1");
-        if app.is_postgres() {
+        if !app.is_single_writer() {
             assert_eq!(waiter.header("preference-applied"), Some("wait=5"));
         }
         assert_eq!(probe.started(), 1);

@@ -6,12 +6,13 @@ use std::{future::Future, pin::Pin, sync::Arc};
 use axum::{Router, body::Body, http::Request};
 use idem_runtime::{Settings, Store};
 use sqlx::{
-    PgPool, Postgres, Sqlite, SqlitePool,
+    MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool,
+    mysql::MySqlPoolOptions,
     postgres::{PgConnectOptions, PgPoolOptions},
 };
 use tower::ServiceExt;
 
-use crate::{Calls, Reply, TestApp};
+use crate::{Calls, MySqlDb, Reply, TestApp};
 
 /// Where a test's data lives.
 #[derive(Debug)]
@@ -20,6 +21,9 @@ pub enum TestDb {
     Postgres(Box<PgConnectOptions>),
     /// A SQLite file in a directory of its own, removed after the test.
     Sqlite(tempfile::TempDir),
+    /// A database of its own on the MySQL (MariaDB) server, dropped after the test
+    /// ([`backend_tests!`](crate::backend_tests) drops it).
+    MySql(Box<MySqlDb>),
 }
 
 impl TestDb {
@@ -29,22 +33,26 @@ impl TestDb {
     }
 }
 
-/// A pool on either database.
+/// A pool on one of the databases.
 #[derive(Clone, Debug)]
 pub enum Db {
     /// PostgreSQL.
     Postgres(PgPool),
     /// SQLite.
     Sqlite(SqlitePool),
+    /// MySQL (MariaDB).
+    MySql(MySqlPool),
 }
 
-/// A store on either database.
+/// A store on one of the databases.
 #[derive(Clone, Debug)]
 pub enum AnyStore {
     /// PostgreSQL.
     Postgres(Store<Postgres>),
     /// SQLite.
     Sqlite(Store<Sqlite>),
+    /// MySQL (MariaDB).
+    MySql(Store<MySql>),
 }
 
 /// What an instance is built from: its store, and the counters and gate the test shares with
@@ -144,6 +152,14 @@ impl App {
                 let dir = Some(Arc::new(dir));
                 Self::build_on(Db::Sqlite(pool), options.settings, service, dir).await
             }
+            TestDb::MySql(database) => {
+                let pool = MySqlPoolOptions::new()
+                    .max_connections(connections)
+                    .connect_with(database.options().clone())
+                    .await
+                    .expect("connect to the test database");
+                Self::build_on(Db::MySql(pool), options.settings, service, None).await
+            }
         }
     }
 
@@ -176,6 +192,13 @@ impl App {
                 let dir = self.dir.as_ref().expect("a SQLite app has its directory");
                 Db::Sqlite(sqlite_pool(dir, connections).await)
             }
+            Db::MySql(pool) => Db::MySql(
+                MySqlPoolOptions::new()
+                    .max_connections(connections)
+                    .connect_with((*pool.connect_options()).clone())
+                    .await
+                    .expect("connect to the test database"),
+            ),
         };
         Self::build_on(db, options.settings, service, self.dir.clone()).await
     }
@@ -191,6 +214,7 @@ impl App {
                 AnyStore::Postgres(Store::new(pool.clone()).with_settings(settings))
             }
             Db::Sqlite(pool) => AnyStore::Sqlite(Store::new(pool.clone()).with_settings(settings)),
+            Db::MySql(pool) => AnyStore::MySql(Store::new(pool.clone()).with_settings(settings)),
         };
         let calls = Arc::new(Calls::default());
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
@@ -251,6 +275,7 @@ impl App {
         match &self.store {
             AnyStore::Postgres(store) => store.keys_in_flight(),
             AnyStore::Sqlite(store) => store.keys_in_flight(),
+            AnyStore::MySql(store) => store.keys_in_flight(),
         }
     }
 
@@ -259,12 +284,24 @@ impl App {
         match &self.store {
             AnyStore::Postgres(store) => store.queued_writers(),
             AnyStore::Sqlite(store) => store.queued_writers(),
+            AnyStore::MySql(store) => store.queued_writers(),
         }
     }
 
-    /// Whether the app stores in PostgreSQL (else SQLite).
+    /// Whether the app stores in PostgreSQL.
     pub fn is_postgres(&self) -> bool {
         matches!(self.db, Db::Postgres(_))
+    }
+
+    /// Whether the app stores in MySQL (MariaDB).
+    pub fn is_mysql(&self) -> bool {
+        matches!(self.db, Db::MySql(_))
+    }
+
+    /// Whether the app's database takes one writer at a time (SQLite), so that a duplicate
+    /// waits for the first's write lock instead of being refused at once (PostgreSQL, MySQL).
+    pub fn is_single_writer(&self) -> bool {
+        matches!(self.db, Db::Sqlite(_))
     }
 }
 

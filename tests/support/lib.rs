@@ -1,12 +1,12 @@
 //! The harness of the behaviour tests and the suite's own test app.
 //!
-//! The harness runs a [`Service`] over a store on a fresh database of either kind ([`App`]),
+//! The harness runs a [`Service`] over a store on a fresh database of any of the three kinds ([`App`]),
 //! sends it requests ([`Req`], [`Reply`]) and looks into the database ([`App::count`] and the
 //! other probes). [`TestApp`] is the service the library's tests drive: a few handlers written
-//! for the tests, each once for both databases. The example's tests run the example's service
+//! for the tests, each once for every database. The example's tests run the example's service
 //! on the same harness.
 //!
-//! Every behaviour test is written once and run on both backends through [`backend_tests!`].
+//! Every behaviour test is written once and run on every backend through [`backend_tests!`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -18,6 +18,7 @@ mod fault_proxy;
 mod handlers;
 mod http;
 mod log;
+mod mysql;
 mod nats_cluster;
 mod orders;
 mod partition;
@@ -39,6 +40,7 @@ pub use fault_proxy::{Fault, FaultProxy, Seen};
 pub use handlers::{Account, Calls};
 pub use http::{Reply, Req, entry};
 pub use log::CapturedLog;
+pub use mysql::{MySqlDb, positional};
 pub use nats_cluster::{CLUSTER_ACK_WAIT, NATS_NODES, NatsCluster, RestartOnDrop};
 pub use partition::{Cue, PartitionProxy, PgMessage};
 pub use proxy::CommitCutter;
@@ -46,12 +48,38 @@ pub use redis_server::RedisServer;
 pub use statements::StatementLog;
 pub use tcp_proxy::TcpProxy;
 pub use tenant::Tenant;
-pub use test_app::{Param, TestApp, TestBackend, run, run_on};
+pub use test_app::{EventBackend, Param, TestApp, TestBackend, run, run_on};
 
-/// Runs each test body on PostgreSQL (a fresh database from `#[sqlx::test]`) and on SQLite (a
-/// fresh file), as `postgres::<name>` and `sqlite::<name>`.
+/// Runs each test body on PostgreSQL (a fresh database from `#[sqlx::test]`), on SQLite (a
+/// fresh file) and on MySQL (a fresh database on the MariaDB server), as `postgres::<name>`,
+/// `sqlite::<name>` and `mysql::<name>`.
 #[macro_export]
 macro_rules! backend_tests {
+    ($(async fn $name:ident($db:ident) $body:block)*) => {
+        $crate::postgres_and_sqlite_tests! { $(async fn $name($db) $body)* }
+        mod mysql {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let database = $crate::MySqlDb::create().await;
+                    let name = database.name().to_owned();
+                    {
+                        let $db = $crate::TestDb::MySql(Box::new(database));
+                        $body
+                    }
+                    $crate::MySqlDb::drop_named(&name).await;
+                }
+            )*
+        }
+    };
+}
+
+/// [`backend_tests!`] on PostgreSQL and SQLite only: for the example's tests, whose service
+/// does not run on MySQL yet.
+#[macro_export]
+macro_rules! postgres_and_sqlite_tests {
     ($(async fn $name:ident($db:ident) $body:block)*) => {
         mod postgres {
             #[allow(unused_imports)]

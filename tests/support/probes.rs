@@ -3,7 +3,7 @@
 
 use idem_runtime::{
     Store,
-    sqlx::{Postgres, Sqlite},
+    sqlx::{MySql, Postgres, Sqlite},
     tasks::{
         Purge, PurgeOptions, PurgeReport, Recovery, RecoveryHook, RecoveryOptions, RecoveryReport,
         TaskHandle,
@@ -12,42 +12,68 @@ use idem_runtime::{
 
 use crate::{App, Db};
 
+/// `$body` with `$pool` bound to the app's pool, whatever its database: sqlx's executors are per
+/// database type, the statement the same.
+macro_rules! on_pool {
+    ($db:expr, $pool:ident => $body:expr) => {
+        match $db {
+            Db::Postgres($pool) => $body,
+            Db::Sqlite($pool) => $body,
+            Db::MySql($pool) => $body,
+        }
+    };
+}
+
+/// The statements of the probes, written for PostgreSQL and SQLite, as MySQL spells them: its
+/// positional parameters, and its reserved word `key` quoted.
+fn for_db(db: &Db, sql: &str) -> String {
+    match db {
+        Db::MySql(_) => {
+            let (sql, _) = crate::positional(sql);
+            sql.replace(" key ", " `key` ")
+                .replace(" key,", " `key`,")
+                .replace("(key,", "(`key`,")
+        }
+        _ => sql.to_owned(),
+    }
+}
+
 impl App {
     /// Runs a statement that has no parameters.
     pub async fn execute(&self, sql: &'static str) {
-        match &self.db {
-            Db::Postgres(pool) => sqlx::raw_sql(sql).execute(pool).await.map(|_| ()),
-            Db::Sqlite(pool) => sqlx::raw_sql(sql).execute(pool).await.map(|_| ()),
-        }
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        on_pool!(&self.db, pool => sqlx::raw_sql(sql).execute(pool).await.map(|_| ()))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
     async fn scalar(&self, sql: String, bind: Option<&str>) -> i64 {
-        let sql = sqlx::AssertSqlSafe(sql);
-        match &self.db {
-            Db::Postgres(pool) => {
-                let query = sqlx::query_scalar::<_, i64>(sql);
-                match bind {
-                    Some(value) => query.bind(value).fetch_one(pool).await,
-                    None => query.fetch_one(pool).await,
-                }
+        let sql = sqlx::AssertSqlSafe(for_db(&self.db, &sql));
+        on_pool!(&self.db, pool => {
+            let query = sqlx::query_scalar::<_, i64>(sql);
+            match bind {
+                Some(value) => query.bind(value).fetch_one(pool).await,
+                None => query.fetch_one(pool).await,
             }
-            Db::Sqlite(pool) => {
-                let query = sqlx::query_scalar::<_, i64>(sql);
-                match bind {
-                    Some(value) => query.bind(value).fetch_one(pool).await,
-                    None => query.fetch_one(pool).await,
-                }
-            }
-        }
+        })
         .expect("a number")
     }
 
     /// Locks the database holds for keys right now: PostgreSQL's advisory locks in this test's
     /// database (other databases on the server are not counted); on SQLite, 1 while some
-    /// connection holds the write lock (found by trying to take it without waiting), else 0.
+    /// connection holds the write lock (found by trying to take it without waiting), else 0; on
+    /// MySQL, the row locks of this test's database's open transactions (the claims' rows).
     pub async fn db_locks(&self) -> i64 {
         match self.db {
+            Db::MySql(_) => {
+                self.scalar(
+                    "SELECT CAST(COALESCE(SUM(t.trx_rows_locked), 0) AS SIGNED) \
+                     FROM information_schema.innodb_trx t \
+                     JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+                     WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()"
+                        .into(),
+                    None,
+                )
+                .await
+            }
             Db::Postgres(_) => {
                 self.scalar(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
@@ -93,6 +119,36 @@ impl App {
         .await
     }
 
+    /// Live rows of the key table for `key` (not past their expiry), in any scope.
+    pub async fn live_keys_named(&self, key: &str) -> i64 {
+        let sql = match self.db {
+            Db::Postgres(_) => {
+                "SELECT count(*) FROM idem_keys WHERE key = $1 AND expires_at > now()"
+            }
+            Db::Sqlite(_) => {
+                "SELECT count(*) FROM idem_keys WHERE key = $1 \
+                 AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+            }
+            Db::MySql(_) => {
+                "SELECT count(*) FROM idem_keys WHERE key = $1 AND expires_at > UTC_TIMESTAMP(6)"
+            }
+        };
+        self.scalar(sql.into(), Some(key)).await
+    }
+
+    /// Live rows of the key table (not past their expiry).
+    pub async fn live_keys(&self) -> i64 {
+        let sql = match self.db {
+            Db::Postgres(_) => "SELECT count(*) FROM idem_keys WHERE expires_at > now()",
+            Db::Sqlite(_) => {
+                "SELECT count(*) FROM idem_keys \
+                 WHERE expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+            }
+            Db::MySql(_) => "SELECT count(*) FROM idem_keys WHERE expires_at > UTC_TIMESTAMP(6)",
+        };
+        self.scalar(sql.into(), None).await
+    }
+
     /// Rows of the key table with `status`.
     pub async fn keys_with_status(&self, status: &str) -> i64 {
         self.scalar(
@@ -104,12 +160,12 @@ impl App {
 
     /// The status of `key`'s row, if there is one.
     pub async fn key_status(&self, key: &str) -> Option<String> {
-        let sql = "SELECT status FROM idem_keys WHERE key = $1";
-        match &self.db {
-            Db::Postgres(pool) => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await,
-            Db::Sqlite(pool) => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await,
-        }
-        .expect("read key")
+        let sql = sqlx::AssertSqlSafe(for_db(
+            &self.db,
+            "SELECT status FROM idem_keys WHERE key = $1",
+        ));
+        on_pool!(&self.db, pool => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await)
+            .expect("read key")
     }
 
     /// Seconds between `key`'s creation and its expiry.
@@ -121,6 +177,9 @@ impl App {
             Db::Sqlite(_) => {
                 "SELECT (expires_at - created_at) / 1000 FROM idem_keys WHERE key = $1"
             }
+            Db::MySql(_) => {
+                "SELECT TIMESTAMPDIFF(SECOND, created_at, expires_at) FROM idem_keys WHERE key = $1"
+            }
         };
         self.scalar(sql.into(), Some(key)).await
     }
@@ -128,7 +187,13 @@ impl App {
     /// The stored response status of `key`.
     pub async fn response_status(&self, key: &str) -> i64 {
         self.scalar(
-            "SELECT CAST(response_status AS BIGINT) FROM idem_keys WHERE key = $1".into(),
+            match self.db {
+                Db::MySql(_) => {
+                    "SELECT CAST(response_status AS SIGNED) FROM idem_keys WHERE key = $1"
+                }
+                _ => "SELECT CAST(response_status AS BIGINT) FROM idem_keys WHERE key = $1",
+            }
+            .into(),
             Some(key),
         )
         .await
@@ -147,6 +212,12 @@ impl App {
                 )
                 .await;
             }
+            Db::MySql(_) => {
+                self.execute(
+                    "UPDATE idem_keys SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND",
+                )
+                .await;
+            }
         }
     }
 
@@ -159,12 +230,13 @@ impl App {
             Db::Sqlite(_) => {
                 "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) - 1000 WHERE key = $1"
             }
+            Db::MySql(_) => {
+                "UPDATE idem_keys SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE key = $1"
+            }
         };
-        match &self.db {
-            Db::Postgres(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
-            Db::Sqlite(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
-        }
-        .expect("lapse lease");
+        let sql = sqlx::AssertSqlSafe(for_db(&self.db, sql));
+        on_pool!(&self.db, pool => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()))
+            .expect("lapse lease");
     }
 
     /// Inserts `n` completed keys in `scope`, expiring `expires_in_secs` from now (negative:
@@ -197,6 +269,21 @@ impl App {
             .bind(scope)
             .bind(n)
             .bind(expires_in_secs)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+            Db::MySql(pool) => sqlx::query(
+                "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, \
+                   response_status, response_headers, response_body, created_at, expires_at) \
+                 SELECT ?, CONCAT('seed-', ?, '-', seq), 'POST', '/v1/payments', \
+                   UNHEX(SHA2(seq, 256)), 'completed', 201, '[]', '', UTC_TIMESTAMP(6), \
+                   UTC_TIMESTAMP(6) + INTERVAL ? SECOND \
+                 FROM seq_1_to_1000000 WHERE seq <= ?",
+            )
+            .bind(scope)
+            .bind(scope)
+            .bind(expires_in_secs)
+            .bind(n)
             .execute(pool)
             .await
             .map(|_| ()),
@@ -235,6 +322,20 @@ impl App {
             .execute(pool)
             .await
             .map(|_| ()),
+            Db::MySql(pool) => sqlx::query(
+                "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, created_at, \
+                   expires_at, locked_at, lease_until, claim_token) \
+                 VALUES (?, ?, 'POST', ?, ?, 'started', UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE, \
+                   UTC_TIMESTAMP(6) + INTERVAL 1 DAY, UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE, \
+                   UTC_TIMESTAMP(6) - INTERVAL 55 SECOND, 42)",
+            )
+            .bind(scope)
+            .bind(key)
+            .bind(path)
+            .bind(fingerprint)
+            .execute(pool)
+            .await
+            .map(|_| ()),
         }
         .expect("insert claim");
     }
@@ -248,17 +349,21 @@ impl App {
             Db::Sqlite(_) => {
                 "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + 60000 WHERE key = $1"
             }
+            Db::MySql(_) => {
+                "UPDATE idem_keys SET lease_until = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE key = $1"
+            }
         };
-        match &self.db {
-            Db::Postgres(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
-            Db::Sqlite(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
-        }
-        .expect("renew lease");
+        let sql = sqlx::AssertSqlSafe(for_db(&self.db, sql));
+        on_pool!(&self.db, pool => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()))
+            .expect("renew lease");
     }
 
     /// The net units `POST /test/orders` moved out of stock (takes less give-backs).
     pub async fn units_taken(&self) -> i64 {
-        let sql = "SELECT CAST(COALESCE(-sum(units), 0) AS bigint) FROM test_stock_moves";
+        let sql = match self.db {
+            Db::MySql(_) => "SELECT CAST(COALESCE(-sum(units), 0) AS SIGNED) FROM test_stock_moves",
+            _ => "SELECT CAST(COALESCE(-sum(units), 0) AS bigint) FROM test_stock_moves",
+        };
         self.scalar(sql.into(), None).await
     }
 
@@ -267,12 +372,12 @@ impl App {
         let sql = match self.db {
             Db::Postgres(_) => "SELECT steps::text FROM idem_keys WHERE key = $1",
             Db::Sqlite(_) => "SELECT steps FROM idem_keys WHERE key = $1",
+            Db::MySql(_) => "SELECT steps FROM idem_keys WHERE key = $1",
         };
-        let steps: Option<Option<String>> = match &self.db {
-            Db::Postgres(pool) => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await,
-            Db::Sqlite(pool) => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await,
-        }
-        .expect("read the steps");
+        let sql = sqlx::AssertSqlSafe(for_db(&self.db, sql));
+        let steps: Option<Option<String>> =
+            on_pool!(&self.db, pool => sqlx::query_scalar(sql).bind(key).fetch_optional(pool).await)
+                .expect("read the steps");
         let Some(Some(steps)) = steps else {
             return Vec::new();
         };
@@ -286,33 +391,28 @@ impl App {
     /// Gives `key`'s claim to an owner no request has, as a takeover by another process would:
     /// the request that held it no longer owns it.
     pub async fn steal_claim(&self, key: &str) {
-        let sql = "UPDATE idem_keys SET claim_token = 0 WHERE key = $1";
-        match &self.db {
-            Db::Postgres(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
-            Db::Sqlite(pool) => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()),
-        }
-        .expect("steal the claim");
+        let sql = for_db(
+            &self.db,
+            "UPDATE idem_keys SET claim_token = 0 WHERE key = $1",
+        );
+        let sql = sqlx::AssertSqlSafe(sql);
+        on_pool!(&self.db, pool => sqlx::query(sql).bind(key).execute(pool).await.map(|_| ()))
+            .expect("steal the claim");
     }
 
     /// One purge pass.
     pub async fn purge(&self, options: PurgeOptions) -> PurgeReport {
-        match &self.db {
-            Db::Postgres(pool) => Store::new(pool.clone()).purge_expired(options).await,
-            Db::Sqlite(pool) => Store::new(pool.clone()).purge_expired(options).await,
-        }
-        .expect("purge")
+        on_pool!(&self.db, pool => Store::new(pool.clone()).purge_expired(options).await)
+            .expect("purge")
     }
 
     /// One recovery pass.
-    pub async fn recover<H: RecoveryHook<Postgres> + RecoveryHook<Sqlite>>(
+    pub async fn recover<H: RecoveryHook<Postgres> + RecoveryHook<Sqlite> + RecoveryHook<MySql>>(
         &self,
         hook: &H,
     ) -> RecoveryReport {
-        match &self.db {
-            Db::Postgres(pool) => Store::new(pool.clone()).recover_abandoned(hook, 100).await,
-            Db::Sqlite(pool) => Store::new(pool.clone()).recover_abandoned(hook, 100).await,
-        }
-        .expect("recover")
+        on_pool!(&self.db, pool => Store::new(pool.clone()).recover_abandoned(hook, 100).await)
+            .expect("recover")
     }
 
     /// The background purge task, a pass every `every`.
@@ -322,26 +422,20 @@ impl App {
         stop: idem_runtime::CancellationToken,
     ) -> TaskHandle {
         let options = PurgeOptions::default().with_interval(every);
-        match &self.db {
-            Db::Postgres(pool) => Purge::new(Store::new(pool.clone()), options).spawn(stop),
-            Db::Sqlite(pool) => Purge::new(Store::new(pool.clone()), options).spawn(stop),
-        }
+        on_pool!(&self.db, pool => Purge::new(Store::new(pool.clone()), options).spawn(stop))
     }
 
     /// The background recovery task with `hook`, a pass every `every`.
-    pub fn spawn_recovery<H: RecoveryHook<Postgres> + RecoveryHook<Sqlite>>(
+    pub fn spawn_recovery<
+        H: RecoveryHook<Postgres> + RecoveryHook<Sqlite> + RecoveryHook<MySql>,
+    >(
         &self,
         hook: H,
         every: std::time::Duration,
         stop: idem_runtime::CancellationToken,
     ) -> TaskHandle {
         let options = RecoveryOptions::default().with_interval(every);
-        match &self.db {
-            Db::Postgres(pool) => {
-                Recovery::new(Store::new(pool.clone()), hook, options).spawn(stop)
-            }
-            Db::Sqlite(pool) => Recovery::new(Store::new(pool.clone()), hook, options).spawn(stop),
-        }
+        on_pool!(&self.db, pool => Recovery::new(Store::new(pool.clone()), hook, options).spawn(stop))
     }
 }
 

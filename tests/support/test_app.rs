@@ -4,7 +4,7 @@
 
 use axum::{Extension, Router};
 use idem_runtime::{Backend, Store};
-use sqlx::{Pool, Postgres, Sqlite, Transaction};
+use sqlx::{MySql, Pool, Postgres, Sqlite, Transaction};
 
 use crate::{
     AnyStore, Building, Parts, Service, downstream::unreachable_url, entries, handlers, orders,
@@ -61,6 +61,7 @@ impl Service for TestApp {
             match parts.store.clone() {
                 AnyStore::Postgres(store) => self.router(store, parts).await,
                 AnyStore::Sqlite(store) => self.router(store, parts).await,
+                AnyStore::MySql(store) => self.router(store, parts).await,
             }
         })
     }
@@ -75,10 +76,11 @@ pub enum Param<'a> {
     Int(i64),
 }
 
-/// A database the tests run on, the one per-database trait of the harness: a backend of both
-/// crates (`idem-runtime`'s and `idem-events`'), with the little SQL the test handlers and the
-/// event tests send.
-pub trait TestBackend: Backend + idem_events::Backend {
+/// A database the tests run on, the per-database trait of the harness: an `idem-runtime`
+/// backend, with the little SQL the test handlers and the probes send. The test handlers write
+/// their statements once, with PostgreSQL's numbered parameters (`$1`); a database with
+/// positional ones (MySQL) rewrites them ([`positional`](crate::positional)).
+pub trait TestBackend: Backend {
     /// Creates the test app's tables.
     fn create_tables(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
@@ -96,6 +98,22 @@ pub trait TestBackend: Backend + idem_events::Backend {
         params: &'a [Param<'a>],
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
 
+    /// The one integer `sql` selects.
+    fn count<'a>(pool: &'a Pool<Self>, sql: &'a str) -> impl Future<Output = i64> + Send + 'a;
+
+    /// The text column `sql` selects, row by row.
+    fn strings<'a>(
+        pool: &'a Pool<Self>,
+        sql: &'a str,
+    ) -> impl Future<Output = Vec<String>> + Send + 'a;
+
+    /// Runs the statements of `sql`.
+    fn run_sql<'a>(pool: &'a Pool<Self>, sql: &'a str) -> impl Future<Output = ()> + Send + 'a;
+}
+
+/// A database the event tests run on: a backend of both crates (`idem-runtime`'s and
+/// `idem-events'`), with the SQL of the event tests' consumer.
+pub trait EventBackend: TestBackend + idem_events::Backend {
     /// Creates the event tables (`idem_events::migrate`) and `test_applied`, where the event
     /// tests' consumer records each message it applies (with no unique constraint: a message
     /// applied twice shows as two rows).
@@ -109,18 +127,6 @@ pub trait TestBackend: Backend + idem_events::Backend {
         tx: &'a mut Transaction<'static, Self>,
         message: &'a idem_events::Message,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
-
-    /// The one integer `sql` selects.
-    fn count<'a>(pool: &'a Pool<Self>, sql: &'a str) -> impl Future<Output = i64> + Send + 'a;
-
-    /// The text column `sql` selects, row by row.
-    fn strings<'a>(
-        pool: &'a Pool<Self>,
-        sql: &'a str,
-    ) -> impl Future<Output = Vec<String>> + Send + 'a;
-
-    /// Runs the statements of `sql`.
-    fn run_sql<'a>(pool: &'a Pool<Self>, sql: &'a str) -> impl Future<Output = ()> + Send + 'a;
 }
 
 /// Runs `sql` in the handler's transaction.
@@ -157,6 +163,33 @@ macro_rules! shared_tables {
          );
          CREATE TABLE IF NOT EXISTS test_stock_moves (tenant text NOT NULL, units bigint NOT NULL);
          CREATE TABLE IF NOT EXISTS test_bookings (tenant text NOT NULL, transfer text NOT NULL);"
+    };
+}
+
+/// The statements a test sends on a pool, alike on every database (sqlx's executors are per
+/// database type): `TestBackend::{count, strings, run_sql}`.
+macro_rules! pool_queries {
+    () => {
+        async fn count<'a>(pool: &'a Pool<Self>, sql: &'a str) -> i64 {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                .fetch_one(pool)
+                .await
+                .unwrap_or_else(|error| panic!("{sql}: {error}"))
+        }
+
+        async fn strings<'a>(pool: &'a Pool<Self>, sql: &'a str) -> Vec<String> {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+                .fetch_all(pool)
+                .await
+                .unwrap_or_else(|error| panic!("{sql}: {error}"))
+        }
+
+        async fn run_sql<'a>(pool: &'a Pool<Self>, sql: &'a str) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+                .execute(pool)
+                .await
+                .unwrap_or_else(|error| panic!("{sql}: {error}"));
+        }
     };
 }
 
@@ -204,6 +237,10 @@ macro_rules! test_backend {
                 query.fetch_optional(conn).await
             }
 
+            pool_queries!();
+        }
+
+        impl EventBackend for $db {
             async fn prepare_events(pool: &Pool<Self>) {
                 idem_events::migrate(pool).await.expect("migrate the event tables");
                 sqlx::query(
@@ -232,27 +269,6 @@ macro_rules! test_backend {
                     .await?;
                 Ok(())
             }
-
-            async fn count<'a>(pool: &'a Pool<Self>, sql: &'a str) -> i64 {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .fetch_one(pool)
-                    .await
-                    .unwrap_or_else(|error| panic!("{sql}: {error}"))
-            }
-
-            async fn strings<'a>(pool: &'a Pool<Self>, sql: &'a str) -> Vec<String> {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .fetch_all(pool)
-                    .await
-                    .unwrap_or_else(|error| panic!("{sql}: {error}"))
-            }
-
-            async fn run_sql<'a>(pool: &'a Pool<Self>, sql: &'a str) {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-                    .execute(pool)
-                    .await
-                    .unwrap_or_else(|error| panic!("{sql}: {error}"));
-            }
         }
     };
 }
@@ -260,3 +276,83 @@ macro_rules! test_backend {
 // Only the type of a generated id is spelt per database.
 test_backend!(Postgres, "bigserial");
 test_backend!(Sqlite, "integer");
+
+/// The test app's tables on MySQL: texts that compare exactly (`utf8mb4_bin`), InnoDB. MySQL
+/// checks a foreign key at once: it has no deferred constraints.
+const MYSQL_TABLES: &str = "\
+    CREATE TABLE IF NOT EXISTS test_effects (
+        route VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+        tenant VARCHAR(255) COLLATE utf8mb4_bin NOT NULL
+    ) ENGINE = InnoDB;
+    CREATE TABLE IF NOT EXISTS test_unique (id INTEGER PRIMARY KEY) ENGINE = InnoDB;
+    CREATE TABLE IF NOT EXISTS test_parent (id INTEGER PRIMARY KEY) ENGINE = InnoDB;
+    CREATE TABLE IF NOT EXISTS test_child (
+        parent INTEGER, FOREIGN KEY (parent) REFERENCES test_parent (id)
+    ) ENGINE = InnoDB;
+    CREATE TABLE IF NOT EXISTS test_transfers (
+        id VARCHAR(255) COLLATE utf8mb4_bin PRIMARY KEY,
+        tenant VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+        entry BIGINT NOT NULL, amount BIGINT NOT NULL
+    ) ENGINE = InnoDB;
+    CREATE TABLE IF NOT EXISTS test_stock_moves (
+        tenant VARCHAR(255) COLLATE utf8mb4_bin NOT NULL, units BIGINT NOT NULL
+    ) ENGINE = InnoDB;
+    CREATE TABLE IF NOT EXISTS test_bookings (
+        tenant VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+        transfer VARCHAR(255) COLLATE utf8mb4_bin NOT NULL
+    ) ENGINE = InnoDB;
+    CREATE TABLE IF NOT EXISTS test_entries (
+        id BIGINT AUTO_INCREMENT PRIMARY KEY,
+        tenant VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+        amount BIGINT NOT NULL, note TEXT NOT NULL
+    ) ENGINE = InnoDB;";
+
+/// `sql` with MySQL's positional parameters, and `params` in the order they take them.
+fn positional_query<'a>(
+    sql: &str,
+    params: &'a [Param<'a>],
+) -> (sqlx::AssertSqlSafe<String>, Vec<Param<'a>>) {
+    let (sql, order) = crate::positional(sql);
+    let params = order.into_iter().map(|n| params[n]).collect();
+    (sqlx::AssertSqlSafe(sql), params)
+}
+
+impl TestBackend for MySql {
+    async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(MYSQL_TABLES).execute(pool).await.map(|_| ())
+    }
+
+    async fn execute<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'static str,
+        params: &'a [Param<'a>],
+    ) -> Result<u64, sqlx::Error> {
+        let (sql, params) = positional_query(sql, params);
+        let mut query = sqlx::query(sql);
+        for param in params {
+            query = match param {
+                Param::Text(text) => query.bind(text),
+                Param::Int(int) => query.bind(int),
+            };
+        }
+        Ok(query.execute(conn).await?.rows_affected())
+    }
+
+    async fn fetch_int<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'static str,
+        params: &'a [Param<'a>],
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let (sql, params) = positional_query(sql, params);
+        let mut query = sqlx::query_scalar(sql);
+        for param in params {
+            query = match param {
+                Param::Text(text) => query.bind(text),
+                Param::Int(int) => query.bind(int),
+            };
+        }
+        query.fetch_optional(conn).await
+    }
+
+    pool_queries!();
+}

@@ -15,7 +15,7 @@ use idem_client::{
     Action, Attempt, FileKeyStore, IdempotencyKey, IdempotentRetry, RetryPolicy,
     reqwest_middleware::{ClientBuilder, ClientWithMiddleware},
 };
-use idem_tests::{App, Fault, FaultProxy, backend_tests};
+use idem_tests::{App, Fault, FaultProxy, postgres_and_sqlite_tests};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -73,7 +73,7 @@ async fn payments(app: &App) -> i64 {
     app.count("payments").await
 }
 
-backend_tests! {
+postgres_and_sqlite_tests! {
     async fn every_logical_request_makes_one_payment_whatever_the_proxy_does(db) {
         let app = service::app(db).await;
         let proxy = proxied(&app).await;

@@ -5,7 +5,7 @@
 use crate::service;
 
 use axum::http::StatusCode;
-use idem_tests::{Req, backend_tests};
+use idem_tests::{Req, postgres_and_sqlite_tests};
 use service::{payment, payment_statuses};
 
 const PAYMENTS: &str = "/v1/payments";
@@ -15,7 +15,7 @@ fn pay(tenant: &str, key: &str, body: &str) -> Req {
     Req::post(PAYMENTS).tenant(tenant).key(key).json(body)
 }
 
-backend_tests! {
+postgres_and_sqlite_tests! {
     async fn a_payment_is_201_with_its_location_and_a_retry_leaves_one_to_read(db) {
         let app = service::app(db).await;
         let first = app.send(pay("t1", "k1", &payment(4200, "cus_1")).build()).await;

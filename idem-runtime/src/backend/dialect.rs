@@ -12,11 +12,13 @@ use crate::record::Completion;
 /// every database that implements it gets
 /// [`SharedStorage`](super::shared::SharedStorage), the statements written once for all.
 ///
-/// A new database backend (say MySQL) supplies, in an `impl Dialect for sqlx::MySql`:
+/// A database backend supplies, in an `impl Dialect for` its sqlx database type:
 ///
 /// - the three statements whose SQL differs: [`COMPLETE`](Dialect::COMPLETE),
 ///   [`FINISH`](Dialect::FINISH) and [`LAPSE`](Dialect::LAPSE), with the parameters
-///   documented on each, in that order;
+///   documented on each, bound in that order (a database whose parameters are positional,
+///   as MySQL's `?`, takes them in that order: `backend/mysql.rs` shows how a statement that
+///   uses them in another order reads them from a derived table);
 /// - the type its `response_status` column holds ([`Status`](Dialect::Status), from
 ///   [`status`](Dialect::status)), how a time to live is bound ([`Expiry`](Dialect::Expiry),
 ///   from [`expiry`](Dialect::expiry)), the completion's last parameter
@@ -47,6 +49,25 @@ pub(super) trait Dialect: sqlx::Database {
     /// Ends the lease of the `started` row owned by `$3` now, keeping its recorded steps: `$1`
     /// scope, `$2` key, `$3` claim token.
     const LAPSE: &'static str;
+
+    /// Deletes the `started` row owned by `$3`: `$1` scope, `$2` key, `$3` claim token. The
+    /// default is written for PostgreSQL and SQLite, as are the three below; a database that
+    /// spells them otherwise (MySQL's `?` parameters, its reserved word `key`) gives its own.
+    const RELEASE: &'static str = "DELETE FROM idem_keys \
+         WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
+    /// [`RELEASE`](Dialect::RELEASE), only of a row without recorded steps.
+    const RELEASE_WITHOUT_STEPS: &'static str = "DELETE FROM idem_keys \
+         WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3 \
+           AND steps IS NULL";
+
+    /// Records the steps `$4` (JSON) of the `started` row owned by `$3`: `$1` scope, `$2` key.
+    const RECORD_STEPS: &'static str = "UPDATE idem_keys SET steps = $4 \
+         WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
+    /// The `steps` column of the row owned by `$3`: `$1` scope, `$2` key.
+    const RECORDED_STEPS: &'static str =
+        "SELECT steps FROM idem_keys WHERE scope = $1 AND key = $2 AND claim_token = $3";
 
     /// The migrations that create and upgrade the key table (`sqlx::migrate!` of the
     /// backend's directory); recorded in `_idem_migrations`.

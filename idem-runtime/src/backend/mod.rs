@@ -20,10 +20,10 @@ pub(crate) enum Begun<'c, DB: sqlx::Database> {
     Acquired(Transaction<'c, DB>, Option<String>),
     /// Another transaction holds the key; this one was dropped (its rollback queued).
     #[cfg_attr(
-        not(feature = "postgres"),
+        not(any(feature = "postgres", feature = "mysql")),
         expect(
             dead_code,
-            reason = "only PostgreSQL claims without waiting for the holder"
+            reason = "SQLite's writers queue: a claim there never meets another"
         )
     )]
     Busy,
@@ -62,13 +62,16 @@ pub(crate) enum Undone {
 mod dialect;
 mod shared;
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
 /// A database that can hold idempotency keys in the same transaction as the handler's writes:
-/// `sqlx::Postgres` (feature `postgres`) or `sqlx::Sqlite` (feature `sqlite`).
+/// `sqlx::Postgres` (feature `postgres`), `sqlx::Sqlite` (feature `sqlite`) or `sqlx::MySql`
+/// (feature `mysql`, MySQL and MariaDB).
 ///
 /// The `#[idempotent]` macro picks the backend from the handler's transaction type
 /// (`&mut Transaction<'_, Postgres>` selects `sqlx::Postgres`); its output has the same shape
@@ -77,7 +80,7 @@ mod sqlite;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a database idem can store keys in",
     label = "the transaction's database must be one idem supports",
-    note = "idem supports `sqlx::Postgres` (feature `postgres`) and `sqlx::Sqlite` (feature `sqlite`) of the sqlx that `idem-runtime` depends on (0.9); a different sqlx version in your Cargo.toml gives this error too"
+    note = "idem supports `sqlx::Postgres` (feature `postgres`), `sqlx::Sqlite` (feature `sqlite`) and `sqlx::MySql` (feature `mysql`) of the sqlx that `idem-runtime` depends on (0.9); a different sqlx version in your Cargo.toml gives this error too"
 )]
 #[allow(private_bounds)]
 pub trait Backend: Storage + sealed::Sealed {}
@@ -86,6 +89,8 @@ pub trait Backend: Storage + sealed::Sealed {}
 impl Backend for sqlx::Postgres {}
 #[cfg(feature = "sqlite")]
 impl Backend for sqlx::Sqlite {}
+#[cfg(feature = "mysql")]
+impl Backend for sqlx::MySql {}
 
 /// What seals [`Backend`]: a trait no other crate can name, so none can implement it.
 mod sealed {
@@ -94,6 +99,8 @@ mod sealed {
     impl Sealed for sqlx::Postgres {}
     #[cfg(feature = "sqlite")]
     impl Sealed for sqlx::Sqlite {}
+    #[cfg(feature = "mysql")]
+    impl Sealed for sqlx::MySql {}
 }
 
 /// The SQL of one database: everything idem runs, behind one narrow trait. Private: an

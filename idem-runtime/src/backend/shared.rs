@@ -13,23 +13,6 @@ use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, RawRecord, RecordedStep, checked_fingerprint,
 };
 
-/// Deletes a `started` row owned by `$3`: the same statement on every database.
-const RELEASE: &str = "DELETE FROM idem_keys \
-     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
-
-/// Deletes a `started` row owned by `$3` that has no recorded steps.
-const RELEASE_WITHOUT_STEPS: &str = "DELETE FROM idem_keys \
-     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3 \
-       AND steps IS NULL";
-
-/// Records a claim's steps, only while `$3` owns it: the same statement on every database.
-const RECORD_STEPS: &str = "UPDATE idem_keys SET steps = $4 \
-     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
-
-/// The steps of the row `$3` owns: the same statement on every database.
-const RECORDED_STEPS: &str =
-    "SELECT steps FROM idem_keys WHERE scope = $1 AND key = $2 AND claim_token = $3";
-
 /// The part of [`Storage`](super::Storage) that is the same on every database: implemented
 /// once, below, for every database with a [`Dialect`].
 pub(crate) trait SharedStorage: sqlx::Database + Sized {
@@ -176,7 +159,7 @@ where
         key: &KeyRef,
         token: i64,
     ) -> Result<bool, crate::Error> {
-        let done = sqlx::query(RELEASE)
+        let done = sqlx::query(DB::RELEASE)
             .bind(&key.scope)
             .bind(&key.key)
             .bind(token)
@@ -190,7 +173,7 @@ where
         key: &KeyRef,
         token: i64,
     ) -> Result<bool, crate::Error> {
-        let deleted = sqlx::query(RELEASE_WITHOUT_STEPS)
+        let deleted = sqlx::query(DB::RELEASE_WITHOUT_STEPS)
             .bind(&key.scope)
             .bind(&key.key)
             .bind(token)
@@ -215,7 +198,7 @@ where
         token: i64,
         steps: &[RecordedStep],
     ) -> Result<bool, crate::Error> {
-        let done = sqlx::query(RECORD_STEPS)
+        let done = sqlx::query(DB::RECORD_STEPS)
             .bind(&key.scope)
             .bind(&key.key)
             .bind(token)
@@ -230,7 +213,7 @@ where
         key: &KeyRef,
         token: i64,
     ) -> Result<Vec<RecordedStep>, crate::Error> {
-        let row = sqlx::query(RECORDED_STEPS)
+        let row = sqlx::query(DB::RECORDED_STEPS)
             .bind(&key.scope)
             .bind(&key.key)
             .bind(token)

@@ -47,6 +47,9 @@ fn path_scoped_router(app: &App) -> axum::Router {
         idem_tests::Db::Sqlite(pool) => {
             path_scoped_sqlite::router(idem_runtime::Store::new(pool.clone()))
         }
+        idem_tests::Db::MySql(_) => unreachable!(
+            "the example's tests run on PostgreSQL and SQLite only (`postgres_and_sqlite_tests!`)"
+        ),
     }
 }
 

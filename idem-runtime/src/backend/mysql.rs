@@ -1,0 +1,517 @@
+//! MySQL and MariaDB: the key is held by the handler's transaction through an uncommitted row,
+//! and turned `completed` in the handler's commit.
+//!
+//! The claim is one `INSERT` after `BEGIN`: a `started` row of the key, already expired, that
+//! nobody else sees until it commits. A duplicate's `INSERT` finds the key's index entry locked
+//! and, with its lock wait set to zero for that one statement, is refused at once (ER 1205): a
+//! 409 without waiting. A committed row of the key is a duplicate-key error (ER 1062): it is read
+//! and answered when live, deleted and claimed again when expired. The completion is an
+//! `UPDATE` of the claim's row. A rollback, a crash or a dropped connection takes the row with
+//! it, so a key is never left stuck; a handler that commits its transaction itself leaves an
+//! expired row, which the next claim takes over, and its outcome is refused (the savepoint
+//! `idem_claim`, begun with the transaction, is gone at completion).
+//!
+//! Nothing of the claim depends on a lock that lives outside the rows: on a Galera cluster,
+//! whose nodes each take writes, a duplicate at another node claims its own copy of the key and
+//! runs; the first to commit wins, and the other's commit is refused by certification (a
+//! deadlock error), its writes with it.
+//!
+//! `SET STATEMENT … FOR` (the per-statement lock wait) is MariaDB's. Times are `DATETIME(6)` in
+//! UTC, from the server's `UTC_TIMESTAMP(6)`; durations are bound in microseconds.
+
+use std::time::Duration;
+
+use sqlx::{
+    MySql, MySqlConnection, QueryBuilder, Row, SqlSafeStr, Transaction, migrate::Migrator,
+    mysql::MySqlDatabaseError,
+};
+
+use super::{Begun, SharedStorage, Storage, Undone, dialect::Dialect};
+use crate::record::{
+    Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started, fresh_token,
+};
+
+/// The handler's transaction, with a savepoint only this transaction has: a handler that ends
+/// the transaction itself (`COMMIT`, `ROLLBACK`) takes the savepoint with it, and the
+/// completion, which releases it first, then knows.
+const BEGIN_CLAIM: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
+     SAVEPOINT idem_claim";
+const RELEASE_CLAIM: &str = "RELEASE SAVEPOINT idem_claim";
+
+/// A transaction of idem's own (external-mode starts, purges, recoveries).
+const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+
+// Around the handler of a route whose 5xx outcomes are stored: undoing its writes keeps the
+// claim's row, and so the key.
+const BEFORE_HANDLER: &str = "SAVEPOINT idem_handler";
+const UNDO_HANDLER: &str = "ROLLBACK TO SAVEPOINT idem_handler";
+
+// The claim's row: uncommitted, and expired, so that a handler that commits by itself leaves
+// a row the next claim takes over. Refused at once when another transaction holds the key.
+const CLAIM: &str = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
+     INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, created_at, \
+       expires_at, claim_token) \
+     VALUES (?, ?, '', '', '', 'started', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?)";
+
+// A committed row that was in the claim's way.
+const EXISTING: &str = "SELECT status, method, path, fingerprint, response_status, \
+     response_headers, response_body, expires_at > UTC_TIMESTAMP(6) AS live \
+     FROM idem_keys WHERE scope = ? AND `key` = ?";
+
+// An expired row out of the claim's way; refused at once when another transaction holds it.
+const DELETE_EXPIRED: &str = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
+     DELETE FROM idem_keys WHERE scope = ? AND `key` = ? AND expires_at <= UTC_TIMESTAMP(6)";
+
+// The completion turns the claim's row `completed`. Its parameters come in the order every
+// database binds them (`Dialect::COMPLETE`), which is not the order an UPDATE uses them in:
+// MySQL's `?` are positional, so they are read from a one-row derived table.
+const COMPLETE: &str = "UPDATE idem_keys AS k JOIN (SELECT ? AS scope, ? AS `key`, ? AS method, \
+       ? AS path, ? AS fingerprint, ? AS response_status, ? AS response_headers, \
+       ? AS response_body, ? AS ttl, ? AS token) AS p \
+       ON k.scope = p.scope AND k.`key` = p.`key` \
+     SET k.method = p.method, k.path = p.path, k.fingerprint = p.fingerprint, \
+       k.status = 'completed', k.response_status = p.response_status, \
+       k.response_headers = p.response_headers, k.response_body = p.response_body, \
+       k.created_at = UTC_TIMESTAMP(6), \
+       k.expires_at = UTC_TIMESTAMP(6) + INTERVAL p.ttl MICROSECOND, k.claim_token = NULL \
+     WHERE k.status = 'started' AND k.claim_token = p.token";
+
+const FINISH: &str = "UPDATE idem_keys AS k JOIN (SELECT ? AS scope, ? AS `key`, ? AS token, \
+       ? AS response_status, ? AS response_headers, ? AS response_body, ? AS ttl) AS p \
+       ON k.scope = p.scope AND k.`key` = p.`key` \
+     SET k.status = 'completed', k.response_status = p.response_status, \
+       k.response_headers = p.response_headers, k.response_body = p.response_body, \
+       k.locked_at = NULL, k.lease_until = NULL, k.claim_token = NULL, \
+       k.expires_at = COALESCE(UTC_TIMESTAMP(6) + INTERVAL p.ttl MICROSECOND, k.expires_at) \
+     WHERE k.status = 'started' AND k.claim_token = p.token";
+
+// A claim given up with its recorded steps kept: its lease ends now.
+const LAPSE: &str = "UPDATE idem_keys SET lease_until = UTC_TIMESTAMP(6) \
+     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
+
+const RELEASE: &str = "DELETE FROM idem_keys \
+     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
+
+const RELEASE_WITHOUT_STEPS: &str = "DELETE FROM idem_keys \
+     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ? \
+       AND steps IS NULL";
+
+const RECORD_STEPS: &str = "UPDATE idem_keys AS k JOIN (SELECT ? AS scope, ? AS `key`, \
+       ? AS token, ? AS steps) AS p ON k.scope = p.scope AND k.`key` = p.`key` \
+     SET k.steps = p.steps WHERE k.status = 'started' AND k.claim_token = p.token";
+
+const RECORDED_STEPS: &str =
+    "SELECT steps FROM idem_keys WHERE scope = ? AND `key` = ? AND claim_token = ?";
+
+const LOOKUP: &str = "SELECT status, method, path, fingerprint, response_status, \
+     response_headers, response_body FROM idem_keys \
+     WHERE scope = ? AND `key` = ? AND expires_at > UTC_TIMESTAMP(6)";
+
+// The key's row for an external-mode start, locked; refused at once when another transaction
+// holds it (MariaDB answers NOWAIT with ER 1205, MySQL with ER 3572).
+const START_ROW: &str = "SELECT status, method, path, fingerprint, response_status, \
+     response_headers, response_body, expires_at > UTC_TIMESTAMP(6) AS live, \
+     COALESCE(lease_until > UTC_TIMESTAMP(6), FALSE) AS leased, \
+     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) AS lease_left \
+     FROM idem_keys WHERE scope = ? AND `key` = ? FOR UPDATE NOWAIT";
+
+const START_INSERT: &str = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
+     INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, created_at, \
+       expires_at, locked_at, lease_until, claim_token) \
+     VALUES (?, ?, ?, ?, ?, 'started', UTC_TIMESTAMP(6), \
+       UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), \
+       UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)";
+
+// An expired row, or a lapsed claim of the same request, taken over. `steps` is assigned
+// first: MySQL assigns left to right, and it reads the old `expires_at`.
+const START_TAKEOVER: &str = "UPDATE idem_keys SET \
+       steps = IF(expires_at <= UTC_TIMESTAMP(6), NULL, steps), \
+       method = ?, path = ?, fingerprint = ?, status = 'started', \
+       created_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+       locked_at = UTC_TIMESTAMP(6), lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+       claim_token = ?, response_status = NULL, response_headers = NULL, response_body = NULL \
+     WHERE scope = ? AND `key` = ?";
+
+// The oldest expired rows, skipping rows a live request holds (an in-flight claim's row too).
+const PURGE_SELECT: &str = "SELECT scope, `key` FROM idem_keys \
+     WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED";
+
+const RECLAIM_SELECT: &str = "SELECT scope, `key` FROM idem_keys \
+     WHERE status = 'started' AND lease_until <= UTC_TIMESTAMP(6) \
+       AND expires_at > UTC_TIMESTAMP(6) AND (? OR steps IS NULL) \
+     ORDER BY lease_until LIMIT ? FOR UPDATE SKIP LOCKED";
+
+/// MariaDB's answer to a statement whose lock wait ran out (at once, with the wait at zero or
+/// `NOWAIT`).
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// MySQL's answer to a `NOWAIT` locking read of a locked row.
+const ER_LOCK_NOWAIT: u16 = 3572;
+const ER_DUP_ENTRY: u16 = 1062;
+const ER_SP_DOES_NOT_EXIST: u16 = 1305;
+
+/// The MySQL error number of `error`, if the server answered it.
+fn error_number(error: &sqlx::Error) -> Option<u16> {
+    match error {
+        sqlx::Error::Database(e) => e
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(|e| e.number()),
+        _ => None,
+    }
+}
+
+/// Whether `error` says another transaction holds the row the statement needed.
+fn is_locked(error: &sqlx::Error) -> bool {
+    matches!(
+        error_number(error),
+        Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT)
+    )
+}
+
+/// A duration in whole microseconds, as statements bind it (saturating).
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+impl Dialect for MySql {
+    const COMPLETE: &'static str = COMPLETE;
+    const FINISH: &'static str = FINISH;
+    const LAPSE: &'static str = LAPSE;
+    const RELEASE: &'static str = RELEASE;
+    const RELEASE_WITHOUT_STEPS: &'static str = RELEASE_WITHOUT_STEPS;
+    const RECORD_STEPS: &'static str = RECORD_STEPS;
+    const RECORDED_STEPS: &'static str = RECORDED_STEPS;
+    const MIGRATOR: Migrator = sqlx::migrate!("migrations/mysql");
+
+    /// HTTP statuses are held in a `SMALLINT`.
+    type Status = i16;
+
+    fn status(status: u16) -> Result<i16, crate::Error> {
+        i16::try_from(status).map_err(|e| sqlx::Error::Encode(Box::new(e)).into())
+    }
+
+    /// A time to live in microseconds, added to the server's `UTC_TIMESTAMP(6)`.
+    type Expiry = Option<i64>;
+
+    fn expiry(retention: Option<Duration>) -> Option<i64> {
+        retention.map(micros)
+    }
+
+    /// The claim's token, written on its row: the completion updates only that row.
+    type Guard<'a> = i64;
+
+    fn completion_guard(c: &Completion<'_>) -> i64 {
+        c.mark
+            .and_then(|mark| mark.parse().ok())
+            .unwrap_or_default()
+    }
+
+    /// Whether the claim's transaction is still the one open on `conn`: its savepoint is there.
+    async fn still_claimed(conn: &mut MySqlConnection) -> Result<bool, crate::Error> {
+        match sqlx::raw_sql(RELEASE_CLAIM).execute(&mut *conn).await {
+            Ok(_) => Ok(true),
+            Err(error) if error_number(&error) == Some(ER_SP_DOES_NOT_EXIST) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn rows_affected(done: &sqlx::mysql::MySqlQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+/// What the claim's `INSERT` came to.
+enum Claimed {
+    /// The key has a live row.
+    Live(KeyRecord),
+    /// Another transaction holds the key.
+    Busy,
+    /// This transaction holds the key, under this token.
+    Held(i64),
+}
+
+/// Claims `key` in the transaction open on `conn`: inserts its row, or answers from the live
+/// row in the way, or deletes an expired one and tries again.
+async fn claim(conn: &mut MySqlConnection, key: &KeyRef) -> Result<Claimed, crate::Error> {
+    let token = fresh_token();
+    // An expired row deleted, then the key claimed: two rounds at most, unless another
+    // transaction keeps replacing the row meanwhile (then it holds the key: a 409).
+    for _ in 0..3 {
+        let inserted = sqlx::query(CLAIM)
+            .bind(key.scope.as_bytes())
+            .bind(key.key.as_bytes())
+            .bind(token)
+            .execute(&mut *conn)
+            .await;
+        match inserted {
+            Ok(_) => return Ok(Claimed::Held(token)),
+            Err(error) if is_locked(&error) => return Ok(Claimed::Busy),
+            Err(error) if error_number(&error) == Some(ER_DUP_ENTRY) => {}
+            Err(error) => return Err(error.into()),
+        }
+        let row = sqlx::query(EXISTING)
+            .bind(key.scope.as_bytes())
+            .bind(key.key.as_bytes())
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(row) = row {
+            if row.try_get::<bool, _>("live")? {
+                let record = MySql::decode_record(&row)?
+                    .ok_or_else(|| crate::Error::corrupt("a key's row without a status"))?;
+                return Ok(Claimed::Live(record));
+            }
+            let deleted = sqlx::query(DELETE_EXPIRED)
+                .bind(key.scope.as_bytes())
+                .bind(key.key.as_bytes())
+                .execute(&mut *conn)
+                .await;
+            match deleted {
+                Ok(_) => {}
+                Err(error) if is_locked(&error) => return Ok(Claimed::Busy),
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+    Ok(Claimed::Busy)
+}
+
+/// A key as its row holds it: `scope` and `key`, as bytes.
+type RowKey = (Vec<u8>, Vec<u8>);
+
+/// The keys of `rows`.
+fn keys_of(rows: &[sqlx::mysql::MySqlRow]) -> Result<Vec<RowKey>, crate::Error> {
+    rows.iter()
+        .map(|row| Ok((row.try_get("scope")?, row.try_get("key")?)))
+        .collect()
+}
+
+/// Appends `(scope, key) IN ((?, ?), …)` for `keys` to `query`.
+fn push_keys_in(query: &mut QueryBuilder<MySql>, keys: &[RowKey]) {
+    query.push("(scope, `key`) IN (");
+    let mut list = query.separated(", ");
+    for (scope, key) in keys {
+        list.push("(")
+            .push_bind_unseparated(scope.as_slice())
+            .push_unseparated(", ")
+            .push_bind_unseparated(key.as_slice())
+            .push_unseparated(")");
+    }
+    query.push(")");
+}
+
+impl Storage for MySql {
+    async fn begin_claim<'c>(
+        conn: &'c mut MySqlConnection,
+        key: &KeyRef,
+        // MySQL has no timeout that ends with a transaction: a session setting would outlive
+        // it on the pooled connection. The store's deadline closes the connection instead.
+        _statement_timeout: Option<Duration>,
+        _idle_timeout: Duration,
+    ) -> Result<Begun<'c, MySql>, crate::Error> {
+        let mut tx =
+            Transaction::<'c, MySql>::begin(conn, Some(BEGIN_CLAIM.into_sql_str())).await?;
+        Ok(match claim(&mut tx, key).await? {
+            Claimed::Live(record) => Begun::Live(record),
+            Claimed::Busy => Begun::Busy,
+            Claimed::Held(token) => Begun::Acquired(tx, Some(token.to_string())),
+        })
+    }
+
+    async fn before_handler(conn: &mut MySqlConnection) -> Result<(), crate::Error> {
+        sqlx::raw_sql(BEFORE_HANDLER).execute(conn).await?;
+        Ok(())
+    }
+
+    async fn undo_handler<'c>(
+        conn: &'c mut MySqlConnection,
+        _key: &'c KeyRef,
+        mark: Option<&'c str>,
+        _statement_timeout: Option<Duration>,
+        _idle_timeout: Duration,
+    ) -> Result<Undone, crate::Error> {
+        match sqlx::raw_sql(UNDO_HANDLER).execute(&mut *conn).await {
+            Ok(_) => Ok(Undone::Kept(mark.map(str::to_owned))),
+            // The handler ended the transaction, and the savepoint with it (or a deadlock
+            // rolled it back).
+            Err(error) if error_number(&error) == Some(ER_SP_DOES_NOT_EXIST) => Ok(Undone::Ended),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    async fn lookup(
+        conn: &mut MySqlConnection,
+        key: &KeyRef,
+    ) -> Result<Option<KeyRecord>, crate::Error> {
+        let row = sqlx::query(LOOKUP)
+            .bind(key.scope.as_bytes())
+            .bind(key.key.as_bytes())
+            .fetch_optional(conn)
+            .await?;
+        match row {
+            Some(row) => Self::decode_record(&row),
+            None => Ok(None),
+        }
+    }
+
+    async fn ensure_open(_: &mut MySqlConnection) -> Result<(), crate::Error> {
+        // A ROLLBACK outside a transaction does nothing there, and sqlx counts it done.
+        Ok(())
+    }
+
+    async fn start(conn: &mut MySqlConnection, start: &Start<'_>) -> Result<Started, crate::Error> {
+        // Completed keys answer without a lock: concurrent replays do not refuse each other.
+        if let Some(record) = Self::lookup(&mut *conn, start.key).await?
+            && record.status == KeyStatus::Completed
+        {
+            return Ok(Started::Found {
+                record,
+                lease_left: None,
+            });
+        }
+        let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
+        let scope = start.key.scope.as_bytes();
+        let key = start.key.key.as_bytes();
+        let row = match sqlx::query(START_ROW)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await
+        {
+            Ok(row) => row,
+            Err(error) if is_locked(&error) => return Ok(Started::Busy),
+            Err(error) => return Err(error.into()),
+        };
+        // The takeover rule, as PostgreSQL's `idem_start` has it: a live row stays when it is
+        // completed, leased, or another request's; an expired row or a lapsed claim of the
+        // same request is replaced.
+        let taken_over = match row {
+            Some(row) => {
+                let record = Self::decode_record(&row)?
+                    .ok_or_else(|| crate::Error::corrupt("a key's row without a status"))?;
+                let live: bool = row.try_get("live")?;
+                let leased: bool = row.try_get("leased")?;
+                if live
+                    && (record.status == KeyStatus::Completed
+                        || leased
+                        || record.fingerprint != *start.fingerprint)
+                {
+                    let lease_left = row
+                        .try_get::<Option<i64>, _>("lease_left")?
+                        .map(|us| Duration::from_micros(us.max(0) as u64));
+                    return Ok(Started::Found { record, lease_left });
+                }
+                sqlx::query(START_TAKEOVER)
+                    .bind(start.method)
+                    .bind(start.path)
+                    .bind(&start.fingerprint.as_bytes()[..])
+                    .bind(micros(start.retention))
+                    .bind(micros(start.lease))
+                    .bind(start.token)
+                    .bind(scope)
+                    .bind(key)
+                    .execute(&mut *tx)
+                    .await?;
+                true
+            }
+            None => {
+                let inserted = sqlx::query(START_INSERT)
+                    .bind(scope)
+                    .bind(key)
+                    .bind(start.method)
+                    .bind(start.path)
+                    .bind(&start.fingerprint.as_bytes()[..])
+                    .bind(micros(start.retention))
+                    .bind(micros(start.lease))
+                    .bind(start.token)
+                    .execute(&mut *tx)
+                    .await;
+                match inserted {
+                    Ok(_) => false,
+                    // Another start took the key since the read: it holds it.
+                    Err(error)
+                        if is_locked(&error) || error_number(&error) == Some(ER_DUP_ENTRY) =>
+                    {
+                        return Ok(Started::Busy);
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        };
+        tx.commit().await?;
+        Ok(Started::Acquired { taken_over })
+    }
+
+    async fn begin_write(
+        conn: &mut MySqlConnection,
+    ) -> Result<Transaction<'_, MySql>, crate::Error> {
+        Ok(Transaction::begin(conn, None).await?)
+    }
+
+    async fn purge_batch(conn: &mut MySqlConnection, limit: i64) -> Result<u64, crate::Error> {
+        // MySQL's DELETE cannot skip locked rows: the rows are chosen and locked first, then
+        // deleted by key, in one short transaction.
+        let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
+        let rows = sqlx::query(PURGE_SELECT)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        let keys = keys_of(&rows)?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let mut delete = QueryBuilder::<MySql>::new("DELETE FROM idem_keys WHERE ");
+        push_keys_in(&mut delete, &keys);
+        let deleted = delete.build().execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    async fn reclaim_abandoned(
+        conn: &mut MySqlConnection,
+        limit: i64,
+        lease: Duration,
+        token: i64,
+        with_steps: bool,
+    ) -> Result<Vec<Abandoned>, crate::Error> {
+        let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
+        let rows = sqlx::query(RECLAIM_SELECT)
+            .bind(with_steps)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        let keys = keys_of(&rows)?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut renew = QueryBuilder::<MySql>::new(
+            "UPDATE idem_keys SET lease_until = LEAST(UTC_TIMESTAMP(6) + INTERVAL ",
+        );
+        renew
+            .push_bind(micros(lease))
+            .push(" MICROSECOND, expires_at), claim_token = ")
+            .push_bind(token)
+            .push(" WHERE ");
+        push_keys_in(&mut renew, &keys);
+        renew.build().execute(&mut *tx).await?;
+        let mut read = QueryBuilder::<MySql>::new(
+            "SELECT CONVERT(scope USING utf8mb4) AS scope, CONVERT(`key` USING utf8mb4) AS `key`, \
+             method, path, fingerprint, steps, \
+             TIMESTAMPDIFF(MICROSECOND, locked_at, UTC_TIMESTAMP(6)) AS age \
+             FROM idem_keys WHERE ",
+        );
+        push_keys_in(&mut read, &keys);
+        let rows = read.build().fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        rows.iter()
+            .map(|row| {
+                let age: Option<i64> = row.try_get("age")?;
+                Self::abandoned(row, Duration::from_micros(age.unwrap_or(0).max(0) as u64))
+            })
+            .collect()
+    }
+
+    fn is_transaction_aborted(_error: &crate::Error) -> bool {
+        // MySQL does not abort a transaction when one of its statements fails; a deadlock rolls
+        // it back whole, which the completion finds (the claim's savepoint is gone).
+        false
+    }
+}

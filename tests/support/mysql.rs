@@ -1,0 +1,143 @@
+//! A database of its own on the MySQL (MariaDB) server for each test, dropped after it, and the
+//! spelling of the tests' statements there.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use sqlx::{Connection, MySqlConnection, mysql::MySqlConnectOptions};
+
+/// The server the MySQL tests run on: `MYSQL_URL`, or the local server's root account.
+pub fn server_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_owned())
+}
+
+/// A database created for one test ([`MySqlDb::drop_named`] drops it).
+#[derive(Debug)]
+pub struct MySqlDb {
+    name: String,
+    options: MySqlConnectOptions,
+}
+
+impl MySqlDb {
+    /// Creates a fresh database on [`server_url`].
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be reached or refuses: the message says which server and how to
+    /// point the tests at another.
+    pub async fn create() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let url = server_url();
+        let name = format!(
+            "idem_test_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let server: MySqlConnectOptions = url
+            .parse()
+            .unwrap_or_else(|e| panic!("MYSQL_URL {url:?} is not a MySQL URL: {e}"));
+        let mut conn = MySqlConnection::connect_with(&server)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("connect to MySQL at {url} (set MYSQL_URL to use another server): {e}")
+            });
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name} CHARACTER SET utf8mb4"
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("create the test database {name}: {e}"));
+        let _ = conn.close().await;
+        Self {
+            options: server.clone().database(&name),
+            name,
+        }
+    }
+
+    /// How to connect to the test's database.
+    pub fn options(&self) -> &MySqlConnectOptions {
+        &self.options
+    }
+}
+
+impl MySqlDb {
+    /// The database's name, for [`MySqlDb::drop_named`].
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Drops the test database `name` (from [`MySqlDb::name`]), once the test's pools are gone:
+    /// awaited on the test's runtime, which closes their connections meanwhile (a blocking
+    /// `Drop` would stall them, and the `DROP` would wait for them). A test that fails leaves
+    /// its database behind; `scripts/test` drops what earlier runs left.
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be reached or refuses.
+    pub async fn drop_named(name: &str) {
+        let url = server_url();
+        let server: MySqlConnectOptions = url.parse().expect("MYSQL_URL is a MySQL URL");
+        let mut conn = MySqlConnection::connect_with(&server)
+            .await
+            .unwrap_or_else(|e| panic!("connect to MySQL at {url}: {e}"));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SET SESSION lock_wait_timeout = 60; DROP DATABASE IF EXISTS {name}"
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("drop the test database {name}: {e}"));
+        let _ = conn.close().await;
+    }
+}
+
+/// What the tests' statements, written for PostgreSQL and SQLite, say otherwise on MySQL.
+const SPELLINGS: &[(&str, &str)] = &[(
+    "ON CONFLICT (id) DO NOTHING",
+    "ON DUPLICATE KEY UPDATE id = id",
+)];
+
+/// `sql`, written for PostgreSQL's numbered parameters (`$1`), with MySQL's positional ones
+/// (`?`) and its spelling of the few clauses that differ ([`SPELLINGS`]), and the order in
+/// which to bind the numbered parameters for them.
+///
+/// # Panics
+///
+/// When a `$` is not followed by a parameter number.
+pub fn positional(sql: &str) -> (String, Vec<usize>) {
+    let mut sql = sql.to_owned();
+    for (theirs, mine) in SPELLINGS {
+        sql = sql.replace(theirs, mine);
+    }
+    let sql = sql.as_str();
+    let mut out = String::with_capacity(sql.len());
+    let mut order = Vec::new();
+    let mut chars = sql.char_indices().peekable();
+    while let Some((_, c)) = chars.next() {
+        if c != '$' {
+            out.push(c);
+            continue;
+        }
+        let mut number = String::new();
+        while let Some(&(_, digit)) = chars.peek().filter(|(_, d)| d.is_ascii_digit()) {
+            number.push(digit);
+            chars.next();
+        }
+        let n: usize = number
+            .parse()
+            .unwrap_or_else(|_| panic!("a `$` without a parameter number in {sql:?}"));
+        order.push(n - 1);
+        out.push('?');
+    }
+    (out, order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::positional;
+
+    #[test]
+    fn numbered_parameters_become_positional_in_the_order_they_appear() {
+        let (sql, order) = positional("SELECT $2, $1 WHERE a = $2 AND b = $10");
+        assert_eq!(sql, "SELECT ?, ? WHERE a = ? AND b = ?");
+        assert_eq!(order, [1, 0, 1, 9]);
+    }
+}
