@@ -5,7 +5,9 @@
 -- smaller id, so it is published first.
 --
 -- Identifiers that must compare exactly (event ids, topics, consumer names, message ids) are
--- VARBINARY: a text collation would take 'A' for 'a' and ignore trailing spaces. Times are
+-- VARBINARY: a text collation would take 'A' for 'a' and ignore trailing spaces. Their lengths
+-- are limits: event ids 64 bytes (UUIDs), topics 255 (MAX_TOPIC_LEN), consumer names 255,
+-- message ids 1024 (a consumer's claim, an INSERT IGNORE, would cut a longer one). Times are
 -- DATETIME(6) in UTC, written with UTC_TIMESTAMP(6) whatever the session's time zone.
 --
 -- MySQL commits each CREATE TABLE by itself, so a migration that fails halfway stays half

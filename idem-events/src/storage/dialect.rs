@@ -67,7 +67,7 @@ pub(super) trait Dialect: sqlx::Database {
     const FAILURE_RETURNS_COUNT: bool;
 
     /// Forgets the failures of consumer `$1` on message `$2` (on the databases with numbered
-    /// placeholders, [`NUMBERED_CLEAR_FAILURES`]).
+    /// placeholders, `NUMBERED_CLEAR_FAILURES`).
     const CLEAR_FAILURES: &'static str;
 
     /// Deletes up to `$3` messages that consumer `$1` processed more than `$2` milliseconds

@@ -7,10 +7,12 @@
 //! waiting event), takes no gap locks that would hold up the producers, and reads the events
 //! as they are once the lock is taken (not as a snapshot taken before another relay's marks).
 //! The topics are locked in index order, one statement after `after` and one up to it, so that
-//! no sort makes InnoDB lock every candidate before the first is chosen.
+//! no sort makes InnoDB lock every candidate before the first is chosen. (InnoDB refuses writes
+//! in a `READ COMMITTED` transaction when the binlog is `STATEMENT`: the server must log `ROW`
+//! or `MIXED`, the defaults of MySQL 8 and MariaDB.)
 //!
-//! Identifiers are `VARBINARY` (exact, case and trailing spaces kept) and read back as text with
-//! `CONVERT(… USING utf8mb4)`; times are `DATETIME(6)` in UTC (`UTC_TIMESTAMP(6)`); durations
+//! Identifiers are `VARBINARY` (exact, case and trailing spaces kept; see the migration for
+//! their lengths) and read back as text with `CONVERT(… USING utf8mb4)`; times are `DATETIME(6)` in UTC (`UTC_TIMESTAMP(6)`); durations
 //! are bound in milliseconds. MySQL takes `?` placeholders in order: where a statement needs
 //! its parameters in another order than the shared ones bind them, it reads them from a
 //! derived table (`JOIN (SELECT ? AS …) AS p`). MySQL has no `RETURNING`: the failure
@@ -78,7 +80,8 @@ const PURGE_PUBLISHED: &str = "DELETE FROM idem_outbox \
 // `INSERT IGNORE` writes nothing (0 rows) for an id recorded before, and waits, as PostgreSQL's
 // `ON CONFLICT DO NOTHING`, for a transaction that is inserting it right now. (`ON DUPLICATE KEY
 // UPDATE` with a no-op cannot tell: sqlx connects with `CLIENT_FOUND_ROWS`, which counts the
-// untouched row as affected.)
+// untouched row as affected.) `IGNORE` also cuts an id longer than its column instead of
+// failing: the limits are documented with the table.
 const CLAIM: &str = "INSERT IGNORE INTO idem_consumed (consumer, message_id, processed_at) \
      VALUES (?, ?, UTC_TIMESTAMP(6))";
 
