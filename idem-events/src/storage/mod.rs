@@ -62,8 +62,8 @@ pub(crate) trait EventStorage: SharedEventStorage {
     type Held: Send;
 
     /// Begins a transaction on `conn` that is going to write: as any other on PostgreSQL and
-    /// MySQL; on SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a transaction
-    /// that reads first cannot fail to upgrade its lock later.
+    /// MySQL; on SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a
+    /// transaction that reads first cannot fail to upgrade its lock later.
     fn begin_write(
         conn: PoolConnection<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, crate::Error>> + Send;

@@ -12,12 +12,12 @@
 //! or `MIXED`, the defaults of MySQL 8 and MariaDB.)
 //!
 //! Identifiers are `VARBINARY` (exact, case and trailing spaces kept; see the migration for
-//! their lengths) and read back as text with `CONVERT(… USING utf8mb4)`; times are `DATETIME(6)` in UTC (`UTC_TIMESTAMP(6)`); durations
-//! are bound in milliseconds. MySQL takes `?` placeholders in order: where a statement needs
-//! its parameters in another order than the shared ones bind them, it reads them from a
-//! derived table (`JOIN (SELECT ? AS …) AS p`). MySQL has no `RETURNING`: the failure
-//! statements are followed by [`ATTEMPTS`], in their transaction
-//! ([`Dialect::FAILURE_RETURNS_COUNT`]).
+//! their lengths) and read back as text with `CONVERT(… USING utf8mb4)`; times are
+//! `DATETIME(6)` in UTC (`UTC_TIMESTAMP(6)`); durations are bound in milliseconds. MySQL takes
+//! `?` placeholders in order: where a statement needs its parameters in another order than the
+//! shared ones bind them, it reads them from a derived table (`JOIN (SELECT ? AS …) AS p`).
+//! MySQL has no `RETURNING`: the failure statements are followed by [`ATTEMPTS`], in their
+//! transaction ([`Dialect::FAILURE_RETURNS_COUNT`]).
 
 use std::{fmt::Write as _, time::Duration};
 

@@ -31,8 +31,8 @@ pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
     ) -> impl Future<Output = Result<u64, crate::Error>> + Send + '_;
 
     /// Records that `consumer` processed `message_id`, in the transaction `conn` is in; `false`
-    /// when it was recorded before (waiting, on PostgreSQL and MySQL, for a transaction that is recording
-    /// it right now to end).
+    /// when it was recorded before (waiting, on PostgreSQL and MySQL, for a transaction that is
+    /// recording it right now to end).
     fn claim_message<'c>(
         conn: &'c mut Self::Connection,
         consumer: &'c str,
