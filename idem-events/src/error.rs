@@ -17,7 +17,7 @@ pub enum Error {
         after: std::time::Duration,
     },
     /// Creating or upgrading the event tables failed; nothing of the failed migration is
-    /// applied.
+    /// applied, but on MySQL (see [`migrate`](crate::migrate)).
     #[error("migrating idem's event tables failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// An event given to [`enqueue`](crate::enqueue) cannot be published: its topic is empty

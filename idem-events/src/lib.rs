@@ -1,8 +1,8 @@
 //! # idem-events: a transactional outbox and idempotent consumers
 //!
 //! Events on the producing side, written with the writes they tell about; consumers on the
-//! other side whose writes happen once per message. On PostgreSQL or SQLite with sqlx, and
-//! RabbitMQ, Redis Streams or NATS JetStream as the broker.
+//! other side whose writes happen once per message. On PostgreSQL, SQLite or MySQL (MariaDB)
+//! with sqlx, and RabbitMQ, Redis Streams or NATS JetStream as the broker.
 //!
 //! **Producing.** A handler calls [`enqueue`] with its transaction: the event is a row of the
 //! outbox table, written with the handler's own writes, so it exists exactly when they do (a
@@ -29,11 +29,13 @@
 //! [`TaskHandle::stop`] to end them. [`Relay::pass`] and [`Consumer::process`] do one step by
 //! hand. They run the loop of crate `idem-task`, as the background tasks of `idem-runtime` do.
 //!
-//! Both ends work on PostgreSQL and SQLite; [`migrate`] creates their tables.
+//! Both ends work on PostgreSQL, SQLite and MySQL 8 or MariaDB 10.11; [`migrate`] creates
+//! their tables.
 //!
 //! # Features
 //!
-//! - `postgres`, `sqlite`: the databases (at least one).
+//! - `postgres`, `sqlite`, `mysql`: the databases (at least one; `mysql` is MySQL 8 or
+//!   MariaDB 10.11).
 //! - `rabbitmq`: the RabbitMQ adapter, with lapin.
 //! - `redis`: the Redis Streams adapter.
 //! - `nats`: the NATS JetStream adapter, with async-nats.
@@ -41,8 +43,10 @@
 //! The crate stands alone: [`enqueue`] takes any sqlx transaction, whether or not an
 //! idempotent handler (crate `idem-runtime`) runs in it.
 
-#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
-compile_error!("idem-events needs a database: enable its feature `postgres` or `sqlite` (or both)");
+#[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+compile_error!(
+    "idem-events needs a database: enable its feature `postgres`, `sqlite` or `mysql` (or several)"
+);
 
 mod backend;
 mod broker;

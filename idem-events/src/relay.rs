@@ -149,8 +149,8 @@ impl RelayOptions {
 
     /// On SQLite, how long a relay's hold on a topic lasts if it stops without letting go:
     /// another relay takes the topic over after it (default 60 s), a relay of the same
-    /// [name](RelayOptions::name) at once. PostgreSQL holds topics with row locks, which die
-    /// with the relay's connection.
+    /// [name](RelayOptions::name) at once. PostgreSQL and MySQL hold topics with row locks,
+    /// which die with the relay's connection.
     pub fn hold(&self) -> Duration {
         self.hold
     }

@@ -4,16 +4,24 @@
 
 use sqlx::migrate::Migrator;
 
+/// [`Dialect::CLEAR_FAILURES`] where placeholders are numbered (`$1`): PostgreSQL and SQLite
+/// share it.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(super) const NUMBERED_CLEAR_FAILURES: &str =
+    "DELETE FROM idem_consumer_failures WHERE consumer = $1 AND message_id = $2";
+
 /// The SQL in which one database differs from the others in the statements they share: those
 /// statements bind alike everywhere (text, an `i64` count of milliseconds for a retention, a
 /// limit), read attempts as a 64-bit integer, and let the database compute the time. Implemented
-/// once per database (`storage/postgres.rs`, `storage/sqlite.rs`); every database that implements
-/// it gets [`SharedEventStorage`](super::shared::SharedEventStorage), the statements written once
-/// for all.
+/// once per database (`storage/postgres.rs`, `storage/sqlite.rs`, `storage/mysql.rs`); every
+/// database that implements it gets [`SharedEventStorage`](super::shared::SharedEventStorage),
+/// the statements written once for all.
 ///
-/// A new database backend (say MySQL) supplies, in an `impl Dialect for sqlx::MySql`, each
-/// statement below with the parameters documented on it, in that order, its migrations, and how
-/// many rows a statement wrote ([`rows_affected`](Dialect::rows_affected)). The
+/// A new database backend supplies, in an `impl Dialect for` its sqlx database, each
+/// statement below with the parameters documented on it, in that order (a database whose
+/// placeholders are bound in order of appearance, as MySQL's `?`, reads them from a derived
+/// table where its SQL needs another order), its migrations, and how many rows a statement
+/// wrote ([`rows_affected`](Dialect::rows_affected)). The
 /// shared statements also need sqlx to run statements on the database's connection and pool and
 /// to encode and decode text and `i64`: the `where` clause of `SharedEventStorage`'s one
 /// implementation lists them, and every sqlx driver provides them. The backend then implements
@@ -42,12 +50,25 @@ pub(super) trait Dialect: sqlx::Database {
     const ATTEMPTS: &'static str;
 
     /// Sets the last error of consumer `$1` on message `$2` to `$3`, failed now, returning the
-    /// count (`i64`); no row when no failure is counted.
+    /// count (`i64`); no row when no failure is counted. (Returning nothing where
+    /// [`FAILURE_RETURNS_COUNT`](Dialect::FAILURE_RETURNS_COUNT) is `false`.)
     const NOTE_FAILURE: &'static str;
 
     /// Counts one more failure of consumer `$1` on message `$2` with error `$3`, failed now
-    /// (the first makes the row), returning the count (`i64`).
+    /// (the first makes the row), returning the count (`i64`). (Returning nothing where
+    /// [`FAILURE_RETURNS_COUNT`](Dialect::FAILURE_RETURNS_COUNT) is `false`.)
     const COUNT_FAILURE: &'static str;
+
+    /// Whether [`NOTE_FAILURE`](Dialect::NOTE_FAILURE) and
+    /// [`COUNT_FAILURE`](Dialect::COUNT_FAILURE) return the count themselves (`RETURNING`, on
+    /// PostgreSQL and SQLite). Where they cannot (MySQL has no `RETURNING`), each runs in a
+    /// transaction of its own followed by [`ATTEMPTS`](Dialect::ATTEMPTS), which reads the
+    /// count it left while the row is still locked.
+    const FAILURE_RETURNS_COUNT: bool;
+
+    /// Forgets the failures of consumer `$1` on message `$2` (on the databases with numbered
+    /// placeholders, `NUMBERED_CLEAR_FAILURES`).
+    const CLEAR_FAILURES: &'static str;
 
     /// Deletes up to `$3` messages that consumer `$1` processed more than `$2` milliseconds
     /// ago.

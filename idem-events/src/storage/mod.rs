@@ -13,6 +13,8 @@ mod shared;
 
 pub(crate) use shared::SharedEventStorage;
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -59,9 +61,9 @@ pub(crate) trait EventStorage: SharedEventStorage {
     /// What holds a topic while its batch is published.
     type Held: Send;
 
-    /// Begins a transaction on `conn` that is going to write: as any other on PostgreSQL; on
-    /// SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a transaction
-    /// that reads first cannot fail to upgrade its lock later.
+    /// Begins a transaction on `conn` that is going to write: as any other on PostgreSQL and
+    /// MySQL; on SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a
+    /// transaction that reads first cannot fail to upgrade its lock later.
     fn begin_write(
         conn: PoolConnection<Self>,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, crate::Error>> + Send;

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use sqlx::{Pool, Postgres, Transaction, migrate::Migrator, pool::PoolConnection};
 
-use super::{Batch, EventStorage, dialect::Dialect};
+use super::{
+    Batch, EventStorage,
+    dialect::{Dialect, NUMBERED_CLEAR_FAILURES},
+};
 
 const ENQUEUE: &str = "INSERT INTO idem_outbox (event_id, topic, payload) VALUES ($1, $2, $3)";
 
@@ -79,6 +82,8 @@ impl Dialect for Postgres {
     const ATTEMPTS: &'static str = ATTEMPTS;
     const NOTE_FAILURE: &'static str = NOTE_FAILURE;
     const COUNT_FAILURE: &'static str = COUNT_FAILURE;
+    const FAILURE_RETURNS_COUNT: bool = true;
+    const CLEAR_FAILURES: &'static str = NUMBERED_CLEAR_FAILURES;
     const PURGE_CONSUMED: &'static str = PURGE_CONSUMED;
     const PURGE_FAILURES: &'static str = PURGE_FAILURES;
 

@@ -7,10 +7,6 @@ use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Pool, Type, mig
 
 use super::{count, dialect::Dialect, millis};
 
-/// Forgets the failures of consumer `$1` on message `$2`: the same statement on every database.
-const CLEAR_FAILURES: &str =
-    "DELETE FROM idem_consumer_failures WHERE consumer = $1 AND message_id = $2";
-
 /// The part of [`EventStorage`](super::EventStorage) that is the same on every database:
 /// implemented once, below, for every database with a [`Dialect`].
 pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
@@ -35,8 +31,8 @@ pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
     ) -> impl Future<Output = Result<u64, crate::Error>> + Send + '_;
 
     /// Records that `consumer` processed `message_id`, in the transaction `conn` is in; `false`
-    /// when it was recorded before (waiting, on PostgreSQL, for a transaction that is recording
-    /// it right now to end).
+    /// when it was recorded before (waiting, on PostgreSQL and MySQL, for a transaction that is
+    /// recording it right now to end).
     fn claim_message<'c>(
         conn: &'c mut Self::Connection,
         consumer: &'c str,
@@ -181,6 +177,11 @@ where
         message_id: &str,
         error: &str,
     ) -> Result<u32, crate::Error> {
+        if !DB::FAILURE_RETURNS_COUNT {
+            let attempts =
+                counted_apart(pool, DB::NOTE_FAILURE, consumer, message_id, error).await?;
+            return Ok(count(attempts));
+        }
         let attempts: Option<i64> = sqlx::query_scalar(DB::NOTE_FAILURE)
             .bind(consumer)
             .bind(message_id)
@@ -196,6 +197,11 @@ where
         message_id: &str,
         error: &str,
     ) -> Result<u32, crate::Error> {
+        if !DB::FAILURE_RETURNS_COUNT {
+            let attempts =
+                counted_apart(pool, DB::COUNT_FAILURE, consumer, message_id, error).await?;
+            return Ok(count(attempts));
+        }
         let attempts: i64 = sqlx::query_scalar(DB::COUNT_FAILURE)
             .bind(consumer)
             .bind(message_id)
@@ -210,7 +216,7 @@ where
         consumer: &str,
         message_id: &str,
     ) -> Result<(), crate::Error> {
-        sqlx::query(CLEAR_FAILURES)
+        sqlx::query(DB::CLEAR_FAILURES)
             .bind(consumer)
             .bind(message_id)
             .execute(conn)
@@ -245,4 +251,38 @@ where
         }
         Ok(deleted)
     }
+}
+
+/// Runs a failure statement that returns nothing ([`Dialect::FAILURE_RETURNS_COUNT`] is
+/// `false`) and reads the count it left with [`Dialect::ATTEMPTS`], both in one transaction, so
+/// that the row the statement wrote stays locked until the count is read.
+async fn counted_apart<DB>(
+    pool: &Pool<DB>,
+    statement: &'static str,
+    consumer: &str,
+    message_id: &str,
+    error: &str,
+) -> Result<Option<i64>, crate::Error>
+where
+    DB: Dialect,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+{
+    let mut tx = pool.begin().await?;
+    sqlx::query(statement)
+        .bind(consumer)
+        .bind(message_id)
+        .bind(error)
+        .execute(&mut *tx)
+        .await?;
+    let attempts = sqlx::query_scalar(DB::ATTEMPTS)
+        .bind(consumer)
+        .bind(message_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(attempts)
 }

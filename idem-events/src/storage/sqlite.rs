@@ -12,7 +12,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::{Pool, SqlSafeStr, Sqlite, Transaction, migrate::Migrator, pool::PoolConnection};
 
-use super::{Batch, EventStorage, dialect::Dialect, millis};
+use super::{
+    Batch, EventStorage,
+    dialect::{Dialect, NUMBERED_CLEAR_FAILURES},
+    millis,
+};
 
 /// Now, in milliseconds since the Unix epoch: the unit of SQLite's time columns.
 fn now_ms() -> i64 {
@@ -100,6 +104,8 @@ impl Dialect for Sqlite {
     const ATTEMPTS: &'static str = ATTEMPTS;
     const NOTE_FAILURE: &'static str = NOTE_FAILURE;
     const COUNT_FAILURE: &'static str = COUNT_FAILURE;
+    const FAILURE_RETURNS_COUNT: bool = true;
+    const CLEAR_FAILURES: &'static str = NUMBERED_CLEAR_FAILURES;
     const PURGE_CONSUMED: &'static str = PURGE_CONSUMED;
     const PURGE_FAILURES: &'static str = PURGE_FAILURES;
 
