@@ -680,6 +680,9 @@ macro_rules! on_both_databases_and_brokers {
         mod sqlite {
             on_both_databases_and_brokers!(@brokers sqlite; $($name),*);
         }
+        mod mysql {
+            on_both_databases_and_brokers!(@brokers mysql; $($name),*);
+        }
     };
     (@brokers $db:ident; $($name:ident),*) => {
         mod rabbitmq {
@@ -702,6 +705,15 @@ macro_rules! on_both_databases_and_brokers {
             crate::events::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker)).await;
         }
     )*};
+    (@tests mysql, $broker:ident; $($name:ident),*) => {$(
+        #[tokio::test]
+        async fn $name() {
+            crate::events::on_mysql(|pool| {
+                crate::events::$name(pool, idem_tests::TestBroker::new(idem_tests::BrokerKind::$broker))
+            })
+            .await;
+        }
+    )*};
     (@tests sqlite, $broker:ident; $($name:ident),*) => {$(
         #[tokio::test]
         async fn $name() {
@@ -718,6 +730,23 @@ async fn postgres_pool(connect: sqlx::postgres::PgConnectOptions) -> Pool<Postgr
         .connect_with(connect)
         .await
         .expect("connect to the test database")
+}
+
+/// Runs `test` on a pool of a fresh database on the MySQL server, dropped after it.
+async fn on_mysql<F, Fut>(test: F)
+where
+    F: FnOnce(Pool<sqlx::MySql>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let database = idem_tests::MySqlDb::create().await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(8)
+        .connect_with(database.options().clone())
+        .await
+        .expect("connect to the test database");
+    test(pool.clone()).await;
+    pool.close().await;
+    idem_tests::MySqlDb::drop_named(database.name()).await;
 }
 
 async fn sqlite_pool(dir: &tempfile::TempDir) -> Pool<Sqlite> {
@@ -825,6 +854,11 @@ async fn postgres_the_relay_and_the_consumer_carry_on_after_a_redis_restart(
 }
 
 #[tokio::test]
+async fn mysql_the_relay_and_the_consumer_carry_on_after_a_redis_restart() {
+    on_mysql(the_relay_and_the_consumer_carry_on_after_a_redis_restart).await;
+}
+
+#[tokio::test]
 async fn sqlite_the_relay_and_the_consumer_carry_on_after_a_redis_restart() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     the_relay_and_the_consumer_carry_on_after_a_redis_restart(sqlite_pool(&dir).await).await;
@@ -904,6 +938,11 @@ async fn postgres_a_topic_no_queue_receives_waits_while_the_others_flow(
     connect: sqlx::postgres::PgConnectOptions,
 ) {
     a_topic_no_queue_receives_waits_while_the_others_flow(postgres_pool(connect).await).await;
+}
+
+#[tokio::test]
+async fn mysql_a_topic_no_queue_receives_waits_while_the_others_flow() {
+    on_mysql(a_topic_no_queue_receives_waits_while_the_others_flow).await;
 }
 
 #[tokio::test]
@@ -989,6 +1028,8 @@ async fn event_tables_an_earlier_release_created_are_adopted<DB: EventBackend>(
 const POSTGRES_TABLES: &str =
     "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema()";
 const SQLITE_TABLES: &str = "SELECT name FROM sqlite_master WHERE type = 'table'";
+const MYSQL_TABLES: &str = "SELECT CONVERT(table_name USING utf8mb4) FROM information_schema.tables \
+     WHERE table_schema = DATABASE()";
 /// The event tables' SQL as the earlier release ran it, without `IF NOT EXISTS`.
 fn earlier_event_sql(sql: &str) -> String {
     sql.replace("IF NOT EXISTS ", "")
@@ -1000,6 +1041,11 @@ async fn postgres_each_crate_migrates_only_its_own_tables(
     connect: sqlx::postgres::PgConnectOptions,
 ) {
     each_crate_migrates_only_its_own_tables(postgres_pool(connect).await, POSTGRES_TABLES).await;
+}
+
+#[tokio::test]
+async fn mysql_each_crate_migrates_only_its_own_tables() {
+    on_mysql(|pool| each_crate_migrates_only_its_own_tables(pool, MYSQL_TABLES)).await;
 }
 
 #[tokio::test]
@@ -1181,6 +1227,11 @@ macro_rules! nats_on_both_databases {
             async fn sqlite() {
                 let dir = tempfile::tempdir().expect("a temporary directory");
                 super::$name(super::sqlite_pool(&dir).await).await;
+            }
+
+            #[tokio::test]
+            async fn mysql() {
+                super::on_mysql(super::$name).await;
             }
         }
     )*};

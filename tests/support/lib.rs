@@ -18,7 +18,7 @@ mod fault_proxy;
 mod handlers;
 mod http;
 mod log;
-mod mysql;
+pub(crate) mod mysql;
 mod nats_cluster;
 mod orders;
 mod partition;

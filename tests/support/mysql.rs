@@ -90,10 +90,22 @@ impl MySqlDb {
 }
 
 /// What the tests' statements, written for PostgreSQL and SQLite, say otherwise on MySQL.
-const SPELLINGS: &[(&str, &str)] = &[(
-    "ON CONFLICT (id) DO NOTHING",
-    "ON DUPLICATE KEY UPDATE id = id",
-)];
+const SPELLINGS: &[(&str, &str)] = &[
+    (
+        "ON CONFLICT (id) DO NOTHING",
+        "ON DUPLICATE KEY UPDATE id = id",
+    ),
+    ("AS BIGINT)", "AS SIGNED)"),
+];
+
+/// `sql` with MySQL's spelling of the clauses in [`SPELLINGS`].
+pub fn spelled(sql: &str) -> String {
+    SPELLINGS
+        .iter()
+        .fold(sql.to_owned(), |sql, (theirs, mine)| {
+            sql.replace(theirs, mine)
+        })
+}
 
 /// `sql`, written for PostgreSQL's numbered parameters (`$1`), with MySQL's positional ones
 /// (`?`) and its spelling of the few clauses that differ ([`SPELLINGS`]), and the order in
@@ -103,10 +115,7 @@ const SPELLINGS: &[(&str, &str)] = &[(
 ///
 /// When a `$` is not followed by a parameter number.
 pub fn positional(sql: &str) -> (String, Vec<usize>) {
-    let mut sql = sql.to_owned();
-    for (theirs, mine) in SPELLINGS {
-        sql = sql.replace(theirs, mine);
-    }
+    let sql = spelled(sql);
     let sql = sql.as_str();
     let mut out = String::with_capacity(sql.len());
     let mut order = Vec::new();

@@ -98,6 +98,12 @@ pub trait TestBackend: Backend {
         params: &'a [Param<'a>],
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
 
+    /// `sql`, written for PostgreSQL and SQLite, as this database spells it: the same, but on
+    /// MySQL ([`positional`](crate::positional)'s spellings).
+    fn spelled(sql: &str) -> String {
+        sql.to_owned()
+    }
+
     /// The one integer `sql` selects.
     fn count<'a>(pool: &'a Pool<Self>, sql: &'a str) -> impl Future<Output = i64> + Send + 'a;
 
@@ -171,21 +177,21 @@ macro_rules! shared_tables {
 macro_rules! pool_queries {
     () => {
         async fn count<'a>(pool: &'a Pool<Self>, sql: &'a str) -> i64 {
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            sqlx::query_scalar(sqlx::AssertSqlSafe(Self::spelled(sql)))
                 .fetch_one(pool)
                 .await
                 .unwrap_or_else(|error| panic!("{sql}: {error}"))
         }
 
         async fn strings<'a>(pool: &'a Pool<Self>, sql: &'a str) -> Vec<String> {
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            sqlx::query_scalar(sqlx::AssertSqlSafe(Self::spelled(sql)))
                 .fetch_all(pool)
                 .await
                 .unwrap_or_else(|error| panic!("{sql}: {error}"))
         }
 
         async fn run_sql<'a>(pool: &'a Pool<Self>, sql: &'a str) {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            sqlx::raw_sql(sqlx::AssertSqlSafe(Self::spelled(sql)))
                 .execute(pool)
                 .await
                 .unwrap_or_else(|error| panic!("{sql}: {error}"));
@@ -318,6 +324,10 @@ fn positional_query<'a>(
 }
 
 impl TestBackend for MySql {
+    fn spelled(sql: &str) -> String {
+        crate::mysql::spelled(sql)
+    }
+
     async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(MYSQL_TABLES).execute(pool).await.map(|_| ())
     }
@@ -355,4 +365,38 @@ impl TestBackend for MySql {
     }
 
     pool_queries!();
+}
+
+impl EventBackend for MySql {
+    async fn prepare_events(pool: &Pool<Self>) {
+        idem_events::migrate(pool)
+            .await
+            .expect("migrate the event tables");
+        sqlx::query(
+            "CREATE TABLE test_applied (message_id VARCHAR(1024) COLLATE utf8mb4_bin NOT NULL, \
+             topic VARCHAR(255) COLLATE utf8mb4_bin NOT NULL) ENGINE = InnoDB",
+        )
+        .execute(pool)
+        .await
+        .expect("create test_applied");
+    }
+
+    async fn applied(pool: &Pool<Self>) -> Vec<String> {
+        sqlx::query_scalar("SELECT message_id FROM test_applied")
+            .fetch_all(pool)
+            .await
+            .expect("read test_applied")
+    }
+
+    async fn apply<'a>(
+        tx: &'a mut Transaction<'static, Self>,
+        message: &'a idem_events::Message,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO test_applied (message_id, topic) VALUES (?, ?)")
+            .bind(message.id())
+            .bind(message.topic())
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
 }
