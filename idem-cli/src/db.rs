@@ -1,12 +1,15 @@
-//! The database the command looks into: PostgreSQL or SQLite, and the SQL that reads idem's
-//! key table on each. Times come back as milliseconds (ages and time left), so that the rest
-//! of the command is the same for both.
+//! The database the command looks into: PostgreSQL, SQLite, or MySQL/MariaDB, and the SQL that
+//! reads idem's key table on each (its differences are in `dialect`). Times come back as
+//! milliseconds (ages and time left), so that the rest of the command is the same for all.
 
 use std::{str::FromStr, time::Duration};
 
 use serde::Serialize;
+
+use crate::dialect::{self, Dialect};
 use sqlx::{
-    PgPool, SqlitePool,
+    MySqlPool, PgPool, SqlitePool,
+    mysql::MySqlPoolOptions,
     postgres::PgPoolOptions,
     sqlite::{SqliteConnectOptions, SqlitePoolOptions},
 };
@@ -14,12 +17,14 @@ use sqlx::{
 /// An error to print.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// A pool on either database.
+/// A pool on one of the databases.
 pub enum Db {
     /// `postgres://...`
     Postgres(PgPool),
     /// `sqlite:<path>`
     Sqlite(SqlitePool),
+    /// `mysql://...`: MySQL or MariaDB.
+    MySql(MySqlPool),
 }
 
 /// The counts of `stats`.
@@ -27,8 +32,8 @@ pub enum Db {
 pub struct Stats {
     /// Keys with a stored response.
     pub completed: i64,
-    /// Claims in flight (external mode; a transactional claim is never visible outside its
-    /// transaction).
+    /// Claims in flight: `started` rows with a lease (external mode; a transactional claim is
+    /// never visible outside its transaction).
     pub started: i64,
     /// The age of the oldest claim in flight, in milliseconds.
     pub oldest_started_ms: Option<i64>,
@@ -75,38 +80,30 @@ pub enum Release {
     Completed,
     /// No such key.
     Missing,
+    /// MySQL: another transaction is writing the key's row this instant: not released.
+    Busy,
 }
 
-// The same statements for both databases, but for how a time becomes milliseconds.
-const PG_NOW: &str = "(EXTRACT(EPOCH FROM now()) * 1000)::bigint";
+/// Claims in flight: `started` rows with a lease (external mode). A transactional claim is
+/// never one: on PostgreSQL and SQLite it has no row, on MySQL its row is uncommitted (nobody
+/// else sees it), and the committed `started` row a handler that ran `COMMIT` itself leaves
+/// behind has no lease and is already expired, so it counts as expired, and the purge takes it.
+const IN_FLIGHT: &str = "status = 'started' AND lease_until IS NOT NULL";
 
-fn key_columns(now: &str, ms: fn(&str) -> String, body: bool) -> String {
-    format!(
-        "scope, key, status, method, path, CAST(response_status AS BIGINT) AS response_status, \
-         {now} - {created} AS age_ms, {expires} - {now} AS expires_in_ms, \
-         {now} - {locked} AS claimed_ms, {lease} - {now} AS lease_left_ms, \
-         CAST(steps AS TEXT) AS steps, {body} AS response_body",
-        created = ms("created_at"),
-        expires = ms("expires_at"),
-        locked = ms("locked_at"),
-        lease = ms("lease_until"),
-        body = if body { "response_body" } else { "NULL" },
-    )
+/// Runs `$body` with `$pool` bound to the pool, whichever database it is on.
+macro_rules! on_pool {
+    ($db:expr, $pool:ident => $body:expr) => {
+        match $db {
+            Db::Postgres($pool) => $body,
+            Db::Sqlite($pool) => $body,
+            Db::MySql($pool) => $body,
+        }
+    };
 }
-
-fn pg_ms(column: &str) -> String {
-    format!("(EXTRACT(EPOCH FROM {column}) * 1000)::bigint")
-}
-
-fn sqlite_ms(column: &str) -> String {
-    column.to_owned()
-}
-
-const SQLITE_NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 impl Db {
-    /// Opens `url`: `sqlite:<path>` for SQLite (the file must exist), anything else for
-    /// PostgreSQL. Checks that idem's key table is there.
+    /// Opens `url`: `sqlite:<path>` for SQLite (the file must exist), `mysql://...` for MySQL or
+    /// MariaDB, anything else for PostgreSQL. Checks that idem's key table is there.
     ///
     /// # Errors
     ///
@@ -123,6 +120,14 @@ impl Db {
                     .connect_with(options)
                     .await
                     .map_err(|e| format!("cannot open {url}: {e}"))?,
+            )
+        } else if url.starts_with("mysql:") {
+            Self::MySql(
+                MySqlPoolOptions::new()
+                    .max_connections(2)
+                    .connect(url)
+                    .await
+                    .map_err(|e| format!("cannot connect to the database: {e}"))?,
             )
         } else {
             Self::Postgres(
@@ -149,23 +154,14 @@ impl Db {
 
     async fn scalar(&self, sql: &str) -> Result<Option<i64>, sqlx::Error> {
         let sql = sqlx::AssertSqlSafe(sql.to_owned());
-        match self {
-            Self::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
-            Self::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
-        }
+        on_pool!(self, pool => sqlx::query_scalar(sql).fetch_one(pool).await)
     }
 
-    fn now(&self) -> &'static str {
+    const fn dialect(&self) -> &'static Dialect {
         match self {
-            Self::Postgres(_) => PG_NOW,
-            Self::Sqlite(_) => SQLITE_NOW,
-        }
-    }
-
-    fn ms(&self) -> fn(&str) -> String {
-        match self {
-            Self::Postgres(_) => pg_ms,
-            Self::Sqlite(_) => sqlite_ms,
+            Self::Postgres(_) => &dialect::POSTGRES,
+            Self::Sqlite(_) => &dialect::SQLITE,
+            Self::MySql(_) => &dialect::MYSQL,
         }
     }
 
@@ -175,23 +171,22 @@ impl Db {
     ///
     /// When a statement fails.
     pub async fn stats(&self) -> Result<Stats, Error> {
-        let (now, ms) = (self.now(), self.ms());
-        let count =
-            |status: &str| format!("SELECT COUNT(*) FROM idem_keys WHERE status = '{status}'");
+        let Dialect { now, ms, .. } = *self.dialect();
+        let count = |condition: &str| format!("SELECT COUNT(*) FROM idem_keys WHERE {condition}");
         Ok(Stats {
-            completed: self.scalar(&count("completed")).await?.unwrap_or(0),
-            started: self.scalar(&count("started")).await?.unwrap_or(0),
+            completed: self
+                .scalar(&count("status = 'completed'"))
+                .await?
+                .unwrap_or(0),
+            started: self.scalar(&count(IN_FLIGHT)).await?.unwrap_or(0),
             oldest_started_ms: self
                 .scalar(&format!(
-                    "SELECT MAX({now} - {}) FROM idem_keys WHERE status = 'started'",
+                    "SELECT MAX({now} - {}) FROM idem_keys WHERE {IN_FLIGHT}",
                     ms("locked_at")
                 ))
                 .await?,
             expired: self
-                .scalar(&format!(
-                    "SELECT COUNT(*) FROM idem_keys WHERE {} <= {now}",
-                    ms("expires_at")
-                ))
+                .scalar(&count(&format!("{} <= {now}", ms("expires_at"))))
                 .await?
                 .unwrap_or(0),
         })
@@ -203,26 +198,19 @@ impl Db {
     ///
     /// When the statement fails.
     pub async fn inspect(&self, scope: &str, key: &str, body: bool) -> Result<Option<Key>, Error> {
+        let dialect = self.dialect();
         let sql = sqlx::AssertSqlSafe(format!(
-            "SELECT {} FROM idem_keys WHERE scope = $1 AND key = $2",
-            key_columns(self.now(), self.ms(), body)
+            "SELECT {} FROM idem_keys WHERE {}",
+            dialect.key_columns(body),
+            dialect.this_key(),
         ));
-        Ok(match self {
-            Self::Postgres(pool) => {
-                sqlx::query_as(sql)
-                    .bind(scope)
-                    .bind(key)
-                    .fetch_optional(pool)
-                    .await?
-            }
-            Self::Sqlite(pool) => {
-                sqlx::query_as(sql)
-                    .bind(scope)
-                    .bind(key)
-                    .fetch_optional(pool)
-                    .await?
-            }
-        })
+        Ok(on_pool!(self, pool => {
+            sqlx::query_as(sql)
+                .bind(scope)
+                .bind(key)
+                .fetch_optional(pool)
+                .await?
+        }))
     }
 
     /// The claims in flight for longer than `older_than`, oldest first.
@@ -231,36 +219,38 @@ impl Db {
     ///
     /// When the statement fails.
     pub async fn in_flight(&self, older_than: Duration) -> Result<Vec<Key>, Error> {
-        let (now, ms) = (self.now(), self.ms());
+        let dialect = self.dialect();
         let sql = sqlx::AssertSqlSafe(format!(
-            "SELECT {} FROM idem_keys WHERE status = 'started' AND {now} - {} >= $1 \
-             ORDER BY locked_at",
-            key_columns(now, ms, false),
-            ms("locked_at"),
+            "SELECT {} FROM idem_keys WHERE {IN_FLIGHT} AND {} - {} >= {} ORDER BY locked_at",
+            dialect.key_columns(false),
+            dialect.now,
+            (dialect.ms)("locked_at"),
+            (dialect.param)(1),
         ));
         let older = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        Ok(match self {
-            Self::Postgres(pool) => sqlx::query_as(sql).bind(older).fetch_all(pool).await?,
-            Self::Sqlite(pool) => sqlx::query_as(sql).bind(older).fetch_all(pool).await?,
-        })
+        Ok(on_pool!(self, pool => sqlx::query_as(sql).bind(older).fetch_all(pool).await?))
     }
 
-    /// Deletes the started claim `(scope, key)`; never a completed key.
+    /// Deletes the started claim `(scope, key)`; never a completed key, nor a row another
+    /// transaction holds.
     ///
     /// # Errors
     ///
     /// When a statement fails.
     pub async fn release(&self, scope: &str, key: &str) -> Result<Release, Error> {
-        const DELETE: &str =
-            "DELETE FROM idem_keys WHERE scope = $1 AND key = $2 AND status = 'started'";
+        let delete = sqlx::AssertSqlSafe(format!(
+            "DELETE FROM idem_keys WHERE {} AND status = 'started'",
+            self.dialect().this_key()
+        ));
         let deleted = match self {
-            Self::Postgres(pool) => sqlx::query(DELETE)
+            Self::MySql(pool) => return self.release_unlocked(pool, scope, key).await,
+            Self::Postgres(pool) => sqlx::query(delete)
                 .bind(scope)
                 .bind(key)
                 .execute(pool)
                 .await?
                 .rows_affected(),
-            Self::Sqlite(pool) => sqlx::query(DELETE)
+            Self::Sqlite(pool) => sqlx::query(delete)
                 .bind(scope)
                 .bind(key)
                 .execute(pool)
@@ -276,6 +266,46 @@ impl Db {
         })
     }
 
+    /// MySQL: a key a transaction holds (a transactional claim's uncommitted row, or a row
+    /// being completed or renewed) is skipped rather than waited for, so the command neither
+    /// blocks on it nor deletes what a handler is writing.
+    async fn release_unlocked(
+        &self,
+        pool: &MySqlPool,
+        scope: &str,
+        key: &str,
+    ) -> Result<Release, Error> {
+        let mut tx = pool.begin().await?;
+        let status: Option<String> = sqlx::query_scalar(
+            "SELECT status FROM idem_keys WHERE scope = ? AND `key` = ? FOR UPDATE SKIP LOCKED",
+        )
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let release = match status.as_deref() {
+            Some("started") => {
+                sqlx::query(
+                    "DELETE FROM idem_keys WHERE scope = ? AND `key` = ? AND status = 'started'",
+                )
+                .bind(scope)
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+                Release::Done
+            }
+            Some(_) => Release::Completed,
+            // Not there, or held by a transaction: a plain read tells which (an uncommitted
+            // claim is invisible to it, as on the other databases).
+            None => Release::Missing,
+        };
+        tx.commit().await?;
+        if release == Release::Missing && self.inspect(scope, key, false).await?.is_some() {
+            return Ok(Release::Busy);
+        }
+        Ok(release)
+    }
+
     /// Deletes the expired rows with idem's own purge; returns how many.
     ///
     /// # Errors
@@ -283,18 +313,11 @@ impl Db {
     /// When the purge fails.
     pub async fn purge(&self) -> Result<u64, Error> {
         let options = idem_runtime::tasks::PurgeOptions::default();
-        let report = match self {
-            Self::Postgres(pool) => {
-                idem_runtime::Store::new(pool.clone())
-                    .purge_expired(options)
-                    .await?
-            }
-            Self::Sqlite(pool) => {
-                idem_runtime::Store::new(pool.clone())
-                    .purge_expired(options)
-                    .await?
-            }
-        };
+        let report = on_pool!(self, pool => {
+            idem_runtime::Store::new(pool.clone())
+                .purge_expired(options)
+                .await?
+        });
         Ok(report.rows)
     }
 }

@@ -1,5 +1,5 @@
 //! `idem`: idem's operator command. Looks at the idempotency keys of a service's database,
-//! releases a stuck claim, purges expired keys, on PostgreSQL or SQLite.
+//! releases a stuck claim, purges expired keys, on PostgreSQL, SQLite, MySQL or MariaDB.
 //!
 //! ```text
 //! idem [--database-url URL] [--json] stats
@@ -9,11 +9,13 @@
 //! idem purge [--dry-run]
 //! ```
 //!
-//! The URL is `--database-url` or `$DATABASE_URL` (`postgres://...`, or `sqlite:<path>`).
+//! The URL is `--database-url` or `$DATABASE_URL` (`postgres://...`, `mysql://...` for MySQL
+//! and MariaDB, or `sqlite:<path>`).
 //! Output is a table for people, JSON with `--json`. A stored response's body is printed only
 //! with `inspect --body`. Exit codes: 0 done, 1 refused or not found, 2 the database failed.
 
 mod db;
+mod dialect;
 mod output;
 
 use std::{process::ExitCode, time::Duration};
@@ -25,7 +27,8 @@ use db::{Db, Release};
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about)]
 struct Cli {
-    /// The service's database: `postgres://...` or `sqlite:<path>`.
+    /// The service's database: `postgres://...`, `mysql://...` (MySQL, MariaDB) or
+    /// `sqlite:<path>`.
     #[arg(long, env = "DATABASE_URL", global = true)]
     database_url: Option<String>,
     /// Print JSON instead of tables.
@@ -130,6 +133,14 @@ async fn run(db: &Db, command: Command, json: bool) -> Result<ExitCode, db::Erro
             }
             Release::Missing => {
                 eprintln!("idem: no key {key:?} in scope {scope:?}");
+                return Ok(ExitCode::FAILURE);
+            }
+            Release::Busy => {
+                eprintln!(
+                    "idem: key {key:?} in scope {scope:?} is being written by another \
+                     transaction (a completion or a recovery): not released; run the command \
+                     again to see where it stands"
+                );
                 return Ok(ExitCode::FAILURE);
             }
         },

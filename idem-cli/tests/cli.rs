@@ -1,11 +1,14 @@
-//! The `idem` command against real databases (PostgreSQL and a SQLite file), on a key table
-//! that holds a completed key, a claim stuck in flight with a recorded step, and an expired
-//! key.
+//! The `idem` command against real databases (PostgreSQL, a SQLite file, MariaDB or MySQL), on
+//! a key table that holds a completed key, a claim stuck in flight with a recorded step, and an
+//! expired key.
 
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{
+    mysql::MySqlPoolOptions,
+    postgres::{PgConnectOptions, PgPoolOptions},
+};
 
 const BODY: &str = "SECRET-BODY-7f3a";
 
@@ -37,6 +40,27 @@ VALUES ('t1', 'stuck', 'POST', '/v1/orders', x'00', 'started', unixepoch() * 100
         1, '[{"step": "reserve", "output": 1}, {"step": "charge", "output": "ch_1"}]');
 "#;
 
+const MYSQL_ROWS: &str = r#"
+INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, response_status,
+                       response_headers, response_body, created_at, expires_at)
+VALUES ('t1', 'done', 'POST', '/v1/payments', x'00', 'completed', 201, '[]',
+        'SECRET-BODY-7f3a', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 DAY),
+       ('t2', 'old', 'POST', '/v1/payments', x'00', 'completed', 201, '[]', x'00',
+        UTC_TIMESTAMP(6) - INTERVAL 2 DAY, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR);
+INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, created_at, expires_at,
+                       locked_at, lease_until, claim_token, steps)
+VALUES ('t1', 'stuck', 'POST', '/v1/orders', x'00', 'started',
+        UTC_TIMESTAMP(6) - INTERVAL 10 MINUTE, UTC_TIMESTAMP(6) + INTERVAL 1 DAY,
+        UTC_TIMESTAMP(6) - INTERVAL 10 MINUTE, UTC_TIMESTAMP(6) - INTERVAL 9 MINUTE,
+        1, '[{"step": "reserve", "output": 1}, {"step": "charge", "output": "ch_1"}]');
+"#;
+
+/// The row a transactional claim writes on MySQL (uncommitted while the handler runs; left
+/// committed, already expired and without a lease, by a handler that ran `COMMIT` itself).
+const MYSQL_CLAIM: &str = "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, \
+     status, created_at, expires_at, claim_token) \
+     VALUES (?, ?, '', '', '', 'started', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 7)";
+
 fn idem(url: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem"))
         .env_remove("DATABASE_URL")
@@ -60,10 +84,11 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Every check, on the database at `url` that `count` looks into.
+/// Every check, on the database at `url` that `count` looks into (`count(Some(key))`: the rows
+/// of that key; `count(None)`: all rows).
 async fn the_command_does_what_it_says<F, Fut>(url: &str, count: F)
 where
-    F: Fn(&'static str) -> Fut,
+    F: Fn(Option<&'static str>) -> Fut,
     Fut: Future<Output = i64>,
 {
     // stats
@@ -126,38 +151,21 @@ where
         "{}",
         text(&refused.stderr)
     );
-    assert_eq!(
-        count("SELECT COUNT(*) FROM idem_keys WHERE key = 'done'").await,
-        1
-    );
+    assert_eq!(count(Some("done")).await, 1);
     let released = idem(url, &["release", "--scope", "t1", "--key", "stuck"]);
     assert!(released.status.success(), "{}", text(&released.stderr));
-    assert_eq!(
-        count("SELECT COUNT(*) FROM idem_keys WHERE key = 'stuck'").await,
-        0
-    );
+    assert_eq!(count(Some("stuck")).await, 0);
     let again = idem(url, &["release", "--scope", "t1", "--key", "stuck"]);
     assert_eq!(again.status.code(), Some(1), "nothing left to release");
 
     // purge
     let dry = json(&idem(url, &["--json", "purge", "--dry-run"]));
     assert_eq!(dry["expired"], 1);
-    assert_eq!(
-        count("SELECT COUNT(*) FROM idem_keys WHERE key = 'old'").await,
-        1,
-        "a dry run"
-    );
+    assert_eq!(count(Some("old")).await, 1, "a dry run");
     let purged = json(&idem(url, &["--json", "purge"]));
     assert_eq!(purged["expired"], 1);
-    assert_eq!(
-        count("SELECT COUNT(*) FROM idem_keys WHERE key = 'old'").await,
-        0
-    );
-    assert_eq!(
-        count("SELECT COUNT(*) FROM idem_keys").await,
-        1,
-        "only the live key is left"
-    );
+    assert_eq!(count(Some("old")).await, 0);
+    assert_eq!(count(None).await, 1, "only the live key is left");
 }
 
 #[sqlx::test(migrations = false)]
@@ -180,9 +188,15 @@ async fn postgres_the_command_does_what_it_says(_: PgPoolOptions, connect: PgCon
         .rsplit_once('/')
         .expect("a database path");
     let url = format!("{server}/{name}");
-    the_command_does_what_it_says(&url, |sql| {
+    the_command_does_what_it_says(&url, |key| {
         let pool = pool.clone();
-        async move { sqlx::query_scalar(sql).fetch_one(&pool).await.expect(sql) }
+        async move {
+            sqlx::query_scalar("SELECT COUNT(*) FROM idem_keys WHERE $1 IS NULL OR key = $1")
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .expect("count")
+        }
     })
     .await;
 }
@@ -202,11 +216,166 @@ async fn sqlite_the_command_does_what_it_says() {
         .await
         .expect("rows");
     let url = format!("sqlite:{}", path.display());
-    the_command_does_what_it_says(&url, |sql| {
+    the_command_does_what_it_says(&url, |key| {
         let pool = pool.clone();
-        async move { sqlx::query_scalar(sql).fetch_one(&pool).await.expect(sql) }
+        async move {
+            sqlx::query_scalar("SELECT COUNT(*) FROM idem_keys WHERE $1 IS NULL OR key = $1")
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .expect("count")
+        }
     })
     .await;
+}
+
+/// The server of `MYSQL_URL` (default: the local MariaDB), without a database path.
+fn mysql_server() -> String {
+    let url = std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into());
+    let url = url.split('?').next().unwrap_or_default().to_owned();
+    match url.split_once("://") {
+        Some((scheme, rest)) => format!("{scheme}://{}", rest.split('/').next().unwrap_or("")),
+        None => url,
+    }
+}
+
+#[tokio::test]
+async fn mysql_the_command_does_what_it_says() {
+    let server = mysql_server();
+    let name = format!("idem_test_cli_{}", std::process::id());
+    let admin = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&server)
+        .await
+        .expect("connect to MYSQL_URL");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
+    )))
+    .execute(&admin)
+    .await
+    .expect("a fresh database");
+    let url = format!("{server}/{name}");
+    let pool = MySqlPoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await
+        .expect("connect to the test database");
+
+    // Before the service has run: no key table.
+    let output = idem(&url, &["stats"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output.stderr).contains("no idem_keys table"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    idem_runtime::migrate(&pool).await.expect("migrate");
+    sqlx::raw_sql(MYSQL_ROWS)
+        .execute(&pool)
+        .await
+        .expect("rows");
+    let count = |key: Option<&'static str>| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar("SELECT COUNT(*) FROM idem_keys WHERE ? IS NULL OR `key` = ?")
+                .bind(key)
+                .bind(key)
+                .fetch_one(&pool)
+                .await
+                .expect("count")
+        }
+    };
+    the_command_does_what_it_says(&url, count).await;
+
+    // A transactional claim in flight is the claiming transaction's uncommitted row: not in
+    // flight for the command, not found, not waited for.
+    let mut claim = pool.begin().await.expect("begin");
+    sqlx::query(MYSQL_CLAIM)
+        .bind("t4")
+        .bind("claimed")
+        .execute(&mut *claim)
+        .await
+        .expect("an uncommitted claim");
+    let stats = json(&idem(&url, &["--json", "--timeout", "10s", "stats"]));
+    assert_eq!(stats["started"], 0, "{stats}");
+    assert_eq!(stats["expired"], 0, "{stats}");
+    let held = idem(
+        &url,
+        &[
+            "--timeout",
+            "10s",
+            "release",
+            "--scope",
+            "t4",
+            "--key",
+            "claimed",
+        ],
+    );
+    assert_eq!(held.status.code(), Some(1), "{}", text(&held.stderr));
+    assert!(
+        text(&held.stderr).contains("no key"),
+        "{}",
+        text(&held.stderr)
+    );
+    let purged = json(&idem(&url, &["--json", "--timeout", "10s", "purge"]));
+    assert_eq!(
+        purged["expired"], 0,
+        "the claim is not the purge's: {purged}"
+    );
+    claim.rollback().await.expect("rollback");
+    assert_eq!(count(Some("claimed")).await, 0, "the rollback took it");
+
+    // A handler that ran COMMIT itself leaves a committed started row, expired, without a
+    // lease: not in flight, purged like any expired row.
+    sqlx::query(MYSQL_CLAIM)
+        .bind("t3")
+        .bind("committed")
+        .execute(&pool)
+        .await
+        .expect("a committed claim");
+    // A row another transaction is writing (locked) is not released under it.
+    let mut writer = pool.begin().await.expect("begin");
+    sqlx::query("SELECT status FROM idem_keys WHERE `key` = 'committed' FOR UPDATE")
+        .execute(&mut *writer)
+        .await
+        .expect("lock the row");
+    let busy = idem(
+        &url,
+        &[
+            "--timeout",
+            "10s",
+            "release",
+            "--scope",
+            "t3",
+            "--key",
+            "committed",
+        ],
+    );
+    assert_eq!(busy.status.code(), Some(1), "{}", text(&busy.stderr));
+    assert!(
+        text(&busy.stderr).contains("being written by another transaction"),
+        "{}",
+        text(&busy.stderr)
+    );
+    writer.commit().await.expect("commit");
+    assert_eq!(count(Some("committed")).await, 1, "not released");
+    let stats = json(&idem(&url, &["--json", "stats"]));
+    assert_eq!(stats["started"], 0, "{stats}");
+    assert_eq!(stats["oldest_started_ms"], Value::Null, "{stats}");
+    assert_eq!(stats["expired"], 1, "{stats}");
+    let flying = json(&idem(&url, &["--json", "in-flight"]));
+    assert_eq!(flying.as_array().unwrap().len(), 0, "{flying}");
+    let purged = json(&idem(&url, &["--json", "purge"]));
+    assert_eq!(purged["expired"], 1, "{purged}");
+    assert_eq!(count(Some("committed")).await, 0);
+    assert_eq!(count(None).await, 1, "only the live key is left");
+
+    pool.close().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
+        .execute(&admin)
+        .await
+        .expect("drop the test database");
 }
 
 #[tokio::test]
@@ -223,10 +392,10 @@ async fn a_database_without_the_key_table_is_refused_with_a_clear_error() {
     );
 }
 
-/// A server that accepts connections and never answers, as a database behind a partition
-/// looks: nothing is refused, nothing comes back.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_database_that_does_not_answer_fails_the_command_at_its_timeout() {
+/// Runs `idem --timeout 1s stats` against a server that accepts connections and never answers,
+/// as a database behind a partition looks (nothing is refused, nothing comes back), at the URL
+/// `url` makes of its port; checks that the command fails at its timeout.
+async fn fails_at_its_timeout(url: fn(u16) -> String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
@@ -240,7 +409,7 @@ async fn a_database_that_does_not_answer_fails_the_command_at_its_timeout() {
             held.push(socket);
         }
     });
-    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=disable");
+    let url = url(port);
     let output = tokio::task::spawn_blocking(move || idem(&url, &["--timeout", "1s", "stats"]))
         .await
         .expect("run idem");
@@ -254,4 +423,18 @@ async fn a_database_that_does_not_answer_fails_the_command_at_its_timeout() {
         accepted.load(std::sync::atomic::Ordering::SeqCst) >= 1,
         "the command reached the silent server"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_that_does_not_answer_fails_the_command_at_its_timeout() {
+    fails_at_its_timeout(|port| {
+        format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=disable")
+    })
+    .await;
+}
+
+/// MySQL's server speaks first (its handshake): a silent one leaves the connection waiting.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mysql_server_that_does_not_answer_fails_the_command_at_its_timeout() {
+    fails_at_its_timeout(|port| format!("mysql://root@127.0.0.1:{port}/idem")).await;
 }
