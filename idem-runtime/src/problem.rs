@@ -35,6 +35,10 @@ pub enum ProblemKind {
     /// ASCII, a bad Structured Field String, or sent twice).
     MalformedKey,
     /// 409: a request with this key is still being processed; retry after `Retry-After` seconds.
+    /// Also the answer when the database refused the handler's commit because it lost a
+    /// conflict with another transaction (a serialization failure or a deadlock, as a
+    /// multi-primary cluster answers the loser of two duplicates at different nodes): nothing was
+    /// stored, and the retry gets the winner's outcome or runs again.
     InProgress,
     /// 422: the key was first used with a different request (method, path, query or body).
     KeyReused,
@@ -49,8 +53,8 @@ pub enum ProblemKind {
     InvalidScope,
     /// 503: the idempotency store could not be reached or failed; nothing was stored.
     StoreUnavailable,
-    /// 500: the database refused to commit the handler's writes (a deferred constraint, a
-    /// serialization failure), or the handler ended its transaction itself; nothing was stored.
+    /// 500: the database refused to commit the handler's writes (a deferred constraint), or the
+    /// handler ended its transaction itself; nothing was stored.
     CommitRefused,
     /// 503: the connection failed during the commit, so whether the handler's writes and the
     /// key were committed is unknown; a retry with the same key finds out.

@@ -452,3 +452,56 @@ async fn not_migrated(store: AnyStore) {
         "the log does not say to run migrate:\n{logged}"
     );
 }
+
+/// A commit the database refuses because the transaction lost a conflict with another
+/// (SQLSTATE 40001, as a multi-primary cluster answers the loser of two duplicates that
+/// committed at different nodes) is a 409 with `Retry-After`, never a 500: nothing is stored,
+/// and retrying is what the client should do. A deferred constraint trigger refuses the commit
+/// here, as a cluster's certification would.
+#[sqlx::test(migrations = false)]
+async fn postgres_a_commit_refused_for_a_conflict_is_409_with_retry_after_and_stores_nothing(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let app = App::new(TestDb::Postgres(Box::new(connect))).await;
+    app.execute(
+        "CREATE FUNCTION test_conflict() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN RAISE EXCEPTION 'lost a conflict' USING ERRCODE = 'serialization_failure'; END $$; \
+         CREATE CONSTRAINT TRIGGER test_conflict AFTER INSERT ON test_effects \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_conflict();",
+    )
+    .await;
+    let request = || Req::post("/test/flaky").tenant("t1").key("k1").build();
+    // The first call of /test/flaky answers 503 (not stored); the second 201, refused at commit.
+    assert_eq!(
+        app.send(request()).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let reply = app.send(request()).await;
+    assert_eq!(
+        reply.problem(StatusCode::CONFLICT),
+        ProblemKind::InProgress.type_uri(),
+        "{:?}",
+        reply.body
+    );
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    let detail = reply.json()["detail"]
+        .as_str()
+        .expect("a detail")
+        .to_owned();
+    assert!(
+        detail.contains("conflicted with another transaction"),
+        "{detail}"
+    );
+    assert_eq!(
+        app.count("test_effects").await,
+        0,
+        "the handler's writes were not committed"
+    );
+    assert_eq!(app.keys_named("k1").await, 0, "nothing was stored");
+    // Nobody else committed the request: the retry runs it again.
+    let retry = app.send(request()).await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert!(!retry.replayed());
+    assert_eq!(app.calls.flaky.load(Ordering::SeqCst), 3);
+}

@@ -198,9 +198,29 @@ impl<DB: Backend> IdemRequest<DB> {
         )
     }
 
-    /// The database refused the COMMIT (a deferred constraint, a serialization failure), or
-    /// the connection broke during it and the outcome is unknown.
+    /// The database refused the COMMIT (a deferred constraint), or refused it because the
+    /// transaction lost a conflict with another (a serialization failure, a deadlock: SQLSTATE
+    /// class 40, as a multi-primary cluster answers a duplicate that committed first at another
+    /// node), or the connection broke during it and the outcome is unknown.
     pub(super) fn commit_failed(&self, error: &sqlx::Error) -> Response {
+        if let sqlx::Error::Database(refusal) = error
+            && refusal.code().is_some_and(|code| code.starts_with("40"))
+        {
+            tracing::warn!(parent: &self.span, %error, "the handler's commit lost a conflict with another transaction; nothing was stored");
+            let seconds = self.retry_after_secs();
+            return self.finish(
+                Outcome::Conflict,
+                self.problem(
+                    ProblemKind::InProgress,
+                    format!(
+                        "the handler's writes conflicted with another transaction's and were not committed ({}); nothing was stored, retry with the same key after {seconds}s",
+                        refusal.message()
+                    ),
+                )
+                .with_retry_after(seconds)
+                .into_response(),
+            );
+        }
         tracing::error!(parent: &self.span, %error, "committing the handler's transaction failed");
         let problem = match error {
             sqlx::Error::Database(refusal) => self.problem(
