@@ -8,7 +8,7 @@ use std::{future::Future, sync::Arc};
 use axum::{Json, Router, extract::State, routing::get};
 use idem_events::{Backend, EventHandler, Message};
 use serde::{Deserialize, Serialize};
-use sqlx::{Pool, Postgres, Sqlite, Transaction};
+use sqlx::{MySql, MySqlConnection, Pool, Postgres, Sqlite, Transaction};
 
 use idem_runtime::Settings;
 
@@ -79,6 +79,25 @@ CREATE TABLE IF NOT EXISTS ledger_balances (
     entries INTEGER NOT NULL,
     balance INTEGER NOT NULL
 );
+";
+
+// MySQL and MariaDB: the tenant, compared, is VARBINARY (byte for byte, as on the other
+// databases); times are DATETIME(6) in UTC.
+const MYSQL_TABLES: &str = r"
+CREATE TABLE IF NOT EXISTS ledger_entries (
+    event_id   TEXT           NOT NULL,
+    tenant     VARBINARY(255) NOT NULL,
+    payment    TEXT           NOT NULL,
+    amount     BIGINT         NOT NULL,
+    currency   TEXT           NOT NULL,
+    created_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    INDEX ledger_entries_tenant_idx (tenant)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS ledger_balances (
+    tenant  VARBINARY(255) NOT NULL PRIMARY KEY,
+    entries BIGINT         NOT NULL,
+    balance BIGINT         NOT NULL
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 ";
 
 const INSERT_ENTRY: &str = "INSERT INTO ledger_entries (event_id, tenant, payment, amount, currency) \
@@ -154,6 +173,53 @@ macro_rules! ledger_sql {
 
 ledger_sql!(Postgres, POSTGRES_TABLES);
 ledger_sql!(Sqlite, SQLITE_TABLES);
+
+/// On MySQL and MariaDB: `?` parameters, and `ON DUPLICATE KEY UPDATE` for the balance (the
+/// amount bound twice, rather than MySQL 8's deprecated `VALUES()` or its `AS` alias, which
+/// MariaDB does not know).
+impl LedgerSql for MySql {
+    async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(MYSQL_TABLES).execute(pool).await?;
+        Ok(())
+    }
+
+    async fn record(
+        tx: &mut Transaction<'static, Self>,
+        event: &PaymentSucceeded,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO ledger_entries (event_id, tenant, payment, amount, currency) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&event.event_id)
+        .bind(&event.tenant)
+        .bind(&event.payment)
+        .bind(event.amount)
+        .bind(&event.currency)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO ledger_balances (tenant, entries, balance) VALUES (?, 1, ?) \
+             ON DUPLICATE KEY UPDATE entries = entries + 1, balance = balance + ?",
+        )
+        .bind(&event.tenant)
+        .bind(event.amount)
+        .bind(event.amount)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    async fn balance(conn: &mut MySqlConnection, tenant: &str) -> Result<Balance, sqlx::Error> {
+        let row: Option<(i64, i64)> =
+            sqlx::query_as("SELECT entries, balance FROM ledger_balances WHERE tenant = ?")
+                .bind(tenant)
+                .fetch_optional(&mut *conn)
+                .await?;
+        let (entries, balance) = row.unwrap_or_default();
+        Ok(Balance { entries, balance })
+    }
+}
 
 /// Why an event could not be applied.
 #[derive(Debug, thiserror::Error)]

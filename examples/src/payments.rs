@@ -1,6 +1,7 @@
 //! The routes of the payments service (as the README's "The two commands" describes), written
-//! once for both databases: every handler is generic over its database `DB` (routed as
-//! `routes::<Postgres>()` or `routes::<Sqlite>()`), and its SQL goes through [`crate::sql::Sql`].
+//! once for every database: every handler is generic over its database `DB` (routed as
+//! `routes::<Postgres>()`, `routes::<Sqlite>()` or `routes::<MySql>()`), and its SQL goes through
+//! [`crate::sql::Sql`].
 
 use axum::{
     Json, Router,
@@ -169,7 +170,7 @@ const PAYMENTS: Kind = Kind {
     event: Some("payment.succeeded"),
     insert: "INSERT INTO payments (id, tenant, amount, currency, customer, status) \
              VALUES ($1, $2, $3, $4, $5, 'processing')",
-    settle: "UPDATE payments SET status = $2 WHERE id = $1",
+    settle: "UPDATE payments SET status = $1 WHERE id = $2",
     list: "SELECT id, amount, currency, customer, status FROM payments \
            WHERE tenant = $1",
     fetch: "SELECT id, amount, currency, customer, status FROM payments \
@@ -184,7 +185,7 @@ const PAYOUTS: Kind = Kind {
     event: None,
     insert: "INSERT INTO payouts (id, tenant, amount, currency, customer, status) \
              VALUES ($1, $2, $3, $4, $5, 'processing')",
-    settle: "UPDATE payouts SET status = $2 WHERE id = $1",
+    settle: "UPDATE payouts SET status = $1 WHERE id = $2",
     list: "SELECT id, amount, currency, customer, status FROM payouts \
            WHERE tenant = $1",
     fetch: "SELECT id, amount, currency, customer, status FROM payouts \

@@ -3,7 +3,7 @@
 use std::{future::Future, path::Path};
 
 use idem_runtime::Backend;
-use sqlx::{Pool, Postgres, Sqlite, SqlitePool};
+use sqlx::{MySql, Pool, Postgres, Sqlite, SqlitePool};
 
 const POSTGRES_TABLES: &str = r"
 CREATE TABLE IF NOT EXISTS payments (
@@ -109,10 +109,71 @@ CREATE TABLE IF NOT EXISTS shipments (
 );
 ";
 
+// MySQL and MariaDB: InnoDB; the identifiers that are compared (ids, tenants, SKUs) are
+// VARBINARY, byte for byte as on the other databases (a text collation, even utf8mb4_bin, pads
+// with spaces: `pay_1 ` would find `pay_1`); the other text is utf8mb4 with its binary
+// collation. Times are DATETIME(6) in UTC. MySQL commits each CREATE TABLE by itself, so every
+// statement creates only what is missing (indexes with their tables) and a start that failed
+// halfway is finished by the next. The foreign key is a table constraint: MySQL ignores a
+// column's REFERENCES.
+const MYSQL_TABLES: &str = r"
+CREATE TABLE IF NOT EXISTS payments (
+    id         VARBINARY(255) NOT NULL PRIMARY KEY,
+    tenant     VARBINARY(255) NOT NULL,
+    amount     BIGINT         NOT NULL,
+    currency   TEXT           NOT NULL,
+    customer   TEXT           NOT NULL,
+    status     TEXT           NOT NULL,
+    created_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    INDEX payments_tenant_created_idx (tenant, created_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS payouts (
+    id         VARBINARY(255) NOT NULL PRIMARY KEY,
+    tenant     VARBINARY(255) NOT NULL,
+    amount     BIGINT         NOT NULL,
+    currency   TEXT           NOT NULL,
+    customer   TEXT           NOT NULL,
+    status     TEXT           NOT NULL,
+    created_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    INDEX payouts_tenant_created_idx (tenant, created_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS refunds (
+    id         VARBINARY(255) NOT NULL PRIMARY KEY,
+    tenant     VARBINARY(255) NOT NULL,
+    payment    TEXT           NOT NULL,
+    amount     BIGINT         NOT NULL,
+    status     TEXT           NOT NULL,
+    created_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    INDEX refunds_tenant_created_idx (tenant, created_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS inventory (
+    sku   VARBINARY(256) NOT NULL PRIMARY KEY,
+    stock BIGINT         NOT NULL CHECK (stock >= 0)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS orders (
+    id         VARBINARY(255) NOT NULL PRIMARY KEY,
+    tenant     VARBINARY(255) NOT NULL,
+    sku        VARBINARY(256) NOT NULL,
+    quantity   BIGINT         NOT NULL,
+    customer   TEXT           NOT NULL,
+    amount     BIGINT         NOT NULL,
+    charge     TEXT           NOT NULL,
+    status     TEXT           NOT NULL,
+    created_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    INDEX orders_tenant_created_idx (tenant, created_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS shipments (
+    order_id   VARBINARY(255) NOT NULL PRIMARY KEY,
+    created_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    FOREIGN KEY (order_id) REFERENCES orders (id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+";
+
 /// A database the example can create its tables in.
 pub trait Tables: Backend + idem_events::Backend {
-    /// The `ORDER BY` of lists, newest first, without ties: PostgreSQL's `created_at` has
-    /// microseconds; SQLite's only milliseconds, so its insertion order (`rowid`) breaks ties.
+    /// The `ORDER BY` of lists, newest first, without ties: PostgreSQL's and MySQL's
+    /// `created_at` have microseconds; SQLite's only milliseconds, so its insertion order
+    /// (`rowid`) breaks ties.
     const NEWEST_FIRST: &'static str;
 
     /// Creates the example's tables if they do not exist.
@@ -133,6 +194,15 @@ impl Tables for Sqlite {
 
     async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(SQLITE_TABLES).execute(pool).await?;
+        Ok(())
+    }
+}
+
+impl Tables for MySql {
+    const NEWEST_FIRST: &'static str = "ORDER BY created_at DESC, id DESC";
+
+    async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(MYSQL_TABLES).execute(pool).await?;
         Ok(())
     }
 }

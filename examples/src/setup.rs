@@ -4,7 +4,9 @@ use std::{path::PathBuf, str::FromStr, time::Duration};
 
 use idem_events::{nats::Nats, rabbitmq::RabbitMq, redis::RedisStreams};
 use sqlx::{
-    PgPool, SqlitePool,
+    MySql, MySqlPool, PgPool, SqlitePool,
+    migrate::MigrateDatabase,
+    mysql::{MySqlConnectOptions, MySqlPoolOptions},
     postgres::PgPoolOptions,
     sqlite::{SqliteConnectOptions, SqlitePoolOptions},
 };
@@ -21,16 +23,24 @@ pub enum Database {
     Postgres(PgPool),
     /// `$DATABASE_URL` is `sqlite:<path>`, or unset: the SQLite file `$SQLITE_PATH`.
     Sqlite(SqlitePool),
+    /// `$DATABASE_URL` is `mysql://…/<database>`: a MySQL or MariaDB database.
+    MySql(MySqlPool),
 }
 
-/// Opens `$DATABASE_URL` (PostgreSQL, or `sqlite:<path>`); without it, the SQLite file
-/// `$SQLITE_PATH` (default `default_file`), so that nothing needs to be installed.
+/// Opens `$DATABASE_URL` (PostgreSQL; `mysql://…/<database>`, MySQL or MariaDB, the database
+/// created when the server has none of that name; or `sqlite:<path>`), with at most
+/// `connections` connections to a server; without it, the SQLite file `$SQLITE_PATH` (default
+/// `default_file`), so that nothing needs to be installed.
 ///
 /// # Errors
 ///
-/// When the URL does not parse or the database cannot be reached or opened.
-pub async fn database(default_file: &str, pg_connections: u32) -> Result<Database, Error> {
+/// When the URL does not parse, a MySQL URL names no database, or the database cannot be
+/// reached, created or opened.
+pub async fn database(default_file: &str, connections: u32) -> Result<Database, Error> {
     match std::env::var("DATABASE_URL") {
+        Ok(url) if url.starts_with("mysql:") => {
+            Ok(Database::MySql(mysql(&url, connections).await?))
+        }
         Ok(url) if url.starts_with("sqlite:") => {
             let options = SqliteConnectOptions::from_str(&url)
                 .map_err(|e| format!("DATABASE_URL is not a SQLite URL: {e}"))?
@@ -47,7 +57,7 @@ pub async fn database(default_file: &str, pg_connections: u32) -> Result<Databas
         }
         Ok(url) => {
             let pool = PgPoolOptions::new()
-                .max_connections(pg_connections)
+                .max_connections(connections)
                 .connect(&url)
                 .await
                 .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
@@ -68,6 +78,44 @@ pub async fn database(default_file: &str, pg_connections: u32) -> Result<Databas
             Ok(Database::Sqlite(pool))
         }
     }
+}
+
+/// A pool on the MySQL or MariaDB database `url` names, created first if the server has no
+/// database of that name (the user must then be allowed to `CREATE DATABASE`).
+///
+/// # Errors
+///
+/// When the URL does not parse or names no database, or the server cannot be reached or
+/// refuses to create the database.
+async fn mysql(url: &str, connections: u32) -> Result<MySqlPool, Error> {
+    let options = MySqlConnectOptions::from_str(url)
+        .map_err(|e| format!("DATABASE_URL is not a MySQL URL: {e}"))?;
+    let Some(name) = options.get_database().map(str::to_owned) else {
+        return Err("DATABASE_URL must name a database: mysql://user@host:3306/<database>".into());
+    };
+    let exists = MySql::database_exists(url)
+        .await
+        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+    if !exists {
+        // Another instance starting at the same time may create it first: that is no error.
+        if let Err(error) = MySql::create_database(url).await
+            && !MySql::database_exists(url).await.unwrap_or(false)
+        {
+            return Err(format!(
+                "the MySQL server has no database {name:?} and cannot create it \
+                 (create it with `CREATE DATABASE {name}`): {error}"
+            )
+            .into());
+        }
+        tracing::info!(database = %name, "created the MySQL database");
+    }
+    let pool = MySqlPoolOptions::new()
+        .max_connections(connections)
+        .connect_with(options)
+        .await
+        .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+    tracing::info!(database = %name, "storing in MySQL (DATABASE_URL)");
+    Ok(pool)
 }
 
 /// The broker events go through.

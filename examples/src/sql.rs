@@ -1,6 +1,7 @@
 //! The example's SQL, behind one trait: the handlers in [`crate::payments`] are generic over the
 //! database and call these methods; sqlx's executors are per database type, so the bodies are
-//! written once in a macro and implemented for PostgreSQL and SQLite.
+//! written once in a macro and implemented for PostgreSQL and SQLite, and apart for MySQL and
+//! MariaDB ([`mysql`]), whose parameters and upserts are spelled otherwise.
 
 use std::future::Future;
 
@@ -13,6 +14,8 @@ use crate::{
     schema::Tables,
 };
 
+mod mysql;
+
 /// A database the payments API runs on.
 pub trait Sql: Tables {
     /// Inserts a transfer (`sql` is the kind's `INSERT`) in the handler's transaction.
@@ -23,7 +26,7 @@ pub trait Sql: Tables {
         tenant: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
-    /// Sets a transfer's status (`sql` is the kind's `UPDATE`).
+    /// Sets a transfer's status (`sql` is the kind's `UPDATE`, binding the status, then the id).
     fn settle<'a>(
         tx: &'a mut Transaction<'_, Self>,
         sql: &'static str,
@@ -125,8 +128,8 @@ macro_rules! sql {
                 status: &'a str,
             ) -> Result<(), sqlx::Error> {
                 sqlx::query(sql)
-                    .bind(id)
                     .bind(status)
+                    .bind(id)
                     .execute(&mut **tx)
                     .await?;
                 Ok(())

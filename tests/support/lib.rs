@@ -76,8 +76,8 @@ macro_rules! backend_tests {
     };
 }
 
-/// [`backend_tests!`] on PostgreSQL and SQLite only: for the example's tests, whose service
-/// does not run on MySQL yet.
+/// [`backend_tests!`] on PostgreSQL and SQLite only: its first half, for a test that cannot
+/// run on MySQL.
 #[macro_export]
 macro_rules! postgres_and_sqlite_tests {
     ($(async fn $name:ident($db:ident) $body:block)*) => {

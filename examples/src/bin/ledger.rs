@@ -1,7 +1,8 @@
 //! `cargo run --bin ledger`: the example's idempotent consumer of `payment.succeeded`.
 //!
-//! Stores in `$DATABASE_URL` (PostgreSQL, or `sqlite:<path>`); without it, in the SQLite file
-//! `$SQLITE_PATH` (default `ledger.db`). Consumes from RabbitMQ at `$AMQP_URL` (queue
+//! Stores in `$DATABASE_URL` (PostgreSQL; `mysql://…/<database>`, MySQL or MariaDB, created if
+//! missing; or `sqlite:<path>`); without it, in the SQLite file `$SQLITE_PATH` (default
+//! `ledger.db`). Consumes from RabbitMQ at `$AMQP_URL` (queue
 //! `<$EVENTS_STREAM>.ledger`, bound to `payment.succeeded`), or with `$EVENTS=redis` from the
 //! Redis stream `$EVENTS_STREAM` (default `idem.events`) at `$REDIS_URL`, as the consumer group
 //! `ledger`, or with `$EVENTS=nats` from NATS JetStream at `$NATS_URL` (default
@@ -43,6 +44,7 @@ async fn run() -> Result<(), Error> {
     match setup::database("ledger.db", 8).await? {
         Database::Postgres(pool) => serve(pool, broker, ack_wait).await,
         Database::Sqlite(pool) => serve(pool, broker, ack_wait).await,
+        Database::MySql(pool) => serve(pool, broker, ack_wait).await,
     }
 }
 

@@ -1,8 +1,9 @@
 //! `cargo run --bin payments`: the payments API the README describes.
 //!
 //! Listens on `$ADDR` (default `127.0.0.1:3000`). Stores everything in `$DATABASE_URL`
-//! (PostgreSQL, or `sqlite:<path>`); without it, in the SQLite file `$SQLITE_PATH` (default
-//! `payments.db`), so that nothing needs to be installed. Creates its tables on start, sends
+//! (PostgreSQL; `mysql://…/<database>`, MySQL or MariaDB, the database created if missing; or
+//! `sqlite:<path>`); without it, in the SQLite file `$SQLITE_PATH` (default `payments.db`), so
+//! that nothing needs to be installed. Creates its tables on start, sends
 //! refunds and order charges to the processor at `$PROCESSOR_URL` (default
 //! `http://127.0.0.1:3001`), and runs the purge and recovery tasks until it stops. With
 //! `$CRASH_AFTER` set to a step of `POST /v1/orders` (`reserve`, `charge`, `ship`, or
@@ -46,7 +47,7 @@ use idem_runtime::{
     CancellationToken, Store,
     tasks::{Purge, PurgeOptions, Recovery, RecoveryOptions, TaskHandle},
 };
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::{MySql, Pool, Postgres, Sqlite};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -58,6 +59,7 @@ async fn run() -> Result<(), Error> {
     match setup::database("payments.db", 32).await? {
         Database::Postgres(pool) => serve(pool, payments::routes::<Postgres>(), broker).await,
         Database::Sqlite(pool) => serve(pool, payments::routes::<Sqlite>(), broker).await,
+        Database::MySql(pool) => serve(pool, payments::routes::<MySql>(), broker).await,
     }
 }
 

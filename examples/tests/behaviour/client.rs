@@ -2,7 +2,7 @@
 //! drops connections after forwarding, answers 503, 409 and 429 with `Retry-After`, or delays:
 //! each logical request makes exactly one payment whatever the proxy does; final answers are not
 //! retried; the time budget holds; a key file outlives a killed `pay` process; a key never goes
-//! with another body. On both databases.
+//! with another body. On every database.
 
 use crate::service;
 
@@ -15,7 +15,7 @@ use idem_client::{
     Action, Attempt, FileKeyStore, IdempotencyKey, IdempotentRetry, RetryPolicy,
     reqwest_middleware::{ClientBuilder, ClientWithMiddleware},
 };
-use idem_tests::{App, Fault, FaultProxy, postgres_and_sqlite_tests};
+use idem_tests::{App, Fault, FaultProxy, backend_tests};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -73,7 +73,7 @@ async fn payments(app: &App) -> i64 {
     app.count("payments").await
 }
 
-postgres_and_sqlite_tests! {
+backend_tests! {
     async fn every_logical_request_makes_one_payment_whatever_the_proxy_does(db) {
         let app = service::app(db).await;
         let proxy = proxied(&app).await;

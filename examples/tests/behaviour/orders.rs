@@ -7,7 +7,7 @@ use crate::service;
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use idem_tests::{App, Options, Req, postgres_and_sqlite_tests, unreachable_url};
+use idem_tests::{App, Options, Req, backend_tests, unreachable_url};
 use serde_json::Value;
 use service::spawn_processor;
 
@@ -37,7 +37,7 @@ async fn charges(processor: &str) -> Vec<Value> {
         .expect("a JSON list")
 }
 
-postgres_and_sqlite_tests! {
+backend_tests! {
     async fn an_order_is_201_takes_the_stock_once_and_charges_once(db) {
         let processor = spawn_processor().await;
         let app = service::with_processor(db, processor.clone()).await;

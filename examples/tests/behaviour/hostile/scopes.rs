@@ -39,6 +39,10 @@ mod path_scoped_sqlite {
     path_scoped!(sqlx::Sqlite);
 }
 
+mod path_scoped_mysql {
+    path_scoped!(sqlx::MySql);
+}
+
 fn path_scoped_router(app: &App) -> axum::Router {
     match &app.db {
         idem_tests::Db::Postgres(pool) => {
@@ -47,9 +51,9 @@ fn path_scoped_router(app: &App) -> axum::Router {
         idem_tests::Db::Sqlite(pool) => {
             path_scoped_sqlite::router(idem_runtime::Store::new(pool.clone()))
         }
-        idem_tests::Db::MySql(_) => unreachable!(
-            "the example's tests run on PostgreSQL and SQLite only (`postgres_and_sqlite_tests!`)"
-        ),
+        idem_tests::Db::MySql(pool) => {
+            path_scoped_mysql::router(idem_runtime::Store::new(pool.clone()))
+        }
     }
 }
 
@@ -65,8 +69,8 @@ async fn touch(app: &App, path: &str) -> idem_tests::Reply {
 }
 
 /// A scope value PostgreSQL cannot store (NUL from `%00`, or one too long for the key's index)
-/// is the caller's input, not a store outage: it is answered 400 `InvalidScope` on both
-/// databases, never 503 `StoreUnavailable` ("retry with the same key", which cannot succeed).
+/// is the caller's input, not a store outage: it is answered 400 `InvalidScope` on every
+/// database, never 503 `StoreUnavailable` ("retry with the same key", which cannot succeed).
 async fn unstorable_scopes_are_400_invalid_scope(app: App) {
     let long = format!("/accounts/{}/touch", Rng(5).word(3000));
     for path in ["/accounts/a%00b/touch", long.as_str()] {
@@ -93,4 +97,15 @@ async fn postgres_unstorable_scopes_are_400_invalid_scope(
 async fn sqlite_unstorable_scopes_are_400_invalid_scope() {
     let app = service::app(TestDb::sqlite()).await;
     unstorable_scopes_are_400_invalid_scope(app).await;
+}
+
+#[tokio::test]
+async fn mysql_unstorable_scopes_are_400_invalid_scope() {
+    let database = idem_tests::MySqlDb::create().await;
+    let name = database.name().to_owned();
+    {
+        let app = service::app(TestDb::MySql(Box::new(database))).await;
+        unstorable_scopes_are_400_invalid_scope(app).await;
+    }
+    idem_tests::MySqlDb::drop_named(&name).await;
 }
