@@ -23,6 +23,8 @@ pub struct Sample {
     pub postgres: Duration,
     /// By this process's SQLite connection threads.
     pub sqlite: Duration,
+    /// By the MySQL server's process (`mariadbd` or `mysqld`, every thread).
+    pub mysql: Duration,
 }
 
 impl Sample {
@@ -32,6 +34,7 @@ impl Sample {
             service: threads_named(SERVER_THREADS),
             postgres: processes_named("postgres"),
             sqlite: threads_named(SQLITE_THREADS),
+            mysql: threads_of_processes_named("mariadbd") + threads_of_processes_named("mysqld"),
         }
     }
 
@@ -41,20 +44,32 @@ impl Sample {
             service: self.service.saturating_sub(earlier.service),
             postgres: self.postgres.saturating_sub(earlier.postgres),
             sqlite: self.sqlite.saturating_sub(earlier.sqlite),
+            mysql: self.mysql.saturating_sub(earlier.mysql),
         }
     }
 
-    /// Per request, in microseconds: (service, database), the database being PostgreSQL's
-    /// processes or, with `in_process`, SQLite's threads.
-    pub fn per_request(self, requests: u64, in_process: bool) -> (f64, f64) {
+    /// Per request, in microseconds: (service, database), the database being `database`'s
+    /// processes or threads.
+    pub fn per_request(self, requests: u64, database: Server) -> (f64, f64) {
         let per = |d: Duration| d.as_secs_f64() * 1e6 / requests.max(1) as f64;
-        let database = if in_process {
-            self.sqlite
-        } else {
-            self.postgres
+        let database = match database {
+            Server::Postgres => self.postgres,
+            Server::Sqlite => self.sqlite,
+            Server::Mysql => self.mysql,
         };
         (per(self.service), per(database))
     }
+}
+
+/// Whose CPU time is the database's.
+#[derive(Clone, Copy, Debug)]
+pub enum Server {
+    /// The processes named `postgres`.
+    Postgres,
+    /// This process's SQLite connection threads.
+    Sqlite,
+    /// The MySQL server's process, whose threads its `stat` counts together.
+    Mysql,
 }
 
 /// The first field of a `schedstat` file: nanoseconds on a CPU.
@@ -77,6 +92,22 @@ fn threads_named(prefix: &str) -> Duration {
         .map(|task| task.path())
         .filter(|dir| comm(dir).is_some_and(|name| name.starts_with(prefix)))
         .filter_map(|dir| on_cpu(&dir.join("schedstat")))
+        .sum()
+}
+
+/// The CPU time of every thread of the processes named `name` (a server that runs a thread per
+/// connection, in one process: its own `schedstat` counts its main thread only).
+fn threads_of_processes_named(name: &str) -> Duration {
+    let Ok(processes) = fs::read_dir("/proc") else {
+        return Duration::ZERO;
+    };
+    processes
+        .flatten()
+        .map(|process| process.path())
+        .filter(|dir| comm(dir).as_deref() == Some(name))
+        .filter_map(|dir| fs::read_dir(dir.join("task")).ok())
+        .flat_map(|tasks| tasks.flatten().map(|task| task.path()))
+        .filter_map(|task| on_cpu(&task.join("schedstat")))
         .sum()
 }
 

@@ -1,6 +1,6 @@
 //! A scratch database per run, dropped at the end.
 
-use sqlx::{Connection, PgConnection, PgPool, postgres::PgPoolOptions};
+use sqlx::{Connection, MySqlConnection, PgConnection, PgPool, postgres::PgPoolOptions};
 
 /// The error type of the benchmarks.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -57,6 +57,59 @@ impl Scratch {
         let mut admin = PgConnection::connect(&self.admin_url).await?;
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&mut admin)
+        .await?;
+        Ok(())
+    }
+}
+
+/// A MySQL (MariaDB) database created for this run, dropped at the end.
+pub struct MySqlScratch {
+    server_url: String,
+    name: String,
+    /// Its URL.
+    pub url: String,
+}
+
+impl MySqlScratch {
+    /// Creates `idem_bench_<pid>` on the server of `$MYSQL_URL` (default: the local server,
+    /// as root) with idem's, the example's and the peer's tables.
+    pub async fn create() -> Result<Self, Error> {
+        let server_url =
+            std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_owned());
+        let name = format!("idem_bench_{}", std::process::id());
+        let mut admin = MySqlConnection::connect(&server_url)
+            .await
+            .map_err(|e| format!("cannot connect to {server_url}: {e} (set MYSQL_URL)"))?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
+        )))
+        .execute(&mut admin)
+        .await?;
+        let url = format!("{}/{name}", server_url.trim_end_matches('/'));
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await?;
+        idem_examples::schema::create(&pool).await?;
+        sqlx::raw_sql(crate::peer::MYSQL_TABLE)
+            .execute(&pool)
+            .await?;
+        pool.close().await;
+        Ok(Self {
+            server_url,
+            name,
+            url,
+        })
+    }
+
+    /// Drops the database.
+    pub async fn drop(self) -> Result<(), Error> {
+        let mut admin = MySqlConnection::connect(&self.server_url).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {}",
             self.name
         )))
         .execute(&mut admin)

@@ -39,6 +39,19 @@ pub enum Database {
     Postgres,
     /// A scratch SQLite file in a temporary directory.
     Sqlite,
+    /// MySQL or MariaDB at `$MYSQL_URL` (a scratch database is created and dropped).
+    Mysql,
+}
+
+impl Database {
+    /// Whose CPU time is this database's.
+    fn server(self) -> cpu::Server {
+        match self {
+            Self::Postgres => cpu::Server::Postgres,
+            Self::Sqlite => cpu::Server::Sqlite,
+            Self::Mysql => cpu::Server::Mysql,
+        }
+    }
 }
 
 impl std::fmt::Display for Database {
@@ -46,6 +59,7 @@ impl std::fmt::Display for Database {
         f.write_str(match self {
             Self::Postgres => "PostgreSQL",
             Self::Sqlite => "SQLite",
+            Self::Mysql => "MariaDB",
         })
     }
 }
@@ -95,6 +109,16 @@ pub async fn run(args: Args) -> Result<(), db::Error> {
                 std::fs::remove_dir_all(&dir)?;
                 result?;
             }
+            Database::Mysql => {
+                let scratch = db::MySqlScratch::create().await?;
+                let connections = args.concurrency as u32 + 8;
+                let result = match load::serve_mysql(scratch.url.clone(), connections).await {
+                    Ok(addr) => measure(&args, *database, Client::new(addr)).await,
+                    Err(error) => Err(error),
+                };
+                scratch.drop().await?;
+                result?;
+            }
         }
     }
     Ok(())
@@ -104,14 +128,14 @@ pub async fn run(args: Args) -> Result<(), db::Error> {
 struct Run {
     stats: Stats,
     cpu: cpu::Sample,
-    in_process: bool,
+    database: Database,
 }
 
 impl Run {
     /// Service and database CPU per answered request, in microseconds.
     fn cpu_per_request(&self) -> (f64, f64) {
         self.cpu
-            .per_request(self.stats.ok + self.stats.conflicts, self.in_process)
+            .per_request(self.stats.ok + self.stats.conflicts, self.database.server())
     }
 }
 
@@ -128,7 +152,7 @@ async fn timed(
     Run {
         stats,
         cpu: cpu::Sample::now().since(before),
-        in_process: database == Database::Sqlite,
+        database,
     }
 }
 
@@ -156,7 +180,7 @@ async fn seed_replay_keys(client: &Client) -> Result<Vec<String>, db::Error> {
 async fn measure(args: &Args, database: Database, client: Client) -> Result<(), db::Error> {
     let keys = seed_replay_keys(&client).await?;
     let mut workloads = vec![Workload::Bare];
-    if database == Database::Postgres {
+    if database != Database::Sqlite {
         workloads.push(Workload::Peer);
     }
     workloads.extend([
@@ -312,7 +336,8 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
     println!(
         "(SQL/request counts the statements sqlx logs; BEGIN is not logged, and every request \
          that touches the database sends one more. CPU, from /proc: the service's own threads, \
-         and every process named postgres or, for SQLite, the connections' threads; the load \
+         and every process named postgres, the MySQL server's threads or, for SQLite, the \
+         connections' threads; the load \
          generator is not counted)"
     );
     Ok(())

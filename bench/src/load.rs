@@ -16,7 +16,7 @@ use hdrhistogram::Histogram;
 use idem_examples::payments::{self, AppState};
 use idem_runtime::Store;
 use reqwest::StatusCode;
-use sqlx::{Postgres, Sqlite, postgres::PgPoolOptions};
+use sqlx::{MySql, Postgres, Sqlite, mysql::MySqlPoolOptions, postgres::PgPoolOptions};
 
 use crate::cpu;
 
@@ -37,7 +37,30 @@ pub async fn serve(url: String, connections: u32) -> Result<SocketAddr, crate::d
                 "/bare/payments",
                 post(payments::create_payment_bare::<Postgres>),
             )
-            .route("/peer/payments", post(crate::peer::create_payment))
+            .route(
+                "/peer/payments",
+                post(crate::peer::postgres::create_payment),
+            )
+            .with_state(AppState::new(Store::new(pool)));
+        Ok(app)
+    })
+    .await
+}
+
+/// As [`serve`], over MySQL (MariaDB) at `url`.
+pub async fn serve_mysql(url: String, connections: u32) -> Result<SocketAddr, crate::db::Error> {
+    serve_apart(move || async move {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(connections)
+            .min_connections(connections)
+            .connect(&url)
+            .await?;
+        let app = payments::routes::<MySql>()
+            .route(
+                "/bare/payments",
+                post(payments::create_payment_bare::<MySql>),
+            )
+            .route("/peer/payments", post(crate::peer::mysql::create_payment))
             .with_state(AppState::new(Store::new(pool)));
         Ok(app)
     })

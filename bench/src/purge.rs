@@ -121,7 +121,7 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     // PostgreSQL's CPU during the purge, less what the live requests answered meanwhile cost
     // at the baseline's rate: what the purge itself cost.
     let live_pg = baseline_cpu
-        .per_request(baseline.ok + baseline.errors, false)
+        .per_request(baseline.ok + baseline.errors, crate::cpu::Server::Postgres)
         .1;
     let total_pg = during_cpu.postgres.as_secs_f64() * 1e6;
     let purge_pg = total_pg - live_pg * (during.ok + during.errors) as f64;

@@ -1,7 +1,7 @@
 //! The example's SQL, behind one trait: the handlers in [`crate::payments`] are generic over the
 //! database and call these methods; sqlx's executors are per database type, so the bodies are
 //! written once in a macro and implemented for PostgreSQL and SQLite, and apart for MySQL and
-//! MariaDB ([`mysql`]), whose parameters and upserts are spelled otherwise.
+//! MariaDB (`sql/mysql.rs`), whose parameters and upserts are spelled otherwise.
 
 use std::future::Future;
 

@@ -18,7 +18,8 @@ pub struct MySqlDb {
 }
 
 impl MySqlDb {
-    /// Creates a fresh database on [`server_url`].
+    /// Creates a fresh database on the server at `$MYSQL_URL` (default: the local server, as
+    /// root).
     ///
     /// # Panics
     ///
@@ -98,7 +99,7 @@ const SPELLINGS: &[(&str, &str)] = &[
     ("AS BIGINT)", "AS SIGNED)"),
 ];
 
-/// `sql` with MySQL's spelling of the clauses in [`SPELLINGS`].
+/// `sql` with MySQL's spelling of the clauses in `SPELLINGS`.
 pub fn spelled(sql: &str) -> String {
     SPELLINGS
         .iter()
@@ -108,7 +109,7 @@ pub fn spelled(sql: &str) -> String {
 }
 
 /// `sql`, written for PostgreSQL's numbered parameters (`$1`), with MySQL's positional ones
-/// (`?`) and its spelling of the few clauses that differ ([`SPELLINGS`]), and the order in
+/// (`?`) and its spelling of the few clauses that differ (`SPELLINGS`), and the order in
 /// which to bind the numbered parameters for them.
 ///
 /// # Panics

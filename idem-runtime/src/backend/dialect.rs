@@ -16,9 +16,8 @@ use crate::record::Completion;
 ///
 /// - the three statements whose SQL differs: [`COMPLETE`](Dialect::COMPLETE),
 ///   [`FINISH`](Dialect::FINISH) and [`LAPSE`](Dialect::LAPSE), with the parameters
-///   documented on each, bound in that order (a database whose parameters are positional,
-///   as MySQL's `?`, takes them in that order: `backend/mysql.rs` shows how a statement that
-///   uses them in another order reads them from a derived table);
+///   documented on each, bound in that order: the order in which the statements use them, so
+///   that a database whose parameters are positional (MySQL's `?`) takes the same binds;
 /// - the type its `response_status` column holds ([`Status`](Dialect::Status), from
 ///   [`status`](Dialect::status)), how a time to live is bound ([`Expiry`](Dialect::Expiry),
 ///   from [`expiry`](Dialect::expiry)), the completion's last parameter
@@ -36,14 +35,15 @@ use crate::record::Completion;
 pub(super) trait Dialect: sqlx::Database {
     /// Stores a completed response for a key the transaction holds, writing nothing unless the
     /// claim is still this transaction's (or, where that cannot be told in SQL, no live row is
-    /// in the way). Parameters: `$1` scope, `$2` key, `$3` method, `$4` path, `$5`
-    /// fingerprint, `$6` [`Status`](Dialect::Status), `$7` headers (JSON), `$8` body, `$9` the
-    /// retention as an [`Expiry`](Dialect::Expiry), `$10` the [`Guard`](Dialect::Guard).
+    /// in the way). Parameters: `$1` method, `$2` path, `$3` fingerprint, `$4`
+    /// [`Status`](Dialect::Status), `$5` headers (JSON), `$6` body, `$7` the retention as an
+    /// [`Expiry`](Dialect::Expiry), `$8` scope, `$9` key, `$10` the [`Guard`](Dialect::Guard):
+    /// the order in which an `UPDATE … SET … WHERE` uses them.
     const COMPLETE: &'static str;
 
-    /// Completes the `started` row owned by `$3`: `$1` scope, `$2` key, `$3` claim token, `$4`
-    /// [`Status`](Dialect::Status), `$5` headers (JSON), `$6` body, `$7` an
-    /// [`Expiry`](Dialect::Expiry), `NULL` to keep the row's expiry.
+    /// Completes the `started` row owned by `$7`: `$1` [`Status`](Dialect::Status), `$2`
+    /// headers (JSON), `$3` body, `$4` an [`Expiry`](Dialect::Expiry) (`NULL` to keep the row's
+    /// expiry), `$5` scope, `$6` key, `$7` claim token.
     const FINISH: &'static str;
 
     /// Ends the lease of the `started` row owned by `$3` now, keeping its recorded steps: `$1`
@@ -61,9 +61,9 @@ pub(super) trait Dialect: sqlx::Database {
          WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3 \
            AND steps IS NULL";
 
-    /// Records the steps `$4` (JSON) of the `started` row owned by `$3`: `$1` scope, `$2` key.
-    const RECORD_STEPS: &'static str = "UPDATE idem_keys SET steps = $4 \
-         WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+    /// Records the steps `$1` (JSON) of the `started` row owned by `$4`: `$2` scope, `$3` key.
+    const RECORD_STEPS: &'static str = "UPDATE idem_keys SET steps = $1 \
+         WHERE scope = $2 AND key = $3 AND status = 'started' AND claim_token = $4";
 
     /// The `steps` column of the row owned by `$3`: `$1` scope, `$2` key.
     const RECORDED_STEPS: &'static str =

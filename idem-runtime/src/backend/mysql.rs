@@ -62,28 +62,18 @@ const EXISTING: &str = "SELECT status, method, path, fingerprint, response_statu
 const DELETE_EXPIRED: &str = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
      DELETE FROM idem_keys WHERE scope = ? AND `key` = ? AND expires_at <= UTC_TIMESTAMP(6)";
 
-// The completion turns the claim's row `completed`. Its parameters come in the order every
-// database binds them (`Dialect::COMPLETE`), which is not the order an UPDATE uses them in:
-// MySQL's `?` are positional, so they are read from a one-row derived table.
-const COMPLETE: &str = "UPDATE idem_keys AS k JOIN (SELECT ? AS scope, ? AS `key`, ? AS method, \
-       ? AS path, ? AS fingerprint, ? AS response_status, ? AS response_headers, \
-       ? AS response_body, ? AS ttl, ? AS token) AS p \
-       ON k.scope = p.scope AND k.`key` = p.`key` \
-     SET k.method = p.method, k.path = p.path, k.fingerprint = p.fingerprint, \
-       k.status = 'completed', k.response_status = p.response_status, \
-       k.response_headers = p.response_headers, k.response_body = p.response_body, \
-       k.created_at = UTC_TIMESTAMP(6), \
-       k.expires_at = UTC_TIMESTAMP(6) + INTERVAL p.ttl MICROSECOND, k.claim_token = NULL \
-     WHERE k.status = 'started' AND k.claim_token = p.token";
+// The completion turns the claim's row `completed`.
+const COMPLETE: &str = "UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, \
+       status = 'completed', response_status = ?, response_headers = ?, response_body = ?, \
+       created_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+       claim_token = NULL \
+     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
 
-const FINISH: &str = "UPDATE idem_keys AS k JOIN (SELECT ? AS scope, ? AS `key`, ? AS token, \
-       ? AS response_status, ? AS response_headers, ? AS response_body, ? AS ttl) AS p \
-       ON k.scope = p.scope AND k.`key` = p.`key` \
-     SET k.status = 'completed', k.response_status = p.response_status, \
-       k.response_headers = p.response_headers, k.response_body = p.response_body, \
-       k.locked_at = NULL, k.lease_until = NULL, k.claim_token = NULL, \
-       k.expires_at = COALESCE(UTC_TIMESTAMP(6) + INTERVAL p.ttl MICROSECOND, k.expires_at) \
-     WHERE k.status = 'started' AND k.claim_token = p.token";
+const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = ?, \
+       response_headers = ?, response_body = ?, \
+       expires_at = COALESCE(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at), \
+       locked_at = NULL, lease_until = NULL, claim_token = NULL \
+     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
 
 // A claim given up with its recorded steps kept: its lease ends now.
 const LAPSE: &str = "UPDATE idem_keys SET lease_until = UTC_TIMESTAMP(6) \
@@ -96,9 +86,8 @@ const RELEASE_WITHOUT_STEPS: &str = "DELETE FROM idem_keys \
      WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ? \
        AND steps IS NULL";
 
-const RECORD_STEPS: &str = "UPDATE idem_keys AS k JOIN (SELECT ? AS scope, ? AS `key`, \
-       ? AS token, ? AS steps) AS p ON k.scope = p.scope AND k.`key` = p.`key` \
-     SET k.steps = p.steps WHERE k.status = 'started' AND k.claim_token = p.token";
+const RECORD_STEPS: &str = "UPDATE idem_keys SET steps = ? \
+     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
 
 const RECORDED_STEPS: &str =
     "SELECT steps FROM idem_keys WHERE scope = ? AND `key` = ? AND claim_token = ?";

@@ -39,8 +39,8 @@ const MARK: &str = "SELECT current_setting('idem.claim', true) AS mark";
 const COMPLETE: &str = "INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, response_status, response_headers, \
       response_body, created_at, expires_at) \
-     SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), \
-            now() + make_interval(secs => $9) \
+     SELECT $8, $9, $1, $2, $3, 'completed', $4, $5, $6, now(), \
+            now() + make_interval(secs => $7) \
      WHERE current_setting('idem.claim', true) = $10";
 
 const LOOKUP: &str = "SELECT status, method, path, fingerprint, response_status, \
@@ -55,11 +55,11 @@ const START: &str = "SELECT outcome, taken_over, status, method, path, fingerpri
 const LAPSE: &str = "UPDATE idem_keys SET lease_until = now() \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
-const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $4, \
-     response_headers = $5, response_body = $6, locked_at = NULL, lease_until = NULL, \
+const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
+     response_headers = $2, response_body = $3, locked_at = NULL, lease_until = NULL, \
      claim_token = NULL, \
-     expires_at = COALESCE(now() + make_interval(secs => $7::float8), expires_at) \
-     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+     expires_at = COALESCE(now() + make_interval(secs => $4::float8), expires_at) \
+     WHERE scope = $5 AND key = $6 AND status = 'started' AND claim_token = $7";
 
 // ctid batches: the inner SELECT finds the oldest expired rows through the expires_at index and
 // locks them, skipping any row a live request holds; the DELETE removes exactly those.

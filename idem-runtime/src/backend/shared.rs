@@ -120,8 +120,6 @@ where
             return Ok(false);
         }
         let done = sqlx::query(DB::COMPLETE)
-            .bind(&c.key.scope)
-            .bind(&c.key.key)
             .bind(c.method)
             .bind(c.path)
             .bind(&c.fingerprint.as_bytes()[..])
@@ -129,6 +127,8 @@ where
             .bind(Json(&c.response.headers))
             .bind(&c.response.body)
             .bind(DB::expiry(Some(retention)))
+            .bind(&c.key.scope)
+            .bind(&c.key.key)
             .bind(DB::completion_guard(c))
             .execute(conn)
             .await?;
@@ -142,13 +142,13 @@ where
         retention: Option<Duration>,
     ) -> Result<bool, crate::Error> {
         let done = sqlx::query(DB::FINISH)
-            .bind(&c.key.scope)
-            .bind(&c.key.key)
-            .bind(token)
             .bind(DB::status(c.response.status)?)
             .bind(Json(&c.response.headers))
             .bind(&c.response.body)
             .bind(DB::expiry(retention))
+            .bind(&c.key.scope)
+            .bind(&c.key.key)
+            .bind(token)
             .execute(conn)
             .await?;
         Ok(DB::rows_affected(&done) == 1)
@@ -199,10 +199,10 @@ where
         steps: &[RecordedStep],
     ) -> Result<bool, crate::Error> {
         let done = sqlx::query(DB::RECORD_STEPS)
+            .bind(Json(steps))
             .bind(&key.scope)
             .bind(&key.key)
             .bind(token)
-            .bind(Json(steps))
             .execute(conn)
             .await?;
         Ok(DB::rows_affected(&done) == 1)

@@ -19,7 +19,7 @@ const LIVE: &str = "SELECT status, method, path, fingerprint, response_status, r
 const COMPLETE: &str = "INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, response_status, response_headers, \
       response_body, created_at, expires_at) \
-     VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, $10, $10 + $9) \
+     VALUES ($8, $9, $1, $2, $3, 'completed', $4, $5, $6, $10, $10 + $7) \
      ON CONFLICT (scope, key) DO UPDATE SET \
        method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint, \
        status = 'completed', response_status = excluded.response_status, \
@@ -44,11 +44,11 @@ const START: &str = "INSERT INTO idem_keys \
 const LAPSE: &str = "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
-const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $4, \
-     response_headers = $5, response_body = $6, locked_at = NULL, lease_until = NULL, \
+const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
+     response_headers = $2, response_body = $3, locked_at = NULL, lease_until = NULL, \
      claim_token = NULL, \
-     expires_at = COALESCE(CAST(unixepoch('subsec') * 1000 AS INTEGER) + $7, expires_at) \
-     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+     expires_at = COALESCE(CAST(unixepoch('subsec') * 1000 AS INTEGER) + $4, expires_at) \
+     WHERE scope = $5 AND key = $6 AND status = 'started' AND claim_token = $7";
 
 const PURGE: &str = "DELETE FROM idem_keys WHERE rowid IN ( \
      SELECT rowid FROM idem_keys WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)";
