@@ -73,19 +73,23 @@ impl MySqlDb {
     ///
     /// # Panics
     ///
-    /// When the server cannot be reached or refuses.
+    /// When the server cannot be reached.
     pub async fn drop_named(name: &str) {
         let url = server_url();
         let server: MySqlConnectOptions = url.parse().expect("MYSQL_URL is a MySQL URL");
         let mut conn = MySqlConnection::connect_with(&server)
             .await
             .unwrap_or_else(|e| panic!("connect to MySQL at {url}: {e}"));
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "SET SESSION lock_wait_timeout = 60; DROP DATABASE IF EXISTS {name}"
+        // A connection of the test still open in a transaction makes the DROP wait for its
+        // metadata lock: bounded, and then left to the next run, as a failed test's database.
+        let dropped = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SET SESSION lock_wait_timeout = 30; DROP DATABASE IF EXISTS {name}"
         )))
         .execute(&mut conn)
-        .await
-        .unwrap_or_else(|e| panic!("drop the test database {name}: {e}"));
+        .await;
+        if let Err(error) = dropped {
+            eprintln!("the test database {name} was not dropped ({error}); the next run drops it");
+        }
         let _ = conn.close().await;
     }
 }
