@@ -32,7 +32,26 @@ pub enum Error {
     },
 }
 
+/// Whether a SQLSTATE says that a transaction lost a conflict with another and was rolled back
+/// for it: class 40 (a serialization failure, a deadlock; MySQL and MariaDB answer both with
+/// `40001`, and so does a Galera cluster to the transaction that loses certification).
+pub(crate) fn is_conflict_code(code: Option<&str>) -> bool {
+    code.is_some_and(|code| code.starts_with("40"))
+}
+
 impl Error {
+    /// Whether the database refused the statement because its transaction lost a conflict with
+    /// another transaction (SQLSTATE class 40: a serialization failure, a deadlock), and rolled
+    /// the transaction back for it.
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            Self::Database(sqlx::Error::Database(error)) => {
+                is_conflict_code(error.code().as_deref())
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the database says that idem's key table does not exist: [`migrate`](crate::migrate)
     /// was not run on it.
     pub fn is_missing_key_table(&self) -> bool {

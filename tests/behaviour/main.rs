@@ -12,6 +12,7 @@ mod events;
 mod events_partitions;
 mod external;
 mod faults;
+mod galera;
 mod openapi;
 mod partitions;
 mod steps;

@@ -7,7 +7,7 @@ use axum::{Router, body::Body, http::Request};
 use idem_runtime::{Settings, Store};
 use sqlx::{
     MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool,
-    mysql::MySqlPoolOptions,
+    mysql::{MySqlConnectOptions, MySqlPoolOptions},
     postgres::{PgConnectOptions, PgPoolOptions},
 };
 use tower::ServiceExt;
@@ -201,6 +201,24 @@ impl App {
             ),
         };
         Self::build_on(db, options.settings, service, self.dir.clone()).await
+    }
+
+    /// Another instance of the same service on the same MySQL database, at the server
+    /// `options` name: a node of a Galera cluster other than `self`'s, as a process that
+    /// connects to its own node.
+    pub async fn sibling_at(&self, options: MySqlConnectOptions) -> Self {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(10)
+            .connect_with(options)
+            .await
+            .expect("connect to the test database at another server");
+        Self::build_on(
+            Db::MySql(pool),
+            Settings::default(),
+            Arc::clone(&self.service),
+            None,
+        )
+        .await
     }
 
     async fn build_on(

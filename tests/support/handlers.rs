@@ -32,6 +32,8 @@ pub struct Calls {
     pub global: AtomicUsize,
     /// `POST /test/slow`.
     pub slow: AtomicUsize,
+    /// `POST /test/slow-then-write`.
+    pub slow_then_write: AtomicUsize,
     /// `POST /test/external-slow`.
     pub external: AtomicUsize,
     /// `POST /test/redirect`.
@@ -80,7 +82,8 @@ impl idem_runtime::IdempotencyScope for Account {
     }
 }
 
-/// `/test/flaky`, `/test/panic`, `/test/global`, `/test/slow`, `/test/external-slow`,
+/// `/test/flaky`, `/test/panic`, `/test/global`, `/test/slow`, `/test/slow-then-write`,
+/// `/test/external-slow`,
 /// `/test/redirect`, `/test/aborted`, `/test/deferred`, `/test/account`,
 /// `/test/ends-its-transaction`, and
 /// `/test/nest-a/x`, `/test/nest-b/x` (one handler nested under two prefixes).
@@ -92,6 +95,7 @@ pub fn routes<DB: TestBackend>() -> Router<Store<DB>> {
         .route("/test/panic", post(panicky::<DB>))
         .route("/test/global", post(global::<DB>))
         .route("/test/slow", post(slow::<DB>))
+        .route("/test/slow-then-write", post(slow_then_write::<DB>))
         .route("/test/external-slow", post(external_slow::<DB>))
         .route("/test/redirect", post(redirect::<DB>))
         .route("/test/aborted", post(aborted::<DB>))
@@ -169,6 +173,26 @@ async fn slow<DB: TestBackend>(
     calls.slow.fetch_add(1, Ordering::SeqCst);
     gate.acquire().await.expect("gate open").forget();
     (StatusCode::CREATED, "done".to_owned())
+}
+
+/// Writes, waits for the test to open the gate, then writes again: a statement that fails
+/// (its transaction lost a conflict meanwhile, say) is answered 500 with the database's message,
+/// as a handler that passes its errors on with `?` answers.
+#[idempotent(scope = "tenant", retention = "1h")]
+async fn slow_then_write<DB: TestBackend>(
+    tenant: Tenant,
+    Extension(calls): Extension<Arc<Calls>>,
+    Extension(gate): Extension<Arc<tokio::sync::Semaphore>>,
+    tx: &mut Transaction<'_, DB>,
+) -> (StatusCode, String) {
+    record_effect(tx, "before", &tenant).await;
+    calls.slow_then_write.fetch_add(1, Ordering::SeqCst);
+    gate.acquire().await.expect("gate open").forget();
+    let sql = "INSERT INTO test_effects (route, tenant) VALUES ('after', $1)";
+    match run(tx, sql, &[Param::Text(&tenant.0)]).await {
+        Ok(_) => (StatusCode::CREATED, "done".to_owned()),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
+    }
 }
 
 /// Writes, then answers 303 See Other with a `Location`.

@@ -12,9 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 mod app;
 mod brokers;
+mod cluster_dir;
 mod downstream;
 mod entries;
 mod fault_proxy;
+mod galera;
 mod handlers;
 mod http;
 mod log;
@@ -35,13 +37,15 @@ pub use brokers::{
     AnyDelivery, AnyPublisher, AnySubscriber, AnySubscription, BrokerKind, REDIS_CLAIM_IDLE,
     TestBroker, broker_url,
 };
+pub use cluster_dir::{ClusterDir, RestartOnDrop};
 pub use downstream::{Downstream, unreachable_url};
 pub use fault_proxy::{Fault, FaultProxy, Seen};
+pub use galera::{GALERA_NODES, GaleraCluster};
 pub use handlers::{Account, Calls};
 pub use http::{Reply, Req, entry};
 pub use log::CapturedLog;
 pub use mysql::{MySqlDb, positional};
-pub use nats_cluster::{CLUSTER_ACK_WAIT, NATS_NODES, NatsCluster, RestartOnDrop};
+pub use nats_cluster::{CLUSTER_ACK_WAIT, NATS_NODES, NatsCluster};
 pub use partition::{Cue, PartitionProxy, PgMessage};
 pub use proxy::CommitCutter;
 pub use redis_server::RedisServer;

@@ -26,8 +26,17 @@ impl MySqlDb {
     /// When the server cannot be reached or refuses: the message says which server and how to
     /// point the tests at another.
     pub async fn create() -> Self {
+        Self::create_on(&server_url()).await
+    }
+
+    /// Creates a fresh database on the server at `url` (`mysql://user@host:port`): on a Galera
+    /// cluster, at one node, from which it reaches the others.
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be reached or refuses.
+    pub async fn create_on(url: &str) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let url = server_url();
         let name = format!(
             "idem_test_{}_{}",
             std::process::id(),
@@ -75,7 +84,15 @@ impl MySqlDb {
     ///
     /// When the server cannot be reached.
     pub async fn drop_named(name: &str) {
-        let url = server_url();
+        Self::drop_named_on(&server_url(), name).await;
+    }
+
+    /// [`MySqlDb::drop_named`] on the server at `url`.
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be reached.
+    pub async fn drop_named_on(url: &str, name: &str) {
         let server: MySqlConnectOptions = url.parse().expect("MYSQL_URL is a MySQL URL");
         let mut conn = MySqlConnection::connect_with(&server)
             .await

@@ -11,6 +11,7 @@ mod contract;
 mod crash;
 mod event_crashes;
 mod events_without_a_ledger;
+mod galera;
 mod hostile;
 mod metrics;
 mod openapi;

@@ -15,7 +15,7 @@ use std::{
 pub use idem_tests::wait_until;
 use reqwest::Client;
 use serde_json::Value;
-use sqlx::{PgPool, SqlitePool, postgres::PgConnectOptions};
+use sqlx::{MySqlPool, PgPool, SqlitePool, postgres::PgConnectOptions};
 
 /// The service's database, as the test looks into it.
 pub enum Database {
@@ -26,12 +26,14 @@ pub enum Database {
         pool: SqlitePool,
         path: std::path::PathBuf,
     },
+    /// MySQL or MariaDB, at `url` for the service.
+    MySql { pool: MySqlPool, url: String },
 }
 
 impl Database {
     pub fn configure(&self, command: &mut Command) {
         match self {
-            Self::Postgres { url, .. } => {
+            Self::Postgres { url, .. } | Self::MySql { url, .. } => {
                 command.env("DATABASE_URL", url);
             }
             Self::Sqlite { path, .. } => {
@@ -45,6 +47,12 @@ impl Database {
         match self {
             Self::Postgres { pool, .. } => sqlx::query_scalar(sql).bind(key).fetch_one(pool).await,
             Self::Sqlite { pool, .. } => sqlx::query_scalar(sql).bind(key).fetch_one(pool).await,
+            Self::MySql { pool, .. } => {
+                sqlx::query_scalar("SELECT status FROM idem_keys WHERE `key` = ?")
+                    .bind(key.as_bytes())
+                    .fetch_one(pool)
+                    .await
+            }
         }
         .expect("the key's row")
     }
@@ -55,6 +63,7 @@ impl Database {
         match self {
             Self::Postgres { pool, .. } => sqlx::query_scalar(sql).fetch_one(pool).await,
             Self::Sqlite { pool, .. } => sqlx::query_scalar(sql).fetch_one(pool).await,
+            Self::MySql { pool, .. } => sqlx::query_scalar(sql).fetch_one(pool).await,
         }
         .expect("a count")
     }
@@ -76,6 +85,15 @@ impl Database {
                     .bind(key)
                     .fetch_one(pool)
                     .await
+            }
+            Self::MySql { pool, .. } => {
+                sqlx::query_scalar(
+                    "SELECT TIMESTAMPDIFF(MICROSECOND, locked_at, lease_until) DIV 1000 \
+                     FROM idem_keys WHERE `key` = ?",
+                )
+                .bind(key.as_bytes())
+                .fetch_one(pool)
+                .await
             }
         }
         .expect("the key's lease")
@@ -101,6 +119,15 @@ impl Database {
             )
             .bind(key)
             .bind(secs)
+            .execute(pool)
+            .await
+            .map(|_| ()),
+            Self::MySql { pool, .. } => sqlx::query(
+                "UPDATE idem_keys SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? SECOND \
+                 WHERE `key` = ?",
+            )
+            .bind(secs)
+            .bind(key.as_bytes())
             .execute(pool)
             .await
             .map(|_| ()),

@@ -201,6 +201,20 @@ pub(crate) trait Storage: SharedStorage {
 
     /// Whether `error` says the transaction was aborted by an earlier failed statement.
     fn is_transaction_aborted(error: &crate::Error) -> bool;
+
+    /// Run first when a handler answered 5xx: whether the last statement it ran on `conn` was
+    /// refused because its transaction lost a conflict with another and the database rolled the
+    /// transaction back whole (MySQL's deadlock error, which is also how a Galera node aborts a
+    /// local transaction whose rows another node's transaction committed first). Nothing of the
+    /// request was committed then, and the 5xx is the handler's report of it: the answer is a
+    /// 409 to retry. `false` where a database does not end a transaction by itself
+    /// (PostgreSQL, SQLite).
+    fn lost_a_conflict(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + '_ {
+        let _ = conn;
+        async { Ok(false) }
+    }
 }
 
 /// Creates or upgrades idem's tables in the database behind `pool`.

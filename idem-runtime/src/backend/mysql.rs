@@ -38,6 +38,10 @@ const BEGIN_CLAIM: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START
      SAVEPOINT idem_claim";
 const RELEASE_CLAIM: &str = "RELEASE SAVEPOINT idem_claim";
 
+/// The errors of the last statement the connection ran (MySQL keeps them until the next
+/// statement that is not a diagnostic one).
+const SHOW_ERRORS: &str = "SHOW ERRORS";
+
 /// A transaction of idem's own (external-mode starts, purges, recoveries).
 const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
@@ -136,6 +140,9 @@ const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 /// MySQL's answer to a `NOWAIT` locking read of a locked row.
 const ER_LOCK_NOWAIT: u16 = 3572;
 const ER_DUP_ENTRY: u16 = 1062;
+/// A deadlock, or (on a Galera cluster) a conflict with a transaction another node committed:
+/// either way the server has rolled the whole transaction back.
+const ER_LOCK_DEADLOCK: u16 = 1213;
 const ER_SP_DOES_NOT_EXIST: u16 = 1305;
 
 /// The MySQL error number of `error`, if the server answered it.
@@ -496,6 +503,18 @@ impl Storage for MySql {
                 Self::abandoned(row, Duration::from_micros(age.unwrap_or(0).max(0) as u64))
             })
             .collect()
+    }
+
+    async fn lost_a_conflict(conn: &mut MySqlConnection) -> Result<bool, crate::Error> {
+        // The diagnostics of the handler's last statement: nothing has run since.
+        let errors = sqlx::raw_sql(SHOW_ERRORS).fetch_all(conn).await?;
+        for row in &errors {
+            let code: u32 = row.try_get("Code")?;
+            if code == u32::from(ER_LOCK_DEADLOCK) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     fn is_transaction_aborted(_error: &crate::Error) -> bool {

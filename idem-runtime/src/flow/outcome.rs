@@ -204,22 +204,10 @@ impl<DB: Backend> IdemRequest<DB> {
     /// node), or the connection broke during it and the outcome is unknown.
     pub(super) fn commit_failed(&self, error: &sqlx::Error) -> Response {
         if let sqlx::Error::Database(refusal) = error
-            && refusal.code().is_some_and(|code| code.starts_with("40"))
+            && crate::error::is_conflict_code(refusal.code().as_deref())
         {
             tracing::warn!(parent: &self.span, %error, "the handler's commit lost a conflict with another transaction; nothing was stored");
-            let seconds = self.retry_after_secs();
-            return self.finish(
-                Outcome::Conflict,
-                self.problem(
-                    ProblemKind::InProgress,
-                    format!(
-                        "the handler's writes conflicted with another transaction's and were not committed ({}); nothing was stored, retry with the same key after {seconds}s",
-                        refusal.message()
-                    ),
-                )
-                .with_retry_after(seconds)
-                .into_response(),
-            );
+            return self.lost_a_conflict(refusal.message());
         }
         tracing::error!(parent: &self.span, %error, "committing the handler's transaction failed");
         let problem = match error {
@@ -236,6 +224,25 @@ impl<DB: Backend> IdemRequest<DB> {
             ),
         };
         self.finish(Outcome::Failed, problem.into_response())
+    }
+
+    /// 409 with `Retry-After`: the handler's transaction lost a conflict with another
+    /// transaction (the database said `why`) and was rolled back whole, so nothing of the
+    /// request was committed. On a multi-primary cluster that is how the duplicate that did not
+    /// commit first ends; its retry replays the other's outcome.
+    pub(super) fn lost_a_conflict(&self, why: &str) -> Response {
+        let seconds = self.retry_after_secs();
+        self.finish(
+            Outcome::Conflict,
+            self.problem(
+                ProblemKind::InProgress,
+                format!(
+                    "the handler's writes conflicted with another transaction's and were not committed ({why}); nothing was stored, retry with the same key after {seconds}s"
+                ),
+            )
+            .with_retry_after(seconds)
+            .into_response(),
+        )
     }
 
     /// 409: the key is held by another request, for about `retry_after`.

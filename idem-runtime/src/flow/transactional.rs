@@ -241,6 +241,12 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         } = self;
         let store = request.store.clone();
         if response.status().is_server_error() {
+            // Asked first, while the handler's last statement is the connection's last.
+            if lost_a_conflict(&mut tx, &store, deadline).await {
+                let _ = roll_back(tx, &mut settle, &store, deadline).await;
+                tracing::warn!(parent: &request.span, "the handler's transaction lost a conflict with another and was rolled back; its 5xx is answered as a 409");
+                return request.lost_a_conflict("the database rolled the transaction back");
+            }
             if !options.replay_5xx {
                 if let Err(error) = roll_back(tx, &mut settle, &store, deadline).await {
                     tracing::warn!(parent: &request.span, %error, "rollback after a 5xx failed; the connection was closed");
@@ -272,12 +278,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                     let _ = roll_back(tx, &mut settle, &store, deadline).await;
                     return claim_gone(&request);
                 }
-                Err(error) => {
-                    if !error.is_timed_out() {
-                        let _ = roll_back(tx, &mut settle, &store, deadline).await;
-                    }
-                    return request.store_failed(&error);
-                }
+                Err(error) => return failed(tx, &mut settle, &request, &error, deadline).await,
             }
         }
         // On any early return below, the transaction is rolled back (or, past the deadline,
@@ -310,12 +311,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 let _ = roll_back(tx, &mut settle, &store, deadline).await;
                 return request.finish(Outcome::NotStored, captured.into_response());
             }
-            Err(error) => {
-                if !error.is_timed_out() {
-                    let _ = roll_back(tx, &mut settle, &store, deadline).await;
-                }
-                return request.store_failed(&error);
-            }
+            Err(error) => return failed(tx, &mut settle, &request, &error, deadline).await,
         }
         match tokio::time::timeout_at(deadline, tx.commit()).await {
             Ok(Ok(())) => settle.settle(),
@@ -368,6 +364,39 @@ fn claim_gone<DB: Backend>(request: &IdemRequest<DB>) -> Response {
             )
             .into_response(),
     )
+}
+
+/// The answer when undoing or completing the handler's transaction failed with `error`,
+/// after rolling it back (unless the database did not answer in time: then its connection is
+/// closed). A transaction that lost a conflict with another is a 409 to retry: a Galera node
+/// reports it at the first statement after another node's commit aborted the transaction.
+async fn failed<DB: Backend>(
+    tx: Transaction<'_, DB>,
+    settle: &mut Settle<'_>,
+    request: &IdemRequest<DB>,
+    error: &crate::Error,
+    deadline: Instant,
+) -> Response {
+    if !error.is_timed_out() {
+        let _ = roll_back(tx, settle, &request.store, deadline).await;
+    }
+    match error {
+        crate::Error::Database(sqlx::Error::Database(refusal)) if error.is_conflict() => {
+            tracing::warn!(parent: &request.span, %error, "the handler's transaction lost a conflict with another before it completed; nothing was stored");
+            request.lost_a_conflict(refusal.message())
+        }
+        _ => request.store_failed(error),
+    }
+}
+
+/// Whether the handler's transaction lost a conflict and was rolled back by the database (see
+/// `Storage::lost_a_conflict`); a question that fails or times out counts as no.
+async fn lost_a_conflict<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    store: &crate::Store<DB>,
+    deadline: Instant,
+) -> bool {
+    matches!(store.by(deadline, DB::lost_a_conflict(tx)).await, Ok(true))
 }
 
 /// Makes sure the transaction is open (see `Storage::ensure_open`), until `deadline`.

@@ -1,0 +1,88 @@
+//! Two instances of the service on two nodes of a MariaDB Galera cluster, a duplicate at each.
+//! Nothing of the claim is shared across nodes but the rows: at its own node each duplicate
+//! claims its own copy of the key and runs. The first to commit wins; the cluster aborts the
+//! other, whose rows it wrote too, and idem answers that one 409 with `Retry-After`: never a
+//! 500, and its retry replays the winner's outcome.
+//!
+//! The tests need the cluster of `scripts/galera up DIR` (`$GALERA_CLUSTER_DIR`): they are
+//! ignored in the suite, and scripts/test runs them once against a cluster of their own.
+
+use std::sync::atomic::AtomicUsize;
+
+use axum::http::StatusCode;
+use idem_runtime::ProblemKind;
+use idem_tests::{App, Calls, GaleraCluster, MySqlDb, Req, TestDb, until_called};
+
+#[tokio::test]
+#[ignore = "needs the Galera cluster of scripts/galera (GALERA_CLUSTER_DIR); scripts/test runs it"]
+async fn cluster_a_duplicate_aborted_by_another_nodes_commit_mid_handler_is_409_and_replays_it() {
+    // The aborted handler's next statement fails, and it answers 500 with the error.
+    loser_at_one_node_winner_at_another("/test/slow-then-write", |calls| &calls.slow_then_write)
+        .await;
+}
+
+#[tokio::test]
+#[ignore = "needs the Galera cluster of scripts/galera (GALERA_CLUSTER_DIR); scripts/test runs it"]
+async fn cluster_a_duplicate_aborted_by_another_nodes_commit_before_completion_is_409_and_replays_it()
+ {
+    // The aborted handler runs no statement after the abort: idem's completion finds it.
+    loser_at_one_node_winner_at_another("/test/slow", |calls| &calls.slow).await;
+}
+
+/// Request `a` claims the key at n1 and waits in its handler; its duplicate `b` at n2, which
+/// cannot see `a`'s uncommitted row, claims the key there, runs and commits. Once n1 has applied
+/// `b`'s commit, `a`'s handler goes on.
+async fn loser_at_one_node_winner_at_another(
+    route: &'static str,
+    runs: fn(&Calls) -> &AtomicUsize,
+) {
+    let cluster = GaleraCluster::from_env();
+    let database = MySqlDb::create_on(&cluster.node_url("n1")).await;
+    let name = database.name().to_owned();
+    {
+        let a = App::new(TestDb::MySql(Box::new(database))).await;
+        // The tables and the migrations' records are at n2 before an instance starts there.
+        cluster.caught_up("n2").await;
+        let b = a.sibling_at(cluster.options("n2", &name)).await;
+        let request = || Req::post(route).tenant("t1").key("k1").build();
+
+        let first = tokio::spawn({
+            let a = a.clone();
+            async move { a.send(request()).await }
+        });
+        until_called(runs(&a.calls), 1).await;
+        b.gate.add_permits(1);
+        let second = b.send(request()).await;
+        assert_eq!(second.status, StatusCode::CREATED, "{:?}", second.body);
+        assert!(
+            !second.replayed(),
+            "the duplicate at n2 ran: it saw nothing of n1's claim"
+        );
+
+        // n1 applies b's commit, and aborts a's transaction, which wrote the same key.
+        cluster.caught_up("n1").await;
+        a.gate.add_permits(1);
+        let first = first.await.expect("request task");
+        assert_eq!(
+            first.problem(StatusCode::CONFLICT),
+            ProblemKind::InProgress.type_uri(),
+            "{:?}",
+            first.body
+        );
+        assert_eq!(first.header("retry-after"), Some("1"));
+
+        let retry = a.send(request()).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert!(retry.replayed(), "the retry at n1 replays n2's outcome");
+        assert_eq!(retry.body, second.body);
+        assert_eq!(a.keys_named("k1").await, 1);
+        let effects = b.count("test_effects").await;
+        cluster.caught_up("n1").await;
+        assert_eq!(
+            a.count("test_effects").await,
+            effects,
+            "n1 holds b's writes and nothing of a's"
+        );
+    }
+    MySqlDb::drop_named_on(&cluster.node_url("n1"), &name).await;
+}

@@ -1,0 +1,69 @@
+//! The three-node MariaDB Galera cluster of `scripts/galera up DIR`, as the `cluster_galera_`
+//! tests of the library and of the example see it: its nodes' pids and client URLs are files in
+//! `DIR`, which `$GALERA_CLUSTER_DIR` names. Those tests are ignored in the suite; scripts/test
+//! runs them one at a time against such a cluster.
+
+use sqlx::{Connection, MySqlConnection, mysql::MySqlConnectOptions};
+
+use crate::ClusterDir;
+
+/// The cluster's nodes.
+pub const GALERA_NODES: [&str; 3] = ["n1", "n2", "n3"];
+
+/// The cluster `$GALERA_CLUSTER_DIR` names; its nodes' files through [`ClusterDir`].
+#[derive(Debug)]
+pub struct GaleraCluster {
+    nodes: ClusterDir,
+}
+
+impl std::ops::Deref for GaleraCluster {
+    type Target = ClusterDir;
+
+    fn deref(&self) -> &ClusterDir {
+        &self.nodes
+    }
+}
+
+impl GaleraCluster {
+    /// The cluster in `$GALERA_CLUSTER_DIR`.
+    ///
+    /// # Panics
+    ///
+    /// When `$GALERA_CLUSTER_DIR` is unset.
+    pub fn from_env() -> Self {
+        Self {
+            nodes: ClusterDir::from_env("GALERA_CLUSTER_DIR", "scripts/galera"),
+        }
+    }
+
+    /// How to connect to `database` at `node`.
+    pub fn options(&self, node: &str, database: &str) -> MySqlConnectOptions {
+        let url = self.node_url(node);
+        url.parse::<MySqlConnectOptions>()
+            .unwrap_or_else(|e| panic!("{node}'s URL {url}: {e}"))
+            .database(database)
+    }
+
+    /// `mysql://…/<database>` at `node`, as a service's `DATABASE_URL`.
+    pub fn database_url(&self, node: &str, database: &str) -> String {
+        format!("{}/{database}", self.node_url(node))
+    }
+
+    /// Waits until `node` has applied every transaction the cluster committed before the call
+    /// (a causal read, `wsrep_sync_wait`): what committed at another node is then there too.
+    ///
+    /// # Panics
+    ///
+    /// When `node` does not answer.
+    pub async fn caught_up(&self, node: &str) {
+        let url = self.node_url(node);
+        let mut conn = MySqlConnection::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {node} at {url}: {e}"));
+        sqlx::raw_sql("SET SESSION wsrep_sync_wait = 15; SELECT 1")
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("a causal read at {node}: {e}"));
+        let _ = conn.close().await;
+    }
+}
