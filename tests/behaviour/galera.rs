@@ -86,3 +86,80 @@ async fn loser_at_one_node_winner_at_another(
     }
     MySqlDb::drop_named_on(&cluster.node_url("n1"), &name).await;
 }
+
+/// External mode commits its claim before the handler runs: duplicates of a key started at
+/// several nodes at once are decided by that commit, and only its winner runs the handler. A
+/// start that loses at commit (another node's start of the key certified first) is a 409, like
+/// one that finds the key held.
+#[tokio::test]
+#[ignore = "needs the Galera cluster of scripts/galera (GALERA_CLUSTER_DIR); scripts/test runs it"]
+async fn cluster_external_starts_spread_over_three_nodes_run_each_key_once() {
+    const KEYS: usize = 20;
+    const DUPLICATES: usize = 6;
+    let cluster = GaleraCluster::from_env();
+    let database = MySqlDb::create_on(&cluster.node_url("n1")).await;
+    let name = database.name().to_owned();
+    {
+        let first = App::new(TestDb::MySql(Box::new(database))).await;
+        let mut apps = vec![first.clone()];
+        for node in ["n2", "n3"] {
+            cluster.caught_up(node).await;
+            apps.push(first.sibling_at(cluster.options(node, &name)).await);
+        }
+        for app in &apps {
+            // The handler's first call at each instance waits for its gate: open it.
+            app.gate.add_permits(1);
+        }
+        let request = |k: usize| {
+            Req::post("/test/external-slow")
+                .tenant("t1")
+                .key(&format!("x{k}"))
+                .build()
+        };
+        let mut pending = Vec::new();
+        for k in 0..KEYS {
+            for d in 0..DUPLICATES {
+                let app = apps[d % apps.len()].clone();
+                pending.push(tokio::spawn(async move { (k, app.send(request(k)).await) }));
+            }
+        }
+        for reply in pending {
+            let (k, reply) = reply.await.expect("request task");
+            assert!(
+                matches!(reply.status, StatusCode::CREATED | StatusCode::CONFLICT),
+                "x{k}: {} {:?}",
+                reply.status,
+                reply.body
+            );
+            if reply.status == StatusCode::CONFLICT {
+                assert!(
+                    reply.header("retry-after").is_some(),
+                    "x{k}: {:?}",
+                    reply.body
+                );
+            }
+        }
+        let runs: usize = apps
+            .iter()
+            .map(|app| app.calls.external.load(std::sync::atomic::Ordering::SeqCst))
+            .sum();
+        assert_eq!(
+            runs, KEYS,
+            "each key's handler ran once over the three nodes"
+        );
+        for node in ["n1", "n2", "n3"] {
+            cluster.caught_up(node).await;
+        }
+        for k in 0..KEYS {
+            for app in &apps {
+                let retry = app.send(request(k)).await;
+                assert_eq!(retry.status, StatusCode::CREATED, "x{k}: {:?}", retry.body);
+                assert!(
+                    retry.replayed(),
+                    "x{k} replays once every node has its outcome"
+                );
+            }
+        }
+    }
+    MySqlDb::drop_named_on(&cluster.node_url("n1"), &name).await;
+}

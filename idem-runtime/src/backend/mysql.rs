@@ -432,8 +432,12 @@ impl Storage for MySql {
                 }
             }
         };
-        tx.commit().await?;
-        Ok(Started::Acquired { taken_over })
+        match tx.commit().await {
+            Ok(()) => Ok(Started::Acquired { taken_over }),
+            // On a Galera cluster, a start of the same key at another node committed first.
+            Err(error) if error_number(&error) == Some(ER_LOCK_DEADLOCK) => Ok(Started::Busy),
+            Err(error) => Err(error.into()),
+        }
     }
 
     async fn begin_write(
