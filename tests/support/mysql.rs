@@ -14,6 +14,8 @@ pub fn server_url() -> String {
 #[derive(Debug)]
 pub struct MySqlDb {
     name: String,
+    /// The server's URL, as given to [`MySqlDb::create_on`].
+    server: String,
     options: MySqlConnectOptions,
 }
 
@@ -59,6 +61,7 @@ impl MySqlDb {
         let _ = conn.close().await;
         Self {
             options: server.clone().database(&name),
+            server: url.to_owned(),
             name,
         }
     }
@@ -66,6 +69,16 @@ impl MySqlDb {
     /// How to connect to the test's database.
     pub fn options(&self) -> &MySqlConnectOptions {
         &self.options
+    }
+
+    /// The test's database as a URL (`mysql://user@host:port/<name>`), for a process of its own
+    /// (`DATABASE_URL`): the server's URL with the database's name as its path.
+    pub fn url(&self) -> String {
+        let (server, query) = match self.server.split_once('?') {
+            Some((server, query)) => (server, format!("?{query}")),
+            None => (self.server.as_str(), String::new()),
+        };
+        format!("{}/{}{query}", server.trim_end_matches('/'), self.name)
     }
 }
 

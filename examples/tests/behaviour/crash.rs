@@ -27,6 +27,11 @@ async fn sqlite_service_killed_after_the_refund_is_retried_safely() {
     killed_after_the_refund(support::sqlite(&dir).await).await;
 }
 
+#[tokio::test]
+async fn mysql_service_killed_after_the_refund_is_retried_safely() {
+    support::on_mysql(killed_after_the_refund).await;
+}
+
 async fn killed_after_the_refund(database: Database) {
     let client = Client::new();
     let processor = Processor::start(Some("/v1/refunds")).await;

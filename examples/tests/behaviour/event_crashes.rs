@@ -401,6 +401,18 @@ async fn sqlite_redis_every_ledger_equals_its_succeeded_payments_across_kills() 
     every_ledger_equals_its_succeeded_payments(support::sqlite(&dir).await, "redis").await;
 }
 
+#[tokio::test]
+async fn mysql_rabbitmq_every_ledger_equals_its_succeeded_payments_across_kills() {
+    support::on_mysql(|database| every_ledger_equals_its_succeeded_payments(database, "rabbitmq"))
+        .await;
+}
+
+#[tokio::test]
+async fn mysql_redis_every_ledger_equals_its_succeeded_payments_across_kills() {
+    support::on_mysql(|database| every_ledger_equals_its_succeeded_payments(database, "redis"))
+        .await;
+}
+
 #[sqlx::test(migrations = false)]
 async fn postgres_nats_every_ledger_equals_its_succeeded_payments_across_kills(
     _: PgPoolOptions,
@@ -413,6 +425,12 @@ async fn postgres_nats_every_ledger_equals_its_succeeded_payments_across_kills(
 async fn sqlite_nats_every_ledger_equals_its_succeeded_payments_across_kills() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     every_ledger_equals_its_succeeded_payments(support::sqlite(&dir).await, "nats").await;
+}
+
+#[tokio::test]
+async fn mysql_nats_every_ledger_equals_its_succeeded_payments_across_kills() {
+    support::on_mysql(|database| every_ledger_equals_its_succeeded_payments(database, "nats"))
+        .await;
 }
 
 /// The kills on the three-node cluster, a NATS server's among them.
@@ -440,4 +458,11 @@ async fn cluster_sqlite_every_ledger_equals_its_succeeded_payments_across_kills_
  {
     let dir = tempfile::tempdir().expect("a temporary directory");
     every_ledger_equals_its_succeeded_payments_on_a_nats_cluster(support::sqlite(&dir).await).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the NATS cluster of scripts/nats-cluster (NATS_CLUSTER_DIR); scripts/test runs it"]
+async fn cluster_mysql_every_ledger_equals_its_succeeded_payments_across_kills_of_a_nats_server_too()
+ {
+    support::on_mysql(every_ledger_equals_its_succeeded_payments_on_a_nats_cluster).await;
 }

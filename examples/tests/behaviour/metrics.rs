@@ -66,8 +66,8 @@ async fn requests_are_counted_by_route_and_outcome(database: Database) {
             "{outcome} in:\n{metrics}"
         );
     }
-    // The first execution claimed; the replay did too on PostgreSQL, while SQLite answers it
-    // from a read without a claim.
+    // The first execution claimed; the replay did too on PostgreSQL and MySQL, while SQLite
+    // answers it from a read without a claim.
     let claims = sample(
         &metrics,
         "idem_claim_duration_seconds_count",
@@ -99,4 +99,9 @@ async fn postgres_requests_are_counted_by_route_and_outcome(
 async fn sqlite_requests_are_counted_by_route_and_outcome() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     requests_are_counted_by_route_and_outcome(support::sqlite(&dir).await).await;
+}
+
+#[tokio::test]
+async fn mysql_requests_are_counted_by_route_and_outcome() {
+    support::on_mysql(requests_are_counted_by_route_and_outcome).await;
 }

@@ -101,7 +101,7 @@ async fn crash_then_retry(database: Database, point: &str, calls: usize) {
 }
 
 macro_rules! crash_points {
-    ($($point:literal: $postgres:ident, $sqlite:ident, $calls:literal;)*) => {$(
+    ($($point:literal: $postgres:ident, $sqlite:ident, $mysql:ident, $calls:literal;)*) => {$(
         #[sqlx::test(migrations = false)]
         async fn $postgres(_: PgPoolOptions, connect: PgConnectOptions) {
             crash_then_retry(support::postgres(connect).await, $point, $calls).await;
@@ -112,6 +112,11 @@ macro_rules! crash_points {
             let dir = tempfile::tempdir().expect("a temporary directory");
             crash_then_retry(support::sqlite(&dir).await, $point, $calls).await;
         }
+
+        #[tokio::test]
+        async fn $mysql() {
+            support::on_mysql(|database| crash_then_retry(database, $point, $calls)).await;
+        }
     )*};
 }
 
@@ -120,10 +125,15 @@ macro_rules! crash_points {
 // the processor answers the charge it made); after `charge` and `ship` it is recorded, and the
 // retry does not ask again.
 crash_points! {
-    "reserve": postgres_crash_after_reserve_then_retry, sqlite_crash_after_reserve_then_retry, 1;
-    "charge-call": postgres_crash_after_the_charge_call_then_retry, sqlite_crash_after_the_charge_call_then_retry, 2;
-    "charge": postgres_crash_after_charge_then_retry, sqlite_crash_after_charge_then_retry, 1;
-    "ship": postgres_crash_after_ship_then_retry, sqlite_crash_after_ship_then_retry, 1;
+    "reserve": postgres_crash_after_reserve_then_retry, sqlite_crash_after_reserve_then_retry,
+        mysql_crash_after_reserve_then_retry, 1;
+    "charge-call": postgres_crash_after_the_charge_call_then_retry,
+        sqlite_crash_after_the_charge_call_then_retry,
+        mysql_crash_after_the_charge_call_then_retry, 2;
+    "charge": postgres_crash_after_charge_then_retry, sqlite_crash_after_charge_then_retry,
+        mysql_crash_after_charge_then_retry, 1;
+    "ship": postgres_crash_after_ship_then_retry, sqlite_crash_after_ship_then_retry,
+        mysql_crash_after_ship_then_retry, 1;
 }
 
 /// After a crash, two retries at once: the first takes the key over and resumes (held at the
@@ -166,6 +176,11 @@ async fn postgres_two_retries_after_a_crash_one_resumes_the_other_is_409(
 async fn sqlite_two_retries_after_a_crash_one_resumes_the_other_is_409() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     racing_retries(support::sqlite(&dir).await).await;
+}
+
+#[tokio::test]
+async fn mysql_two_retries_after_a_crash_one_resumes_the_other_is_409() {
+    support::on_mysql(racing_retries).await;
 }
 
 /// A crash after `point` and a client that never retries: the new process's recovery task
@@ -223,6 +238,11 @@ async fn sqlite_recovery_finishes_an_abandoned_order_that_was_charged() {
     settled_by_recovery(support::sqlite(&dir).await, "charge").await;
 }
 
+#[tokio::test]
+async fn mysql_recovery_finishes_an_abandoned_order_that_was_charged() {
+    support::on_mysql(|database| settled_by_recovery(database, "charge")).await;
+}
+
 // The attempt died after the processor charged, before the charge was recorded: the hook
 // finds the charge under the step's key and finishes the order.
 #[sqlx::test(migrations = false)]
@@ -237,6 +257,11 @@ async fn postgres_recovery_finishes_an_abandoned_order_charged_but_not_recorded(
 async fn sqlite_recovery_finishes_an_abandoned_order_charged_but_not_recorded() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     settled_by_recovery(support::sqlite(&dir).await, "charge-call").await;
+}
+
+#[tokio::test]
+async fn mysql_recovery_finishes_an_abandoned_order_charged_but_not_recorded() {
+    support::on_mysql(|database| settled_by_recovery(database, "charge-call")).await;
 }
 
 /// A declined order whose process died after giving the stock back, before its 402 was
@@ -298,6 +323,11 @@ async fn sqlite_a_declined_order_that_crashed_after_giving_the_stock_back_stays_
     declined_then_crash(support::sqlite(&dir).await).await;
 }
 
+#[tokio::test]
+async fn mysql_a_declined_order_that_crashed_after_giving_the_stock_back_stays_declined() {
+    support::on_mysql(declined_then_crash).await;
+}
+
 #[sqlx::test(migrations = false)]
 async fn postgres_recovery_gives_back_the_stock_of_an_abandoned_order_not_charged(
     _: PgPoolOptions,
@@ -310,4 +340,9 @@ async fn postgres_recovery_gives_back_the_stock_of_an_abandoned_order_not_charge
 async fn sqlite_recovery_gives_back_the_stock_of_an_abandoned_order_not_charged() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     settled_by_recovery(support::sqlite(&dir).await, "reserve").await;
+}
+
+#[tokio::test]
+async fn mysql_recovery_gives_back_the_stock_of_an_abandoned_order_not_charged() {
+    support::on_mysql(|database| settled_by_recovery(database, "reserve")).await;
 }

@@ -191,8 +191,16 @@ async fn postgres_payments_are_answered_during_a_flood_of_idle_and_slow_connecti
     _: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    answered_during_a_flood(support::postgres(connect).await).await;
+}
+
+#[tokio::test]
+async fn mysql_payments_are_answered_during_a_flood_of_idle_and_slow_connections() {
+    support::on_mysql(answered_during_a_flood).await;
+}
+
+async fn answered_during_a_flood(database: support::Database) {
     allow_open_files(OPEN_FILES);
-    let database = support::postgres(connect).await;
     let client = Client::new();
     let (mut service, base) =
         support::start_payments(&client, &database, "http://127.0.0.1:9").await;

@@ -6,8 +6,12 @@ use crate::support;
 
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use support::{Database, start_payments};
+use sqlx::{
+    MySql, Postgres, Transaction,
+    pool::PoolConnection,
+    postgres::{PgConnectOptions, PgPoolOptions},
+};
+use support::{Database, start_payments, wait_until};
 
 #[sqlx::test(migrations = false)]
 async fn postgres_duplicates_over_three_processes_make_one_payment(
@@ -21,6 +25,88 @@ async fn postgres_duplicates_over_three_processes_make_one_payment(
 async fn sqlite_duplicates_over_three_processes_make_one_payment() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     one_payment_over_three_processes(support::sqlite(&dir).await).await;
+}
+
+#[tokio::test]
+async fn mysql_duplicates_over_three_processes_make_one_payment() {
+    support::on_mysql(one_payment_over_three_processes).await;
+}
+
+/// What the test holds so that the first payment waits in its `INSERT INTO payments`, the key
+/// claimed, until the test lets it go.
+enum Blocker {
+    /// A transaction holding `LOCK TABLE payments IN EXCLUSIVE MODE`.
+    Postgres(Transaction<'static, Postgres>),
+    /// A connection holding `LOCK TABLES payments WRITE` (a metadata lock of the session).
+    MySql(PoolConnection<MySql>),
+}
+
+impl Blocker {
+    /// Holds the lock and sends the first request (`send_first`); returns once it waits for
+    /// the lock in its `INSERT`, its key claimed. `None` on SQLite, which has no lock the test
+    /// can hold without stopping the claim itself.
+    async fn hold<T>(database: &Database, send_first: impl FnOnce() -> T) -> Option<(Self, T)> {
+        match database {
+            Database::Postgres { pool, .. } => {
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query("LOCK TABLE payments IN EXCLUSIVE MODE")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                let first = send_first();
+                wait_until("the first payment to wait for the table lock", || async {
+                    sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM pg_locks \
+                         WHERE relation = 'payments'::regclass AND NOT granted \
+                         AND database = (SELECT oid FROM pg_database \
+                                         WHERE datname = current_database())",
+                    )
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+                        > 0
+                })
+                .await;
+                Some((Self::Postgres(tx), first))
+            }
+            Database::MySql { pool, .. } => {
+                let mut locked = pool.acquire().await.unwrap();
+                sqlx::raw_sql("LOCK TABLES payments WRITE")
+                    .execute(&mut *locked)
+                    .await
+                    .unwrap();
+                let first = send_first();
+                // The handler's INSERT waits for the table's metadata lock, inside the
+                // transaction that claimed the key (from another connection of the pool).
+                wait_until("the first payment to wait for the table lock", || async {
+                    sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM information_schema.processlist \
+                         WHERE db = DATABASE() AND state = 'Waiting for table metadata lock' \
+                         AND info LIKE 'INSERT INTO payments%'",
+                    )
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+                        > 0
+                })
+                .await;
+                Some((Self::MySql(locked), first))
+            }
+            Database::Sqlite { .. } => None,
+        }
+    }
+
+    async fn release(self) {
+        match self {
+            Self::Postgres(tx) => tx.commit().await.unwrap(),
+            Self::MySql(mut locked) => {
+                sqlx::raw_sql("UNLOCK TABLES")
+                    .execute(&mut *locked)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
 }
 
 async fn one_payment_over_three_processes(database: Database) {
@@ -40,38 +126,16 @@ async fn one_payment_over_three_processes(database: Database) {
             .send()
     };
 
-    // On PostgreSQL the test holds a lock on `payments`: the first request claims the key and
-    // blocks in its INSERT, so every duplicate, at every process, certainly arrives while the
-    // key is held. (SQLite has no lock the test can hold without stopping the claim itself:
-    // there the requests are simply sent together.)
-    let mut blocker = None;
-    let mut first = None;
-    if let Database::Postgres { pool, .. } = &database {
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query("LOCK TABLE payments IN EXCLUSIVE MODE")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        first = Some(tokio::spawn(post(&services[0].1, &body)));
-        support::wait_until("the first payment to wait for the table lock", || async {
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM pg_locks \
-                 WHERE relation = 'payments'::regclass AND NOT granted \
-                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap()
-                > 0
-        })
-        .await;
-        blocker = Some(tx);
-    }
+    // On PostgreSQL and MySQL the test holds a lock on `payments`: the first request claims
+    // the key and blocks in its INSERT, so every duplicate, at every process, certainly arrives
+    // while the key is held. (SQLite has no lock the test can hold without stopping the claim
+    // itself: there the requests are simply sent together.)
+    let blocker = Blocker::hold(&database, || tokio::spawn(post(&services[0].1, &body))).await;
     let pending: Vec<_> = (0..30)
         .map(|i| tokio::spawn(post(&services[i % 3].1, &body)))
         .collect();
-    let pending = match (blocker, first) {
-        (Some(blocker), Some(first)) => {
+    let pending = match blocker {
+        Some((blocker, first)) => {
             // Every duplicate was refused at once, while the first still held the key.
             // A duplicate that ran the handler would wait on the lock too: the deadline
             // turns that into a failure that says so.
@@ -83,10 +147,10 @@ async fn one_payment_over_three_processes(database: Database) {
                     .expect("the service answers");
                 assert_eq!(reply.status(), StatusCode::CONFLICT);
             }
-            blocker.commit().await.unwrap();
+            blocker.release().await;
             vec![first]
         }
-        _ => pending,
+        None => pending,
     };
     let mut executions = Vec::new();
     for reply in pending {

@@ -241,6 +241,27 @@ pub async fn sqlite(dir: &tempfile::TempDir) -> Database {
     Database::Sqlite { pool, path }
 }
 
+/// A fresh database on the MySQL (MariaDB) server at `$MYSQL_URL`, as the service's
+/// `DATABASE_URL` names it, and its name: the test drops it at its end with
+/// `idem_tests::MySqlDb::drop_named` (as [`on_mysql`] does); a failed test leaves it behind,
+/// for `scripts/test` to drop.
+pub async fn mysql() -> (Database, String) {
+    let database = idem_tests::MySqlDb::create().await;
+    let pool = MySqlPool::connect_with(database.options().clone())
+        .await
+        .unwrap_or_else(|e| panic!("connect to the test database {}: {e}", database.name()));
+    let url = database.url();
+    (Database::MySql { pool, url }, database.name().to_owned())
+}
+
+/// Runs `test` on a fresh MySQL database ([`mysql`]), and drops the database once `test` is
+/// done with it (its pool and processes gone, so that nothing holds the database).
+pub async fn on_mysql<F: Future<Output = ()>>(test: impl FnOnce(Database) -> F) {
+    let (database, name) = mysql().await;
+    test(database).await;
+    idem_tests::MySqlDb::drop_named(&name).await;
+}
+
 /// The example's processor on a loopback port of the test process (it outlives the service's
 /// process either way). It notes the `Idempotency-Key` of every `POST`, per path; with a `held`
 /// path, its first answer there waits (after the refund or charge is made) until [`gate`] has a
