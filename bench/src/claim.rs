@@ -50,11 +50,17 @@ enum Variant {
     ReadAlone,
     /// Only the completion's row, inserted without a claim.
     InsertAlone,
+    /// A candidate: the claim inserts the key's row, `started`, in one prepared statement that
+    /// takes the lock first (`ON CONFLICT DO NOTHING` sees rows committed after the statement's
+    /// snapshot) and marks the transaction; the completion updates the row's status and
+    /// response, checking the mark. The peer's two statements, plus the lock and the mark.
+    RowClaim,
 }
 
-const VARIANTS: [Variant; 6] = [
+const VARIANTS: [Variant; 7] = [
     Variant::Bare,
     Variant::Peer,
+    Variant::RowClaim,
     Variant::Call,
     Variant::LockInBegin,
     Variant::ReadAlone,
@@ -70,6 +76,7 @@ impl Variant {
             Self::LockInBegin => "earlier idem: claim (lock assigns an id) + completion",
             Self::ReadAlone => "the claim's read alone",
             Self::InsertAlone => "the completion's INSERT alone",
+            Self::RowClaim => "candidate: claim INSERTs the row (lock in it) + completion UPDATE",
         }
     }
 }
@@ -102,6 +109,21 @@ const COMPLETE: &str = "INSERT INTO idem_keys \
      SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), \
             now() + make_interval(secs => $9) \
      WHERE pg_current_xact_id_if_assigned()::text = $10";
+
+// The candidate's claim: the lock, then the key's row with everything known before the handler
+// runs, then the mark; `got` tells a held key (no lock) from a row in the way (lock, no mark).
+const ROW_CLAIM: &str = "WITH lock AS (SELECT pg_try_advisory_xact_lock($1) AS got), \
+     claimed AS ( \
+       INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at, \
+         expires_at) \
+       SELECT $2, $3, $4, $5, $6, 'started', now(), now() + make_interval(secs => $7) \
+       FROM lock WHERE got \
+       ON CONFLICT (scope, key) DO NOTHING \
+       RETURNING set_config('idem.claim', $8, true) AS mark) \
+     SELECT (SELECT got FROM lock) AS got, (SELECT mark FROM claimed) AS mark";
+const ROW_COMPLETE: &str = "UPDATE idem_keys SET status = 'completed', response_status = $3, \
+       response_headers = $4, response_body = $5 \
+     WHERE scope = $1 AND key = $2 AND current_setting('idem.claim', true) = $6";
 
 const BODY: &[u8] = br#"{"id":"pay_0123456789abcdef","status":"succeeded","amount":1250,"currency":"eur","customer":"cus_ok","created_at":"2026-12-02T04:00:00Z"}"#;
 
@@ -244,6 +266,11 @@ async fn one(conn: &mut PgConnection, variant: Variant, n: u64) -> Result<(), sq
             sqlx::Transaction::begin(&mut *conn, Some(sqlx::AssertSqlSafe(begin).into_sql_str()))
                 .await?
         }
+        Variant::RowClaim => {
+            let begin = "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                 SET LOCAL idle_in_transaction_session_timeout = 10000";
+            sqlx::Transaction::begin(&mut *conn, Some(begin.into_sql_str())).await?
+        }
         Variant::Call => {
             let begin = format!(
                 "BEGIN ISOLATION LEVEL READ COMMITTED; \
@@ -268,6 +295,20 @@ async fn one(conn: &mut PgConnection, variant: Variant, n: u64) -> Result<(), sq
             .execute(&mut *tx)
             .await?;
             None
+        }
+        Variant::RowClaim => {
+            let row = sqlx::query(ROW_CLAIM)
+                .bind(lock)
+                .bind("tenant")
+                .bind(&key)
+                .bind("POST")
+                .bind("/v1/payments")
+                .bind(&[7_u8; 32][..])
+                .bind(86_400.0_f64)
+                .bind(lock.to_string())
+                .fetch_one(&mut *tx)
+                .await?;
+            row.try_get("mark")?
         }
         Variant::Call => {
             let mark = lock.to_string();
@@ -309,6 +350,24 @@ async fn one(conn: &mut PgConnection, variant: Variant, n: u64) -> Result<(), sq
             .bind(BODY)
             .execute(&mut *tx)
             .await?;
+        }
+        Variant::RowClaim => {
+            let done = sqlx::query(ROW_COMPLETE)
+                .bind("tenant")
+                .bind(&key)
+                .bind(201_i16)
+                .bind(headers)
+                .bind(BODY)
+                .bind(mark.unwrap_or_default())
+                .execute(&mut *tx)
+                .await?;
+            if done.rows_affected() != 1 {
+                return Err(sqlx::Error::Protocol(format!(
+                    "{}: the completion wrote {} rows",
+                    variant.name(),
+                    done.rows_affected()
+                )));
+            }
         }
         Variant::InsertAlone => {
             completion(INSERT_ALONE, &key, headers)

@@ -280,6 +280,28 @@ fn keys_of(rows: &[sqlx::mysql::MySqlRow]) -> Result<Vec<RowKey>, crate::Error> 
         .collect()
 }
 
+/// Appends `JOIN (SELECT ? AS scope, ? AS `key` UNION ALL …) AS chosen ON …` for `keys` to
+/// `query`, a multi-table `DELETE` or `UPDATE` of `idem_keys`: the rows are then reached by their
+/// primary key, one by one. With `(scope, key) IN (…)` instead, the optimizer scans the whole
+/// table when the keys are a large part of it, and the scan waits for every row a live
+/// transaction holds (a claim's uncommitted row, for as long as its handler runs).
+fn push_keys_join(query: &mut QueryBuilder<MySql>, keys: &[RowKey]) {
+    query.push(" JOIN (");
+    for (i, (scope, key)) in keys.iter().enumerate() {
+        if i > 0 {
+            query.push(" UNION ALL ");
+        }
+        query.push("SELECT ");
+        query.push_bind(scope.as_slice());
+        query.push(if i == 0 { " AS scope, " } else { ", " });
+        query.push_bind(key.as_slice());
+        if i == 0 {
+            query.push(" AS `key`");
+        }
+    }
+    query.push(") AS chosen ON idem_keys.scope = chosen.scope AND idem_keys.`key` = chosen.`key`");
+}
+
 /// Appends `(scope, key) IN ((?, ?), …)` for `keys` to `query`.
 fn push_keys_in(query: &mut QueryBuilder<MySql>, keys: &[RowKey]) {
     query.push("(scope, `key`) IN (");
@@ -458,8 +480,8 @@ impl Storage for MySql {
         if keys.is_empty() {
             return Ok(0);
         }
-        let mut delete = QueryBuilder::<MySql>::new("DELETE FROM idem_keys WHERE ");
-        push_keys_in(&mut delete, &keys);
+        let mut delete = QueryBuilder::<MySql>::new("DELETE idem_keys FROM idem_keys");
+        push_keys_join(&mut delete, &keys);
         let deleted = delete.build().execute(&mut *tx).await?.rows_affected();
         tx.commit().await?;
         Ok(deleted)
@@ -482,15 +504,13 @@ impl Storage for MySql {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let mut renew = QueryBuilder::<MySql>::new(
-            "UPDATE idem_keys SET lease_until = LEAST(UTC_TIMESTAMP(6) + INTERVAL ",
-        );
+        let mut renew = QueryBuilder::<MySql>::new("UPDATE idem_keys");
+        push_keys_join(&mut renew, &keys);
         renew
+            .push(" SET lease_until = LEAST(UTC_TIMESTAMP(6) + INTERVAL ")
             .push_bind(micros(lease))
-            .push(" MICROSECOND, expires_at), claim_token = ")
-            .push_bind(token)
-            .push(" WHERE ");
-        push_keys_in(&mut renew, &keys);
+            .push(" MICROSECOND, idem_keys.expires_at), claim_token = ")
+            .push_bind(token);
         renew.build().execute(&mut *tx).await?;
         let mut read = QueryBuilder::<MySql>::new(
             "SELECT CONVERT(scope USING utf8mb4) AS scope, CONVERT(`key` USING utf8mb4) AS `key`, \
