@@ -59,10 +59,11 @@ impl Error {
             return false;
         };
         // PostgreSQL: undefined_table, or undefined_function for the claim functions the
-        // migrations create (`idem_start`); SQLite: "no such table: idem_keys" (SQLITE_ERROR).
+        // migrations create (`idem_start`); MySQL: ER_NO_SUCH_TABLE (SQLSTATE 42S02); SQLite:
+        // "no such table: idem_keys" (SQLITE_ERROR).
         let message = error.message();
         match error.code().as_deref() {
-            Some("42P01") => message.contains("idem_keys"),
+            Some("42P01" | "42S02") => message.contains("idem_keys"),
             Some("42883") => message.contains("idem_"),
             _ => message.contains("no such table: idem_keys"),
         }

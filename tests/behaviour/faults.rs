@@ -426,6 +426,19 @@ async fn a_store_never_migrated_on_sqlite_says_to_run_migrate_in_its_answer_and_
     not_migrated(AnyStore::Sqlite(Store::new(pool))).await;
 }
 
+/// A store over a MySQL database that `migrate` never ran on.
+#[tokio::test]
+async fn a_store_never_migrated_on_mysql_says_to_run_migrate_in_its_answer_and_its_log() {
+    let database = idem_tests::MySqlDb::create().await;
+    let name = database.name().to_owned();
+    {
+        let pool =
+            sqlx::mysql::MySqlPoolOptions::new().connect_lazy_with(database.options().clone());
+        not_migrated(AnyStore::MySql(Store::new(pool))).await;
+    }
+    idem_tests::MySqlDb::drop_named(&name).await;
+}
+
 /// Sends a transactional and an external request to the test app over `store`, whose
 /// database has no key table, and checks that each 503 and the errors logged name
 /// `idem_runtime::migrate`.
