@@ -43,7 +43,7 @@ impl Error {
     /// Whether the database refused the statement because its transaction lost a conflict with
     /// another transaction (SQLSTATE class 40: a serialization failure, a deadlock), and rolled
     /// the transaction back for it.
-    pub fn is_conflict(&self) -> bool {
+    pub(crate) fn is_conflict(&self) -> bool {
         match self {
             Self::Database(sqlx::Error::Database(error)) => {
                 is_conflict_code(error.code().as_deref())

@@ -70,6 +70,17 @@ async fn loser_at_one_node_winner_at_another(
             first.body
         );
         assert_eq!(first.header("retry-after"), Some("1"));
+        if route == "/test/slow-then-write" {
+            // Told by the handler's own statement, not by a refused COMMIT.
+            let detail = first.json()["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            assert!(
+                detail.contains("the database rolled the transaction back"),
+                "{detail}"
+            );
+        }
 
         let retry = a.send(request()).await;
         assert_eq!(retry.status, StatusCode::CREATED);

@@ -5,7 +5,7 @@
 
 use sqlx::{Connection, MySqlConnection, mysql::MySqlConnectOptions};
 
-use crate::ClusterDir;
+use crate::{ClusterDir, wait_until};
 
 /// The cluster's nodes.
 pub const GALERA_NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -49,21 +49,43 @@ impl GaleraCluster {
         format!("{}/{database}", self.node_url(node))
     }
 
-    /// Waits until `node` has applied every transaction the cluster committed before the call
-    /// (a causal read, `wsrep_sync_wait`): what committed at another node is then there too.
+    /// Waits until `node` has applied every transaction the cluster had committed when the call
+    /// began: its `wsrep_last_committed` reaches the highest of the running nodes' (a node's
+    /// own commits count there at once, another node's once applied), within [`DEADLINE`](crate::DEADLINE).
     ///
     /// # Panics
     ///
-    /// When `node` does not answer.
+    /// When `node` does not answer, or does not catch up within [`DEADLINE`](crate::DEADLINE).
     pub async fn caught_up(&self, node: &str) {
+        let mut target = 0;
+        for other in GALERA_NODES {
+            if self.alive(other) {
+                target = target.max(self.last_committed(other).await);
+            }
+        }
+        wait_until(
+            &format!("{node} to apply the cluster's commits up to {target}"),
+            || async { self.last_committed(node).await >= target },
+        )
+        .await;
+    }
+
+    /// `node`'s `wsrep_last_committed`: the seqno of the last write set it committed.
+    async fn last_committed(&self, node: &str) -> u64 {
         let url = self.node_url(node);
         let mut conn = MySqlConnection::connect(&url)
             .await
             .unwrap_or_else(|e| panic!("connect to {node} at {url}: {e}"));
-        sqlx::raw_sql("SET SESSION wsrep_sync_wait = 15; SELECT 1")
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("a causal read at {node}: {e}"));
+        let seqno: String = sqlx::query_scalar(
+            "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+             WHERE VARIABLE_NAME = 'WSREP_LAST_COMMITTED'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("wsrep_last_committed at {node}: {e}"));
         let _ = conn.close().await;
+        seqno
+            .parse()
+            .unwrap_or_else(|e| panic!("wsrep_last_committed at {node} is {seqno:?}: {e}"))
     }
 }

@@ -210,9 +210,8 @@ pub(crate) trait Storage: SharedStorage {
     /// 409 to retry. `false` where a database does not end a transaction by itself
     /// (PostgreSQL, SQLite).
     fn lost_a_conflict(
-        conn: &mut Self::Connection,
+        _conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<bool, crate::Error>> + Send + '_ {
-        let _ = conn;
         async { Ok(false) }
     }
 }

@@ -38,8 +38,8 @@ const BEGIN_CLAIM: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START
      SAVEPOINT idem_claim";
 const RELEASE_CLAIM: &str = "RELEASE SAVEPOINT idem_claim";
 
-/// The errors of the last statement the connection ran (MySQL keeps them until the next
-/// statement that is not a diagnostic one).
+/// The errors the connection's diagnostics area holds: those of the last statement that used a
+/// table or raised a condition (a plain `ROLLBACK` after it leaves them).
 const SHOW_ERRORS: &str = "SHOW ERRORS";
 
 /// A transaction of idem's own (external-mode starts, purges, recoveries).
@@ -280,13 +280,19 @@ fn keys_of(rows: &[sqlx::mysql::MySqlRow]) -> Result<Vec<RowKey>, crate::Error> 
         .collect()
 }
 
-/// Appends `JOIN (SELECT ? AS scope, ? AS `key` UNION ALL …) AS chosen ON …` for `keys` to
-/// `query`, a multi-table `DELETE` or `UPDATE` of `idem_keys`: the rows are then reached by their
-/// primary key, one by one. With `(scope, key) IN (…)` instead, the optimizer scans the whole
-/// table when the keys are a large part of it, and the scan waits for every row a live
-/// transaction holds (a claim's uncommitted row, for as long as its handler runs).
-fn push_keys_join(query: &mut QueryBuilder<MySql>, keys: &[RowKey]) {
-    query.push(" JOIN (");
+/// At most this many keys per statement of [`push_chosen`]: two placeholders each, well under
+/// MySQL's 65,535 per statement whatever the purge's batch size.
+const KEYS_PER_STATEMENT: usize = 1000;
+
+/// Appends `(SELECT ? AS scope, ? AS `key` UNION ALL …) AS chosen STRAIGHT_JOIN idem_keys ON …`
+/// for `keys` to `query`, a multi-table `DELETE` or `UPDATE` of `idem_keys`: the rows are then
+/// reached by their primary key, one by one, the derived table read first. With `(scope, key)
+/// IN (…)` instead, the optimizer scans the whole table when the keys are a large part of it,
+/// and the scan waits for every row a live transaction holds (a claim's uncommitted row, for as
+/// long as its handler runs).
+fn push_chosen(query: &mut QueryBuilder<MySql>, keys: &[RowKey]) {
+    debug_assert!(!keys.is_empty(), "a join with no keys");
+    query.push("(");
     for (i, (scope, key)) in keys.iter().enumerate() {
         if i > 0 {
             query.push(" UNION ALL ");
@@ -299,7 +305,10 @@ fn push_keys_join(query: &mut QueryBuilder<MySql>, keys: &[RowKey]) {
             query.push(" AS `key`");
         }
     }
-    query.push(") AS chosen ON idem_keys.scope = chosen.scope AND idem_keys.`key` = chosen.`key`");
+    query.push(
+        ") AS chosen STRAIGHT_JOIN idem_keys \
+         ON idem_keys.scope = chosen.scope AND idem_keys.`key` = chosen.`key`",
+    );
 }
 
 /// Appends `(scope, key) IN ((?, ?), …)` for `keys` to `query`.
@@ -314,6 +323,92 @@ fn push_keys_in(query: &mut QueryBuilder<MySql>, keys: &[RowKey]) {
             .push_unseparated(")");
     }
     query.push(")");
+}
+
+/// An external-mode start, as [`Storage::start`] describes it: completed keys answered without
+/// a lock, then the key's row read `FOR UPDATE NOWAIT` and inserted or taken over, committed.
+async fn start_claim(
+    conn: &mut MySqlConnection,
+    start: &Start<'_>,
+) -> Result<Started, crate::Error> {
+    // Completed keys answer without a lock: concurrent replays do not refuse each other.
+    if let Some(record) = MySql::lookup(&mut *conn, start.key).await?
+        && record.status == KeyStatus::Completed
+    {
+        return Ok(Started::Found {
+            record,
+            lease_left: None,
+        });
+    }
+    let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
+    let scope = start.key.scope.as_bytes();
+    let key = start.key.key.as_bytes();
+    let row = match sqlx::query(START_ROW)
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await
+    {
+        Ok(row) => row,
+        Err(error) if is_locked(&error) => return Ok(Started::Busy),
+        Err(error) => return Err(error.into()),
+    };
+    // The takeover rule, as PostgreSQL's `idem_start` has it: a live row stays when it is
+    // completed, leased, or another request's; an expired row or a lapsed claim of the
+    // same request is replaced.
+    let taken_over = match row {
+        Some(row) => {
+            let record = MySql::decode_record(&row)?
+                .ok_or_else(|| crate::Error::corrupt("a key's row without a status"))?;
+            let live: bool = row.try_get("live")?;
+            let leased: bool = row.try_get("leased")?;
+            if live
+                && (record.status == KeyStatus::Completed
+                    || leased
+                    || record.fingerprint != *start.fingerprint)
+            {
+                let lease_left = row
+                    .try_get::<Option<i64>, _>("lease_left")?
+                    .map(|us| Duration::from_micros(us.max(0) as u64));
+                return Ok(Started::Found { record, lease_left });
+            }
+            sqlx::query(START_TAKEOVER)
+                .bind(start.method)
+                .bind(start.path)
+                .bind(&start.fingerprint.as_bytes()[..])
+                .bind(micros(start.retention))
+                .bind(micros(start.lease))
+                .bind(start.token)
+                .bind(scope)
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+            true
+        }
+        None => {
+            let inserted = sqlx::query(START_INSERT)
+                .bind(scope)
+                .bind(key)
+                .bind(start.method)
+                .bind(start.path)
+                .bind(&start.fingerprint.as_bytes()[..])
+                .bind(micros(start.retention))
+                .bind(micros(start.lease))
+                .bind(start.token)
+                .execute(&mut *tx)
+                .await;
+            match inserted {
+                Ok(_) => false,
+                // Another start took the key since the read: it holds it.
+                Err(error) if is_locked(&error) || error_number(&error) == Some(ER_DUP_ENTRY) => {
+                    return Ok(Started::Busy);
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    };
+    tx.commit().await?;
+    Ok(Started::Acquired { taken_over })
 }
 
 impl Storage for MySql {
@@ -376,89 +471,12 @@ impl Storage for MySql {
     }
 
     async fn start(conn: &mut MySqlConnection, start: &Start<'_>) -> Result<Started, crate::Error> {
-        // Completed keys answer without a lock: concurrent replays do not refuse each other.
-        if let Some(record) = Self::lookup(&mut *conn, start.key).await?
-            && record.status == KeyStatus::Completed
-        {
-            return Ok(Started::Found {
-                record,
-                lease_left: None,
-            });
-        }
-        let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
-        let scope = start.key.scope.as_bytes();
-        let key = start.key.key.as_bytes();
-        let row = match sqlx::query(START_ROW)
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(&mut *tx)
-            .await
-        {
-            Ok(row) => row,
-            Err(error) if is_locked(&error) => return Ok(Started::Busy),
-            Err(error) => return Err(error.into()),
-        };
-        // The takeover rule, as PostgreSQL's `idem_start` has it: a live row stays when it is
-        // completed, leased, or another request's; an expired row or a lapsed claim of the
-        // same request is replaced.
-        let taken_over = match row {
-            Some(row) => {
-                let record = Self::decode_record(&row)?
-                    .ok_or_else(|| crate::Error::corrupt("a key's row without a status"))?;
-                let live: bool = row.try_get("live")?;
-                let leased: bool = row.try_get("leased")?;
-                if live
-                    && (record.status == KeyStatus::Completed
-                        || leased
-                        || record.fingerprint != *start.fingerprint)
-                {
-                    let lease_left = row
-                        .try_get::<Option<i64>, _>("lease_left")?
-                        .map(|us| Duration::from_micros(us.max(0) as u64));
-                    return Ok(Started::Found { record, lease_left });
-                }
-                sqlx::query(START_TAKEOVER)
-                    .bind(start.method)
-                    .bind(start.path)
-                    .bind(&start.fingerprint.as_bytes()[..])
-                    .bind(micros(start.retention))
-                    .bind(micros(start.lease))
-                    .bind(start.token)
-                    .bind(scope)
-                    .bind(key)
-                    .execute(&mut *tx)
-                    .await?;
-                true
-            }
-            None => {
-                let inserted = sqlx::query(START_INSERT)
-                    .bind(scope)
-                    .bind(key)
-                    .bind(start.method)
-                    .bind(start.path)
-                    .bind(&start.fingerprint.as_bytes()[..])
-                    .bind(micros(start.retention))
-                    .bind(micros(start.lease))
-                    .bind(start.token)
-                    .execute(&mut *tx)
-                    .await;
-                match inserted {
-                    Ok(_) => false,
-                    // Another start took the key since the read: it holds it.
-                    Err(error)
-                        if is_locked(&error) || error_number(&error) == Some(ER_DUP_ENTRY) =>
-                    {
-                        return Ok(Started::Busy);
-                    }
-                    Err(error) => return Err(error.into()),
-                }
-            }
-        };
-        match tx.commit().await {
-            Ok(()) => Ok(Started::Acquired { taken_over }),
-            // On a Galera cluster, a start of the same key at another node committed first.
-            Err(error) if error_number(&error) == Some(ER_LOCK_DEADLOCK) => Ok(Started::Busy),
-            Err(error) => Err(error.into()),
+        match start_claim(conn, start).await {
+            // On a Galera cluster, a start of the key at another node committed first: at this
+            // start's COMMIT (certification), or at one of its statements (the node applied the
+            // other and aborted this one). Nothing of it was committed.
+            Err(error) if error.is_conflict() => Ok(Started::Busy),
+            started => started,
         }
     }
 
@@ -480,9 +498,12 @@ impl Storage for MySql {
         if keys.is_empty() {
             return Ok(0);
         }
-        let mut delete = QueryBuilder::<MySql>::new("DELETE idem_keys FROM idem_keys");
-        push_keys_join(&mut delete, &keys);
-        let deleted = delete.build().execute(&mut *tx).await?.rows_affected();
+        let mut deleted = 0;
+        for chunk in keys.chunks(KEYS_PER_STATEMENT) {
+            let mut delete = QueryBuilder::<MySql>::new("DELETE idem_keys FROM ");
+            push_chosen(&mut delete, chunk);
+            deleted += delete.build().execute(&mut *tx).await?.rows_affected();
+        }
         tx.commit().await?;
         Ok(deleted)
     }
@@ -504,14 +525,16 @@ impl Storage for MySql {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let mut renew = QueryBuilder::<MySql>::new("UPDATE idem_keys");
-        push_keys_join(&mut renew, &keys);
-        renew
-            .push(" SET lease_until = LEAST(UTC_TIMESTAMP(6) + INTERVAL ")
-            .push_bind(micros(lease))
-            .push(" MICROSECOND, idem_keys.expires_at), claim_token = ")
-            .push_bind(token);
-        renew.build().execute(&mut *tx).await?;
+        for chunk in keys.chunks(KEYS_PER_STATEMENT) {
+            let mut renew = QueryBuilder::<MySql>::new("UPDATE ");
+            push_chosen(&mut renew, chunk);
+            renew
+                .push(" SET idem_keys.lease_until = LEAST(UTC_TIMESTAMP(6) + INTERVAL ")
+                .push_bind(micros(lease))
+                .push(" MICROSECOND, idem_keys.expires_at), idem_keys.claim_token = ")
+                .push_bind(token);
+            renew.build().execute(&mut *tx).await?;
+        }
         let mut read = QueryBuilder::<MySql>::new(
             "SELECT CONVERT(scope USING utf8mb4) AS scope, CONVERT(`key` USING utf8mb4) AS `key`, \
              method, path, fingerprint, steps, \

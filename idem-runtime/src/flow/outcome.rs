@@ -207,7 +207,7 @@ impl<DB: Backend> IdemRequest<DB> {
             && crate::error::is_conflict_code(refusal.code().as_deref())
         {
             tracing::warn!(parent: &self.span, %error, "the handler's commit lost a conflict with another transaction; nothing was stored");
-            return self.lost_a_conflict(refusal.message());
+            return self.conflict_lost(refusal.message());
         }
         tracing::error!(parent: &self.span, %error, "committing the handler's transaction failed");
         let problem = match error {
@@ -230,7 +230,7 @@ impl<DB: Backend> IdemRequest<DB> {
     /// transaction (the database said `why`) and was rolled back whole, so nothing of the
     /// request was committed. On a multi-primary cluster that is how the duplicate that did not
     /// commit first ends; its retry replays the other's outcome.
-    pub(super) fn lost_a_conflict(&self, why: &str) -> Response {
+    pub(super) fn conflict_lost(&self, why: &str) -> Response {
         let seconds = self.retry_after_secs();
         self.finish(
             Outcome::Conflict,
@@ -243,6 +243,19 @@ impl<DB: Backend> IdemRequest<DB> {
             .with_retry_after(seconds)
             .into_response(),
         )
+    }
+
+    /// The answer when beginning the claim or preparing the handler's transaction failed with
+    /// `error`: a 409 to retry when the transaction lost a conflict with another (on a Galera
+    /// cluster, another node's commit of the key), otherwise the store's failure.
+    pub(super) fn failed_to_claim(&self, error: &crate::Error) -> Response {
+        match error {
+            crate::Error::Database(sqlx::Error::Database(refusal)) if error.is_conflict() => {
+                tracing::warn!(parent: &self.span, %error, "the claim's transaction lost a conflict with another; nothing was stored");
+                self.conflict_lost(refusal.message())
+            }
+            _ => self.store_failed(error),
+        }
     }
 
     /// 409: the key is held by another request, for about `retry_after`.

@@ -137,7 +137,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                         .by(deadline, DB::before_handler(&mut tx))
                         .await;
                     if let Err(error) = prepared {
-                        return Acquired::Answer(request.store_failed(&error));
+                        return Acquired::Answer(request.failed_to_claim(&error));
                     }
                 }
                 Acquired::Claimed(Self {
@@ -166,7 +166,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 None => Acquired::Answer(request.in_progress(None)),
             },
             Ok((Begun::Live(record), _)) => Acquired::Answer(request.answer_existing(record, None)),
-            Err(error) => Acquired::Answer(request.store_failed(&error)),
+            Err(error) => Acquired::Answer(request.failed_to_claim(&error)),
         }
     }
 
@@ -242,10 +242,12 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         let store = request.store.clone();
         if response.status().is_server_error() {
             // Asked first, while the handler's last statement is the connection's last.
-            if lost_a_conflict(&mut tx, &store, deadline).await {
-                let _ = roll_back(tx, &mut settle, &store, deadline).await;
+            if lost_a_conflict(&mut tx, &store, deadline, &request).await {
+                if let Err(error) = roll_back(tx, &mut settle, &store, deadline).await {
+                    tracing::warn!(parent: &request.span, %error, "rollback after a lost conflict failed; the connection was closed");
+                }
                 tracing::warn!(parent: &request.span, "the handler's transaction lost a conflict with another and was rolled back; its 5xx is answered as a 409");
-                return request.lost_a_conflict("the database rolled the transaction back");
+                return request.conflict_lost("the database rolled the transaction back");
             }
             if !options.replay_5xx {
                 if let Err(error) = roll_back(tx, &mut settle, &store, deadline).await {
@@ -383,20 +385,27 @@ async fn failed<DB: Backend>(
     match error {
         crate::Error::Database(sqlx::Error::Database(refusal)) if error.is_conflict() => {
             tracing::warn!(parent: &request.span, %error, "the handler's transaction lost a conflict with another before it completed; nothing was stored");
-            request.lost_a_conflict(refusal.message())
+            request.conflict_lost(refusal.message())
         }
         _ => request.store_failed(error),
     }
 }
 
 /// Whether the handler's transaction lost a conflict and was rolled back by the database (see
-/// `Storage::lost_a_conflict`); a question that fails or times out counts as no.
+/// `Storage::lost_a_conflict`); a question that fails or times out counts as no (logged).
 async fn lost_a_conflict<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     store: &crate::Store<DB>,
     deadline: Instant,
+    request: &IdemRequest<DB>,
 ) -> bool {
-    matches!(store.by(deadline, DB::lost_a_conflict(tx)).await, Ok(true))
+    match store.by(deadline, DB::lost_a_conflict(tx)).await {
+        Ok(lost) => lost,
+        Err(error) => {
+            tracing::warn!(parent: &request.span, %error, "could not ask the database whether the handler's transaction lost a conflict; its 5xx is answered as it is");
+            false
+        }
+    }
 }
 
 /// Makes sure the transaction is open (see `Storage::ensure_open`), until `deadline`.
