@@ -134,9 +134,22 @@ async fn create_order<DB: TestBackend>(
             .await?;
     }
     if header(&headers, "x-overlap") == Some("take") {
-        // Two steps at once: the second is refused while the first runs.
+        // Two steps at once: the second is refused while the first runs. The first's work
+        // waits until the second has been answered, so the two overlap however the calls are
+        // scheduled (a second that is not refused ends the wait too: the test then fails on its
+        // answer, not on a hang).
+        let answered = tokio::sync::Notify::new();
+        let held = async |key: &str| {
+            answered.notified().await;
+            Ok::<_, OrderError>(key.to_owned())
+        };
         let note = async |key: &str| Ok::<_, OrderError>(key.to_owned());
-        let (first, second) = tokio::join!(steps.call("a", note), steps.call("b", note));
+        let second = async {
+            let second = steps.call("b", note).await;
+            answered.notify_one();
+            second
+        };
+        let (first, second) = tokio::join!(steps.call("a", held), second);
         let _: String = first?;
         let _: String = second?;
     }
