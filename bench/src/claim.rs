@@ -30,6 +30,9 @@ pub struct Args {
     /// Seconds per variant per round.
     #[arg(long, default_value_t = 3)]
     pub seconds: u64,
+    /// Only these variants (by their number in the table, 0 being `bare`, always run).
+    #[arg(long, num_args = 1..)]
+    pub only: Vec<usize>,
 }
 
 /// The ways of running one keyed transaction.
@@ -55,11 +58,16 @@ enum Variant {
     /// snapshot) and marks the transaction; the completion updates the row's status and
     /// response, checking the mark. The peer's two statements, plus the lock and the mark.
     RowClaim,
+    /// A candidate: `BEGIN`, the lock and the check in one round trip, as server-side prepared
+    /// statements run by `EXECUTE` in `BEGIN`'s simple query; the check raises when the key is
+    /// not free (so the common path needs no result); the completion as in `Call`.
+    Folded,
 }
 
-const VARIANTS: [Variant; 7] = [
+const VARIANTS: [Variant; 8] = [
     Variant::Bare,
     Variant::Peer,
+    Variant::Folded,
     Variant::RowClaim,
     Variant::Call,
     Variant::LockInBegin,
@@ -77,6 +85,7 @@ impl Variant {
             Self::ReadAlone => "the claim's read alone",
             Self::InsertAlone => "the completion's INSERT alone",
             Self::RowClaim => "candidate: claim INSERTs the row (lock in it) + completion UPDATE",
+            Self::Folded => "candidate: lock and check EXECUTEd in BEGIN's round trip + completion",
         }
     }
 }
@@ -125,6 +134,19 @@ const ROW_COMPLETE: &str = "UPDATE idem_keys SET status = 'completed', response_
        response_headers = $4, response_body = $5 \
      WHERE scope = $1 AND key = $2 AND current_setting('idem.claim', true) = $6";
 
+// The folded claim's statements, prepared once per connection.
+const REFUSE: &str = "CREATE OR REPLACE FUNCTION bench_refuse(reason text) RETURNS boolean \
+     LANGUAGE plpgsql VOLATILE AS $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'ID001', \
+     MESSAGE = reason; END $$";
+const PREPARE_LOCK: &str = "PREPARE bench_lock(bigint, text) AS \
+     SELECT set_config('idle_in_transaction_session_timeout', $2, true), \
+     CASE WHEN pg_try_advisory_xact_lock($1) THEN set_config('idem.claim', $1::text, true) END";
+const PREPARE_CHECK: &str = "PREPARE bench_check(text, text, text) AS \
+     SELECT CASE WHEN current_setting('idem.claim', true) IS DISTINCT FROM $3 \
+       THEN bench_refuse('busy') \
+       WHEN EXISTS (SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2) \
+       THEN bench_refuse('found') END";
+
 const BODY: &[u8] = br#"{"id":"pay_0123456789abcdef","status":"succeeded","amount":1250,"currency":"eur","customer":"cus_ok","created_at":"2026-12-02T04:00:00Z"}"#;
 
 /// Runs the benchmark and prints its table.
@@ -141,22 +163,32 @@ pub async fn run(args: Args) -> Result<(), db::Error> {
 
 async fn measure(args: &Args, pool: &PgPool) -> Result<(), db::Error> {
     sqlx::raw_sql(WORK).execute(pool).await?;
+    sqlx::raw_sql(REFUSE).execute(pool).await?;
     let mut connections = Vec::new();
     for _ in 0..args.concurrency {
-        connections.push(pool.acquire().await?.detach());
+        let mut conn = pool.acquire().await?.detach();
+        sqlx::raw_sql(PREPARE_LOCK).execute(&mut conn).await?;
+        sqlx::raw_sql(PREPARE_CHECK).execute(&mut conn).await?;
+        connections.push(conn);
     }
+    let variants: Vec<Variant> = VARIANTS
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| *index == 0 || args.only.is_empty() || args.only.contains(index))
+        .map(|(_, variant)| *variant)
+        .collect();
     let counter = Arc::new(AtomicU64::new(0));
-    let mut rates: Vec<Vec<f64>> = VARIANTS.iter().map(|_| Vec::new()).collect();
-    let mut cpus: Vec<Vec<f64>> = VARIANTS.iter().map(|_| Vec::new()).collect();
+    let mut rates: Vec<Vec<f64>> = variants.iter().map(|_| Vec::new()).collect();
+    let mut cpus: Vec<Vec<f64>> = variants.iter().map(|_| Vec::new()).collect();
     eprintln!("warming up...");
-    for &variant in &VARIANTS {
+    for &variant in &variants {
         connections = round(connections, variant, Duration::from_secs(1), &counter)
             .await?
             .0;
     }
     for round_no in 1..=args.rounds {
         eprintln!("round {round_no}/{}", args.rounds);
-        for (index, &variant) in VARIANTS.iter().enumerate() {
+        for (index, &variant) in variants.iter().enumerate() {
             let before = cpu::Sample::now();
             let (back, done, elapsed) = round(
                 connections,
@@ -179,7 +211,7 @@ async fn measure(args: &Args, pool: &PgPool) -> Result<(), db::Error> {
     println!("| variant | tx/s | / bare | PostgreSQL µs/tx | added µs/tx |");
     println!("|---|---|---|---|---|");
     let bare_cpu = median(cpus[0].iter().copied());
-    for (index, &variant) in VARIANTS.iter().enumerate() {
+    for (index, &variant) in variants.iter().enumerate() {
         let ratio = median(rates[index].iter().zip(&rates[0]).map(|(v, b)| v / b));
         let cpu = median(cpus[index].iter().copied());
         println!(
@@ -266,6 +298,14 @@ async fn one(conn: &mut PgConnection, variant: Variant, n: u64) -> Result<(), sq
             sqlx::Transaction::begin(&mut *conn, Some(sqlx::AssertSqlSafe(begin).into_sql_str()))
                 .await?
         }
+        Variant::Folded => {
+            let begin = format!(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; EXECUTE bench_lock({lock}, '10000'); \
+                 EXECUTE bench_check('tenant', '{key}', '{lock}')"
+            );
+            sqlx::Transaction::begin(&mut *conn, Some(sqlx::AssertSqlSafe(begin).into_sql_str()))
+                .await?
+        }
         Variant::RowClaim => {
             let begin = "BEGIN ISOLATION LEVEL READ COMMITTED; \
                  SET LOCAL idle_in_transaction_session_timeout = 10000";
@@ -285,6 +325,7 @@ async fn one(conn: &mut PgConnection, variant: Variant, n: u64) -> Result<(), sq
     };
     let mark: Option<String> = match variant {
         Variant::Bare | Variant::InsertAlone => None,
+        Variant::Folded => Some(lock.to_string()),
         Variant::Peer => {
             sqlx::query(
                 "INSERT INTO peer_idempotency (user_id, idempotency_key, created_at) \
@@ -374,8 +415,8 @@ async fn one(conn: &mut PgConnection, variant: Variant, n: u64) -> Result<(), sq
                 .execute(&mut *tx)
                 .await?;
         }
-        Variant::Call | Variant::LockInBegin => {
-            let complete = if variant == Variant::Call {
+        Variant::Call | Variant::LockInBegin | Variant::Folded => {
+            let complete = if variant != Variant::LockInBegin {
                 MARKED_COMPLETE
             } else {
                 COMPLETE

@@ -584,6 +584,19 @@ backend_tests! {
     }
 }
 
+/// Posts an entry to the handler without idempotency, which must create it.
+async fn bare_entry(app: &App) {
+    let bare = app
+        .send(
+            Req::post("/test/bare-entries")
+                .tenant("t1")
+                .json(&entry(100, "n1"))
+                .build(),
+        )
+        .await;
+    assert_eq!(bare.status, StatusCode::CREATED, "{:?}", bare.body);
+}
+
 /// PostgreSQL only: the statement budget is PostgreSQL's (SQLite runs in-process, where a
 /// statement costs microseconds and the claim reads before it locks).
 #[sqlx::test(migrations = false)]
@@ -595,25 +608,11 @@ async fn a_first_execution_adds_two_statements_and_a_replay_writes_nothing(
     // Warm the connection's prepared statements, as in a running service.
     app.send(post("t1", "warm", &entry(100, "n1")).build())
         .await;
-    app.send(
-        Req::post("/test/bare-entries")
-            .tenant("t1")
-            .json(&entry(100, "n1"))
-            .build(),
-    )
-    .await;
+    bare_entry(&app).await;
 
     let log = StatementLog::default();
     let _guard = log.install();
-    let bare = app
-        .send(
-            Req::post("/test/bare-entries")
-                .tenant("t1")
-                .json(&entry(100, "n1"))
-                .build(),
-        )
-        .await;
-    assert_eq!(bare.status, StatusCode::CREATED);
+    bare_entry(&app).await;
     let bare = log.take();
     let first = app.send(post("t1", "k1", &entry(100, "n1")).build()).await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -664,5 +663,49 @@ async fn a_first_execution_adds_two_statements_and_a_replay_writes_nothing(
         stored_5xx.len(),
         first.len(),
         "a replay_5xx route's success runs what any first execution runs: {stored_5xx:#?}"
+    );
+}
+
+/// SQLite runs every statement on its connection's thread, one call each, and idem's writers
+/// hold the write lock from the claim's `BEGIN IMMEDIATE` to the `COMMIT`: the claim's
+/// savepoint is released in the completion's own call, not in one of its own.
+#[tokio::test]
+async fn on_sqlite_a_first_execution_adds_three_statements_and_releases_its_claim_in_the_completion()
+ {
+    let app = App::new(TestDb::sqlite()).await;
+    app.send(post("t1", "warm", &entry(100, "n1")).build())
+        .await;
+    let log = StatementLog::default();
+    log.install_for_process();
+    log.take();
+    bare_entry(&app).await;
+    let bare = log.take();
+    let first = app.send(post("t1", "k1", &entry(100, "n1")).build()).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    // A connection the pool opens on the way sets itself up first (`PRAGMA …`): not the
+    // request's.
+    let first: Vec<String> = log
+        .take()
+        .into_iter()
+        .filter(|s| !s.starts_with("PRAGMA"))
+        .collect();
+    println!("bare: {bare:#?}\nfirst: {first:#?}");
+    assert!(!bare.is_empty(), "the bare handler's statements are logged");
+
+    // The lock-free read (replays skip the write lock), the read under the lock, and the
+    // completion with the release of the claim's savepoint.
+    assert_eq!(
+        first.len(),
+        bare.len() + 3,
+        "bare {bare:#?}\nfirst {first:#?}"
+    );
+    let completion: Vec<&String> = first
+        .iter()
+        .filter(|s| s.contains("INSERT INTO idem_keys"))
+        .collect();
+    assert_eq!(completion.len(), 1, "{first:#?}");
+    assert!(
+        completion[0].starts_with("RELEASE SAVEPOINT idem_claim;"),
+        "{completion:#?}"
     );
 }

@@ -17,6 +17,24 @@ impl StatementLog {
         tracing::subscriber::set_default(subscriber)
     }
 
+    /// Installs the log as the process's subscriber, for drivers that log from threads of
+    /// their own (sqlx's SQLite connections run their statements on one thread each). It
+    /// stays for the rest of the process: the suite's runner (nextest) gives each test a
+    /// process of its own.
+    ///
+    /// # Panics
+    ///
+    /// When the process has a subscriber already.
+    pub fn install_for_process(&self) {
+        use tracing_subscriber::{filter::Targets, layer::SubscriberExt};
+        let filter = Targets::new().with_target("sqlx::query", tracing::Level::TRACE);
+        let subscriber = tracing_subscriber::registry()
+            .with(self.clone())
+            .with(filter);
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("a statement log needs a process of its own (run the suite with nextest)");
+    }
+
     /// Takes the statements logged so far.
     pub fn take(&self) -> Vec<String> {
         std::mem::take(&mut self.0.lock().expect("log lock"))

@@ -22,7 +22,7 @@ use crate::record::Completion;
 ///   [`status`](Dialect::status)), how a time to live is bound ([`Expiry`](Dialect::Expiry),
 ///   from [`expiry`](Dialect::expiry)), the completion's last parameter
 ///   ([`Guard`](Dialect::Guard), from [`completion_guard`](Dialect::completion_guard)), and
-///   [`still_claimed`](Dialect::still_claimed), run before the completion;
+///   how the completion runs and tells a claim gone ([`run_completion`](Dialect::run_completion));
 /// - its migrations ([`MIGRATOR`](Dialect::MIGRATOR)), and how many rows a statement wrote
 ///   ([`rows_affected`](Dialect::rows_affected)).
 ///
@@ -100,16 +100,18 @@ pub(super) trait Dialect: sqlx::Database {
     /// The [`Guard`](Dialect::Guard) of the completion `c`.
     fn completion_guard<'a>(c: &Completion<'a>) -> Self::Guard<'a>;
 
-    /// Run before [`COMPLETE`](Dialect::COMPLETE): whether the claim's transaction is still the
-    /// one open on `conn`, where the completion's own `WHERE` cannot tell (`Ok(true)` where it
-    /// can). `false` makes the completion write nothing.
+    /// Runs `completion` ([`COMPLETE`](Dialect::COMPLETE), its parameters bound) in the claim's
+    /// transaction open on `conn`: whether it wrote the key's row. `false` also when the claim's
+    /// transaction is no longer the one open on `conn` (the handler ended it itself), where the
+    /// statement's own `WHERE` cannot tell: nothing was written then.
     ///
     /// # Errors
     ///
     /// When the database fails.
-    fn still_claimed(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + '_;
+    fn run_completion<'q>(
+        conn: &'q mut Self::Connection,
+        completion: sqlx::query::Query<'q, Self, Self::Arguments>,
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'q;
 
     /// How many rows a statement wrote (sqlx gives each database's result type its own
     /// `rows_affected`, and no trait for it).

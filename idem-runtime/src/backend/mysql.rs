@@ -201,13 +201,18 @@ impl Dialect for MySql {
             .unwrap_or_default()
     }
 
-    /// Whether the claim's transaction is still the one open on `conn`: its savepoint is there.
-    async fn still_claimed(conn: &mut MySqlConnection) -> Result<bool, crate::Error> {
+    /// Releases the claim's savepoint first: when it is gone, so is the claim's transaction
+    /// (MySQL's prepared statements are one statement each, so this takes its own round trip).
+    async fn run_completion<'q>(
+        conn: &'q mut MySqlConnection,
+        completion: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+    ) -> Result<bool, crate::Error> {
         match sqlx::raw_sql(RELEASE_CLAIM).execute(&mut *conn).await {
-            Ok(_) => Ok(true),
-            Err(error) if error_number(&error) == Some(ER_SP_DOES_NOT_EXIST) => Ok(false),
-            Err(error) => Err(error.into()),
+            Ok(_) => {}
+            Err(error) if error_number(&error) == Some(ER_SP_DOES_NOT_EXIST) => return Ok(false),
+            Err(error) => return Err(error.into()),
         }
+        Ok(completion.execute(conn).await?.rows_affected() == 1)
     }
 
     fn rows_affected(done: &sqlx::mysql::MySqlQueryResult) -> u64 {

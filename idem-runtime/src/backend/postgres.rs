@@ -107,8 +107,11 @@ impl Dialect for Postgres {
 
     /// PostgreSQL's completion checks its transaction in its own `WHERE` (its
     /// [`Guard`](Dialect::Guard)).
-    async fn still_claimed(_: &mut PgConnection) -> Result<bool, crate::Error> {
-        Ok(true)
+    async fn run_completion<'q>(
+        conn: &'q mut PgConnection,
+        completion: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<bool, crate::Error> {
+        Ok(completion.execute(conn).await?.rows_affected() == 1)
     }
 
     fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {

@@ -116,10 +116,7 @@ where
         c: &Completion<'_>,
         retention: Duration,
     ) -> Result<bool, crate::Error> {
-        if !DB::still_claimed(&mut *conn).await? {
-            return Ok(false);
-        }
-        let done = sqlx::query(DB::COMPLETE)
+        let completion = sqlx::query(DB::COMPLETE)
             .bind(c.method)
             .bind(c.path)
             .bind(&c.fingerprint.as_bytes()[..])
@@ -129,10 +126,8 @@ where
             .bind(DB::expiry(Some(retention)))
             .bind(&c.key.scope)
             .bind(&c.key.key)
-            .bind(DB::completion_guard(c))
-            .execute(conn)
-            .await?;
-        Ok(DB::rows_affected(&done) == 1)
+            .bind(DB::completion_guard(c));
+        DB::run_completion(conn, completion).await
     }
 
     async fn finish(

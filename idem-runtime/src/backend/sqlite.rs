@@ -15,8 +15,11 @@ use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, 
 const LIVE: &str = "SELECT status, method, path, fingerprint, response_status, response_headers, \
      response_body, lease_until FROM idem_keys WHERE scope = $1 AND key = $2 AND expires_at > $3";
 
-// A fresh row, or every column written over an expired row of the key (and only such a row).
-const COMPLETE: &str = "INSERT INTO idem_keys \
+// The claim's savepoint released (it fails when the handler ended the claim's transaction),
+// then a fresh row, or every column written over an expired row of the key (and only such a
+// row); one row back when it was written. One statement list, so one call to the connection's
+// thread while the write lock is held.
+const COMPLETE: &str = "RELEASE SAVEPOINT idem_claim; INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, response_status, response_headers, \
       response_body, created_at, expires_at) \
      VALUES ($8, $9, $1, $2, $3, 'completed', $4, $5, $6, $10, $10 + $7) \
@@ -26,7 +29,8 @@ const COMPLETE: &str = "INSERT INTO idem_keys \
        response_headers = excluded.response_headers, response_body = excluded.response_body, \
        created_at = excluded.created_at, expires_at = excluded.expires_at, locked_at = NULL, \
        lease_until = NULL, claim_token = NULL \
-     WHERE idem_keys.expires_at <= $10";
+     WHERE idem_keys.expires_at <= $10 \
+     RETURNING 1";
 
 const START: &str = "INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, created_at, expires_at, locked_at, \
@@ -66,7 +70,6 @@ const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 // ends the transaction itself (COMMIT, ROLLBACK) takes the savepoint with it, and the
 // completion, which releases it first, then knows.
 const BEGIN_CLAIM: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_claim";
-const RELEASE_CLAIM: &str = "RELEASE SAVEPOINT idem_claim";
 
 // Around the handler of a route whose 5xx outcomes are stored: undoing its writes keeps the
 // transaction, its write lock and so the key.
@@ -132,15 +135,19 @@ impl Dialect for Sqlite {
         now_ms()
     }
 
-    /// Whether the claim's transaction is still the one open on `conn`: its savepoint is there.
+    /// The completion releases the claim's savepoint first, in the same call: when the
+    /// savepoint is gone, so is the claim's transaction, and the `INSERT` does not run.
     ///
-    /// When it is not, a transaction is opened again (unless the handler opened one), so that
-    /// the `ROLLBACK` that sqlx sends when the claim is dropped has one to end: sqlx counts
+    /// A transaction is then opened again (unless the handler opened one), so that the
+    /// `ROLLBACK` that sqlx sends when the claim is dropped has one to end: sqlx counts
     /// transactions on its side, and a failed `ROLLBACK` would leave the pooled connection
     /// counted as inside one, refusing every later `BEGIN` on it.
-    async fn still_claimed(conn: &mut SqliteConnection) -> Result<bool, crate::Error> {
-        match sqlx::raw_sql(RELEASE_CLAIM).execute(&mut *conn).await {
-            Ok(_) => Ok(true),
+    async fn run_completion<'q>(
+        conn: &'q mut SqliteConnection,
+        completion: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>,
+    ) -> Result<bool, crate::Error> {
+        match completion.fetch_optional(&mut *conn).await {
+            Ok(written) => Ok(written.is_some()),
             Err(sqlx::Error::Database(e)) if e.message().contains("no such savepoint") => {
                 open_unless_open(conn).await?;
                 Ok(false)

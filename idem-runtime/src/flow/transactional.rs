@@ -237,7 +237,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             key,
             options,
             _held,
-            _permit,
+            _permit: permit,
         } = self;
         let store = request.store.clone();
         if response.status().is_server_error() {
@@ -316,7 +316,12 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             Err(error) => return failed(tx, &mut settle, &request, &error, deadline).await,
         }
         match tokio::time::timeout_at(deadline, tx.commit()).await {
-            Ok(Ok(())) => settle.settle(),
+            Ok(Ok(())) => {
+                settle.settle();
+                // The next writer of a single-writer database goes on now, not after this
+                // request's answer is built.
+                drop(permit);
+            }
             Ok(Err(error)) => return request.commit_failed(&error),
             // The COMMIT was sent and not answered: it may have committed or not.
             Err(_) => return request.commit_unanswered(store.settings().database_timeout()),
