@@ -445,7 +445,8 @@ impl<DB: Backend> Store<DB> {
     }
 
     /// Takes a pooled connection into `slot` and begins a handler's transaction on it, claiming
-    /// `key` (see `Storage::begin_claim`), until `deadline`.
+    /// `key` (see `Storage::begin_claim`, and its `undo_point` for a handler whose 5xx outcomes
+    /// are stored), until `deadline`.
     ///
     /// The transaction borrows the connection from `slot`, which closes it unless the claim's
     /// work settles it: a claim cut off anywhere (its deadline, a cancelled request) leaves no
@@ -456,6 +457,7 @@ impl<DB: Backend> Store<DB> {
         key: &KeyRef,
         statement_timeout: Option<Duration>,
         deadline: Instant,
+        undo_point: bool,
     ) -> Result<(Begun<'c, DB>, Settle<'c>), crate::Error> {
         let started = std::time::Instant::now();
         let checkout = slot.insert(self.checkout(deadline).await?);
@@ -464,7 +466,7 @@ impl<DB: Backend> Store<DB> {
         let begun = self
             .by(
                 deadline,
-                DB::begin_claim(conn, key, statement_timeout, session_timeout),
+                DB::begin_claim(conn, key, statement_timeout, session_timeout, undo_point),
             )
             .await;
         metrics::histogram!("idem_claim_duration_seconds", "mode" => "transactional")

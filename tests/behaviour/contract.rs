@@ -597,6 +597,20 @@ async fn bare_entry(app: &App) {
     assert_eq!(bare.status, StatusCode::CREATED, "{:?}", bare.body);
 }
 
+/// Posts a request that succeeds to the route whose 5xx outcomes are stored, under `key`.
+async fn stored_5xx_success(app: &App, key: &str) {
+    let reply = app
+        .send(
+            Req::post("/test/stored-5xx")
+                .tenant("t1")
+                .key(key)
+                .json(&entry(100, "ok"))
+                .build(),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+}
+
 /// PostgreSQL only: the statement budget is PostgreSQL's (SQLite runs in-process, where a
 /// statement costs microseconds and the claim reads before it locks).
 #[sqlx::test(migrations = false)]
@@ -643,21 +657,7 @@ async fn a_first_execution_adds_two_statements_and_a_replay_writes_nothing(
     assert_eq!(replay.len(), 1, "the claim alone: {replay:#?}");
 
     // A route whose 5xx outcomes are stored costs its successes nothing more.
-    let stored_5xx = app
-        .send(
-            Req::post("/test/stored-5xx")
-                .tenant("t1")
-                .key("k2")
-                .json(&entry(100, "ok"))
-                .build(),
-        )
-        .await;
-    assert_eq!(
-        stored_5xx.status,
-        StatusCode::CREATED,
-        "{:?}",
-        stored_5xx.body
-    );
+    stored_5xx_success(&app, "k2").await;
     let stored_5xx = log.take();
     assert_eq!(
         stored_5xx.len(),
@@ -668,10 +668,10 @@ async fn a_first_execution_adds_two_statements_and_a_replay_writes_nothing(
 
 /// SQLite runs every statement on its connection's thread, one call each, and idem's writers
 /// hold the write lock from the claim's `BEGIN IMMEDIATE` to the `COMMIT`: the claim's
-/// savepoint is released in the completion's own call, not in one of its own.
+/// savepoint is released in the completion's own call, and a `replay_5xx` route's undo point is
+/// taken in the `BEGIN`'s, not in calls of their own.
 #[tokio::test]
-async fn on_sqlite_a_first_execution_adds_three_statements_and_releases_its_claim_in_the_completion()
- {
+async fn on_sqlite_a_first_execution_adds_three_statements_and_a_replay_5xx_route_none_more() {
     let app = App::new(TestDb::sqlite()).await;
     app.send(post("t1", "warm", &entry(100, "n1")).build())
         .await;
@@ -707,5 +707,19 @@ async fn on_sqlite_a_first_execution_adds_three_statements_and_releases_its_clai
     assert!(
         completion[0].starts_with("RELEASE SAVEPOINT idem_claim;"),
         "{completion:#?}"
+    );
+
+    // A route whose 5xx outcomes are stored takes its undo point with the claim's `BEGIN`
+    // (which sqlx does not log), not in a call of its own.
+    stored_5xx_success(&app, "k2").await;
+    let stored_5xx: Vec<String> = log
+        .take()
+        .into_iter()
+        .filter(|s| !s.starts_with("PRAGMA"))
+        .collect();
+    assert_eq!(
+        stored_5xx.len(),
+        first.len(),
+        "a replay_5xx route's success runs what any first execution runs: {stored_5xx:#?}"
     );
 }

@@ -128,16 +128,23 @@ pub(crate) trait Storage: SharedStorage {
     /// When the key is not acquired, the transaction has been dropped: every answer has been
     /// read and its `ROLLBACK` is queued on the connection, sent as it goes back to the pool
     /// (sqlx's test of a returned connection), so that a replay does not wait for it.
+    ///
+    /// `undo_point`: the handler's 5xx outcomes are stored, so its writes may be undone
+    /// ([`undo_handler`](Storage::undo_handler)). A database that can take the point they are
+    /// undone to with the claim, in the same call, does so here (SQLite), and its
+    /// [`before_handler`](Storage::before_handler) does nothing.
     fn begin_claim<'c>(
         conn: &'c mut Self::Connection,
         key: &KeyRef,
         statement_timeout: Option<Duration>,
         idle_timeout: Duration,
+        undo_point: bool,
     ) -> impl Future<Output = Result<Begun<'c, Self>, crate::Error>> + Send;
 
     /// Prepares the transaction of a handler whose 5xx outcomes are stored for
     /// [`undo_handler`](Storage::undo_handler), before the handler runs; nothing where undoing
-    /// needs no preparation (PostgreSQL).
+    /// needs no preparation (PostgreSQL) or [`begin_claim`](Storage::begin_claim) prepared it
+    /// (SQLite).
     fn before_handler(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;

@@ -424,6 +424,9 @@ impl Storage for MySql {
         // it on the pooled connection. The store's deadline closes the connection instead.
         _statement_timeout: Option<Duration>,
         _idle_timeout: Duration,
+        // The point a 5xx's writes are undone to comes after the claim's row
+        // (`before_handler`), and MySQL's prepared claim is one statement.
+        _undo_point: bool,
     ) -> Result<Begun<'c, MySql>, crate::Error> {
         let mut tx =
             Transaction::<'c, MySql>::begin(conn, Some(BEGIN_CLAIM.into_sql_str())).await?;

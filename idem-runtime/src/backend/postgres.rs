@@ -195,6 +195,8 @@ impl Storage for Postgres {
         key: &KeyRef,
         statement_timeout: Option<Duration>,
         idle_timeout: Duration,
+        // A 5xx's writes are undone by rolling back and claiming again (`undo_handler`).
+        _undo_point: bool,
     ) -> Result<Begun<'c, Postgres>, crate::Error> {
         // The claim's correctness rests on READ COMMITTED snapshots: the claim statement sees
         // what committed before it began.

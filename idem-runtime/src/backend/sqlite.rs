@@ -72,8 +72,9 @@ const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 const BEGIN_CLAIM: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_claim";
 
 // Around the handler of a route whose 5xx outcomes are stored: undoing its writes keeps the
-// transaction, its write lock and so the key.
-const BEFORE_HANDLER: &str = "SAVEPOINT idem_handler";
+// transaction, its write lock and so the key. Taken with the claim, in the same call: the claim
+// writes nothing, so the point is the same one taken before the handler would be.
+const BEGIN_CLAIM_WITH_UNDO: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_claim; SAVEPOINT idem_handler";
 const UNDO_HANDLER: &str = "ROLLBACK TO SAVEPOINT idem_handler";
 
 /// A duration in whole milliseconds, as statements bind it (saturating).
@@ -183,20 +184,25 @@ impl Storage for Sqlite {
         // Nor a server to end an abandoned transaction: the process ends it by closing the
         // connection.
         _idle_timeout: Duration,
+        undo_point: bool,
     ) -> Result<Begun<'c, Sqlite>, crate::Error> {
         // IMMEDIATE takes the write lock now: a deferred transaction that read first could fail
         // with "database is locked" when it later writes. Holding it, nobody else can complete
         // the key: the transaction holds the key unless it has a live row.
-        let mut tx =
-            Transaction::<'c, Sqlite>::begin(conn, Some(BEGIN_CLAIM.into_sql_str())).await?;
+        let begin = if undo_point {
+            BEGIN_CLAIM_WITH_UNDO
+        } else {
+            BEGIN_CLAIM
+        };
+        let mut tx = Transaction::<'c, Sqlite>::begin(conn, Some(begin.into_sql_str())).await?;
         Ok(match live_row(&mut tx, key, now_ms()).await? {
             Some((record, _)) => Begun::Live(record),
             None => Begun::Acquired(tx, None),
         })
     }
 
-    async fn before_handler(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
-        sqlx::raw_sql(BEFORE_HANDLER).execute(conn).await?;
+    /// The point was taken with the claim (`begin_claim`'s `undo_point`).
+    async fn before_handler(_: &mut SqliteConnection) -> Result<(), crate::Error> {
         Ok(())
     }
 

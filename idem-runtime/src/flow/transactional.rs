@@ -126,7 +126,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         let statement_timeout = options.timeout.map(|limit| limit * 2);
         let claimed = request
             .store
-            .begin_claim(slot, &key, statement_timeout, deadline)
+            .begin_claim(slot, &key, statement_timeout, deadline, options.replay_5xx)
             .await;
         match claimed {
             Ok((Begun::Acquired(mut tx, mark), settle)) => {
