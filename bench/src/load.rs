@@ -177,7 +177,8 @@ pub struct Stats {
 }
 
 impl Stats {
-    fn empty() -> Self {
+    /// No request yet.
+    pub fn empty() -> Self {
         Self {
             ok: 0,
             errors: 0,
@@ -189,15 +190,19 @@ impl Stats {
         }
     }
 
-    fn merge(&mut self, other: Self) {
+    /// Adds `other`'s requests, latencies and time to these.
+    pub fn add(&mut self, other: &Self) {
         self.ok += other.ok;
         self.errors += other.errors;
         self.replays += other.replays;
         self.conflicts += other.conflicts;
+        self.elapsed += other.elapsed;
         self.latency
-            .add(other.latency)
+            .add(&other.latency)
             .expect("same histogram bounds");
-        self.first_error = self.first_error.take().or(other.first_error);
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
     }
 
     /// Answered requests per second.
@@ -313,7 +318,7 @@ pub async fn run_until(
     }
     let mut stats = Stats::empty();
     for worker in workers {
-        stats.merge(worker.await.expect("worker"));
+        stats.add(&worker.await.expect("worker"));
     }
     stats.elapsed = started.elapsed();
     stats

@@ -13,6 +13,7 @@ use idem_runtime::{Store, tasks::PurgeOptions};
 
 use crate::{
     cpu, db,
+    http::median,
     load::{self, Workload},
 };
 
@@ -31,9 +32,9 @@ pub struct Args {
     /// Concurrent live clients.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
-    /// Seconds of live load measured before the purge, as the baseline.
-    #[arg(long, default_value_t = 10)]
-    baseline_secs: u64,
+    /// Seconds of each window of live load, alone or beside the purge (they alternate).
+    #[arg(long, default_value_t = 3)]
+    window_secs: u64,
 }
 
 /// Runs the benchmark and prints its table.
@@ -67,68 +68,94 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     let store = Store::new(pool.clone());
     let connections = args.concurrency as u32 + 4;
     let client = load::Client::new(load::serve(scratch.url.clone(), connections).await?);
+    let window = Duration::from_secs(args.window_secs);
+    let options = PurgeOptions::default()
+        .with_batch_size(args.batch)
+        .with_pause(Duration::from_millis(args.pause_ms));
 
-    eprintln!("baseline: {} s of live load...", args.baseline_secs);
-    let started = cpu::Sample::now();
-    let baseline = load::run(
-        &client,
-        &Workload::First,
-        args.concurrency,
-        Duration::from_secs(args.baseline_secs),
-    )
-    .await;
-    let baseline_cpu = cpu::Sample::now().since(started);
+    eprintln!("warming up...");
+    load::run(&client, &Workload::First, args.concurrency, window).await;
 
-    eprintln!("purging while the same load runs...");
-    let started = cpu::Sample::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let during = load::run_until(
-        &client,
-        &Workload::First,
-        args.concurrency,
-        Arc::clone(&stop),
-    );
-    let purge = async {
-        let report = store
-            .purge_expired(
-                PurgeOptions::default()
-                    .with_batch_size(args.batch)
-                    .with_pause(Duration::from_millis(args.pause_ms)),
-            )
-            .await;
-        stop.store(true, Ordering::Relaxed);
-        report
-    };
-    let (during, report) = tokio::join!(during, purge);
-    let during_cpu = cpu::Sample::now().since(started);
-    let report = report?;
+    // Windows of live load alone and of live load beside the purge, in turn, until the purge
+    // is done: the live requests' change is the median of each pair's ratio, so that a drift of
+    // the host over the run weighs on both sides alike.
+    let mut alone = Vec::new();
+    let mut beside = Vec::new();
+    let mut purged = 0_u64;
+    let mut purging = Duration::ZERO;
+    let mut round = 0;
+    while expired(pool).await? > 0 {
+        round += 1;
+        eprintln!(
+            "round {round}: {} s alone, then {} s beside the purge",
+            args.window_secs, args.window_secs
+        );
+        let started = cpu::Sample::now();
+        let stats = load::run(&client, &Workload::First, args.concurrency, window).await;
+        alone.push((stats, cpu::Sample::now().since(started)));
 
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_keys WHERE expires_at <= now()")
-        .fetch_one(pool)
-        .await?;
+        let before = expired(pool).await?;
+        let started = cpu::Sample::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let live = load::run_until(
+            &client,
+            &Workload::First,
+            args.concurrency,
+            Arc::clone(&stop),
+        );
+        let purge = async {
+            let clock = std::time::Instant::now();
+            // The window's end cuts the pass short between or inside its statements, as a
+            // server's shutdown cuts a spawned purge; each statement is its own transaction.
+            let outcome = tokio::time::timeout(window, store.purge_expired(options)).await;
+            let took = clock.elapsed();
+            stop.store(true, Ordering::Relaxed);
+            (outcome, took)
+        };
+        let (stats, (outcome, took)) = tokio::join!(live, purge);
+        let spent = cpu::Sample::now().since(started);
+        if let Ok(report) = outcome {
+            report?;
+        }
+        purging += took;
+        let rows = before - expired(pool).await?;
+        purged += rows as u64;
+        beside.push((stats, spent, rows));
+    }
+
     println!(
-        "purge of {} expired keys, batches of {}, {} ms pauses, {} live clients",
-        args.rows, args.batch, args.pause_ms, args.concurrency
+        "purge of {} expired keys, batches of {}, {} ms pauses, {} live clients, \
+         {} rounds of {} s alone and {} s beside the purge",
+        args.rows,
+        args.batch,
+        args.pause_ms,
+        args.concurrency,
+        round,
+        args.window_secs,
+        args.window_secs
     );
-    println!("  rows purged      {:>12}", report.rows);
-    println!("  statements       {:>12}", report.batches);
-    println!("  duration         {:>11.2}s", report.elapsed.as_secs_f64());
+    println!("  rows purged      {purged:>12}");
+    println!("  time purging     {:>11.2}s", purging.as_secs_f64());
     println!(
         "  rate             {:>10.0} rows/s",
-        report.rows as f64 / report.elapsed.as_secs_f64()
+        purged as f64 / purging.as_secs_f64()
     );
-    println!("  expired left     {:>12}", left);
-    // PostgreSQL's CPU during the purge, less what the live requests answered meanwhile cost
-    // at the baseline's rate: what the purge itself cost.
-    let live_pg = baseline_cpu
-        .per_request(baseline.ok + baseline.errors, crate::cpu::Server::Postgres)
-        .1;
-    let total_pg = during_cpu.postgres.as_secs_f64() * 1e6;
-    let purge_pg = total_pg - live_pg * (during.ok + during.errors) as f64;
+    // PostgreSQL's CPU beside the purge, less what the live requests answered meanwhile cost
+    // at the rate of the window before: what the purge itself cost.
+    let purge_cpu: f64 = alone
+        .iter()
+        .zip(&beside)
+        .map(|((stats, cpu), (during, spent, _))| {
+            let live = cpu
+                .per_request(stats.ok + stats.errors, crate::cpu::Server::Postgres)
+                .1;
+            spent.postgres.as_secs_f64() * 1e6 - live * (during.ok + during.errors) as f64
+        })
+        .sum();
     println!(
         "  purge CPU        {:>8.1} µs/row of PostgreSQL, {:.2} of {} cores while it ran",
-        purge_pg / report.rows.max(1) as f64,
-        purge_pg / 1e6 / during.elapsed.as_secs_f64(),
+        purge_cpu / purged.max(1) as f64,
+        purge_cpu / 1e6 / purging.as_secs_f64(),
         std::thread::available_parallelism().map_or(1, usize::from),
     );
     println!();
@@ -136,7 +163,15 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         "  live requests    {:>10} {:>10} {:>10} {:>8}",
         "req/s", "p50 ms", "p99 ms", "errors"
     );
-    for (name, stats) in [("before purge", &baseline), ("during purge", &during)] {
+    let mut all_alone = load::Stats::empty();
+    let mut all_beside = load::Stats::empty();
+    for (stats, _) in alone.iter() {
+        all_alone.add(stats);
+    }
+    for (stats, _, _) in beside.iter() {
+        all_beside.add(stats);
+    }
+    for (name, stats) in [("alone", &all_alone), ("beside the purge", &all_beside)] {
         println!(
             "  {name:<16} {:>10.0} {:>10.2} {:>10.2} {:>8}",
             stats.rate(),
@@ -145,11 +180,28 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
             stats.errors
         );
     }
+    let ratio = |measure: &dyn Fn(&load::Stats) -> f64| {
+        median(
+            alone
+                .iter()
+                .zip(&beside)
+                .map(|((a, _), (b, _, _))| measure(b) / measure(a)),
+        )
+    };
     println!(
-        "  during/before    {:>10.2} {:>10.2} {:>10.2}",
-        during.rate() / baseline.rate(),
-        during.ms(0.5) / baseline.ms(0.5),
-        during.ms(0.99) / baseline.ms(0.99)
+        "  beside/alone     {:>10.2} {:>10.2} {:>10.2}   (median of the rounds' ratios)",
+        ratio(&|s| s.rate()),
+        ratio(&|s| s.ms(0.5)),
+        ratio(&|s| s.ms(0.99))
     );
     Ok(())
+}
+
+/// How many keys are past their expiry.
+async fn expired(pool: &sqlx::PgPool) -> Result<i64, db::Error> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM idem_keys WHERE expires_at <= now()")
+            .fetch_one(pool)
+            .await?,
+    )
 }

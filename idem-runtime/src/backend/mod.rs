@@ -41,6 +41,18 @@ impl<DB: sqlx::Database> std::fmt::Debug for Begun<'_, DB> {
     }
 }
 
+/// What one [`Storage::purge_batch`] deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Purged {
+    /// Rows deleted.
+    pub(crate) rows: u64,
+    /// Where the batch ended, for the next batch to start from, on a database that keeps a
+    /// deleted row's index entries until a vacuum (PostgreSQL): the latest expiry it deleted,
+    /// in microseconds since the Unix epoch. Without it every batch would walk the index past
+    /// all the rows the batches before it deleted. `None` where the database has no use for it.
+    pub(crate) last: Option<i64>,
+}
+
 /// What [`Storage::undo_handler`] came to.
 #[derive(Debug)]
 pub(crate) enum Undone {
@@ -189,11 +201,14 @@ pub(crate) trait Storage: SharedStorage {
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<Transaction<'_, Self>, crate::Error>> + Send;
 
-    /// Deletes up to `limit` rows past their expiry, skipping rows that live requests hold.
+    /// Deletes up to `limit` rows past their expiry, oldest first, skipping rows that live
+    /// requests hold; `from` is where the previous batch of the same pass ended
+    /// ([`Purged::last`]), `None` for the first.
     fn purge_batch(
         conn: &mut Self::Connection,
         limit: i64,
-    ) -> impl Future<Output = Result<u64, crate::Error>> + Send + '_;
+        from: Option<i64>,
+    ) -> impl Future<Output = Result<Purged, crate::Error>> + Send + '_;
 
     /// Reclaims up to `limit` `started` rows whose lease ran out: renews their lease by `lease`
     /// under `token`, so that no retry takes them over while the recovery decides. Rows with

@@ -26,7 +26,7 @@ use sqlx::{
     mysql::MySqlDatabaseError,
 };
 
-use super::{Begun, SharedStorage, Storage, Undone, dialect::Dialect};
+use super::{Begun, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
 use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started, fresh_token,
 };
@@ -494,7 +494,11 @@ impl Storage for MySql {
         Ok(Transaction::begin(conn, None).await?)
     }
 
-    async fn purge_batch(conn: &mut MySqlConnection, limit: i64) -> Result<u64, crate::Error> {
+    async fn purge_batch(
+        conn: &mut MySqlConnection,
+        limit: i64,
+        _from: Option<i64>,
+    ) -> Result<Purged, crate::Error> {
         // MySQL's DELETE cannot skip locked rows: the rows are chosen and locked first, then
         // deleted by key, in one short transaction.
         let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
@@ -504,7 +508,10 @@ impl Storage for MySql {
             .await?;
         let keys = keys_of(&rows)?;
         if keys.is_empty() {
-            return Ok(0);
+            return Ok(Purged {
+                rows: 0,
+                last: None,
+            });
         }
         let mut deleted = 0;
         for chunk in keys.chunks(KEYS_PER_STATEMENT) {
@@ -513,7 +520,12 @@ impl Storage for MySql {
             deleted += delete.build().execute(&mut *tx).await?.rows_affected();
         }
         tx.commit().await?;
-        Ok(deleted)
+        // InnoDB's own purge thread removes the index entries of committed deletes as it goes;
+        // each batch starts from the oldest row left.
+        Ok(Purged {
+            rows: deleted,
+            last: None,
+        })
     }
 
     async fn reclaim_abandoned(

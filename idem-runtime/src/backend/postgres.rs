@@ -16,7 +16,7 @@ use sqlx::{PgConnection, Postgres, Row, SqlSafeStr, Transaction, migrate::Migrat
 
 use std::time::Duration;
 
-use super::{Begun, SharedStorage, Storage, Undone, dialect::Dialect};
+use super::{Begun, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
 use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, Start, Started};
 
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -62,10 +62,22 @@ const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status
      WHERE scope = $5 AND key = $6 AND status = 'started' AND claim_token = $7";
 
 // ctid batches: the inner SELECT finds the oldest expired rows through the expires_at index and
-// locks them, skipping any row a live request holds; the DELETE removes exactly those.
-const PURGE: &str = "DELETE FROM idem_keys WHERE ctid = ANY(ARRAY( \
-     SELECT ctid FROM idem_keys WHERE expires_at <= now() \
-     ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))";
+// locks them, skipping any row a live request holds; the DELETE removes exactly those. Each
+// batch starts at the expiry where the previous one ended ($2, microseconds since the epoch):
+// the index keeps a deleted row's entry until a vacuum, and a scan from the oldest expiry would
+// walk past every row the pass had already deleted. `>=`: rows of the same expiry as the last
+// one deleted may be left.
+const PURGE: &str = "WITH purged AS ( \
+       DELETE FROM idem_keys WHERE ctid = ANY(ARRAY( \
+         SELECT ctid FROM idem_keys \
+         WHERE expires_at <= now() \
+           AND expires_at >= COALESCE('epoch'::timestamptz + $2::int8 * interval '1 microsecond', \
+                                      '-infinity') \
+         ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+       RETURNING expires_at) \
+     SELECT count(*) AS purged, \
+       (extract(epoch FROM max(expires_at)) * 1000000)::int8 AS last \
+     FROM purged";
 
 const RECLAIM: &str = "WITH lapsed AS ( \
        SELECT scope, key FROM idem_keys \
@@ -304,12 +316,21 @@ impl Storage for Postgres {
         }
     }
 
-    async fn purge_batch(conn: &mut PgConnection, limit: i64) -> Result<u64, crate::Error> {
-        Ok(sqlx::query(PURGE)
+    async fn purge_batch(
+        conn: &mut PgConnection,
+        limit: i64,
+        from: Option<i64>,
+    ) -> Result<Purged, crate::Error> {
+        let row = sqlx::query(PURGE)
             .bind(limit)
-            .execute(conn)
-            .await?
-            .rows_affected())
+            .bind(from)
+            .fetch_one(conn)
+            .await?;
+        let rows: i64 = row.try_get("purged")?;
+        Ok(Purged {
+            rows: u64::try_from(rows).unwrap_or_default(),
+            last: row.try_get("last")?,
+        })
     }
 
     async fn reclaim_abandoned(

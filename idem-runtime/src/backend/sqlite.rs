@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{Connection, Row, SqlSafeStr, Sqlite, SqliteConnection, Transaction, migrate::Migrator};
 
-use super::{Begun, SharedStorage, Storage, Undone, dialect::Dialect};
+use super::{Begun, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
 use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started};
 
 const LIVE: &str = "SELECT status, method, path, fingerprint, response_status, response_headers, \
@@ -286,13 +286,20 @@ impl Storage for Sqlite {
         Ok(Started::Acquired { taken_over })
     }
 
-    async fn purge_batch(conn: &mut SqliteConnection, limit: i64) -> Result<u64, crate::Error> {
-        Ok(sqlx::query(PURGE)
+    async fn purge_batch(
+        conn: &mut SqliteConnection,
+        limit: i64,
+        _from: Option<i64>,
+    ) -> Result<Purged, crate::Error> {
+        // SQLite removes a deleted row's index entries with it: each batch's scan starts at the
+        // oldest row left, with nothing to walk past.
+        let rows = sqlx::query(PURGE)
             .bind(now_ms())
             .bind(limit)
             .execute(conn)
             .await?
-            .rows_affected())
+            .rows_affected();
+        Ok(Purged { rows, last: None })
     }
 
     async fn reclaim_abandoned(

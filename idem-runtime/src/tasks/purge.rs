@@ -145,8 +145,9 @@ impl<DB: Backend> Work for Purge<DB> {
 }
 
 impl<DB: Backend> Store<DB> {
-    /// Deletes every key past its expiry, in batches, each in its own short statement that
-    /// skips rows live requests hold, pausing between batches. Reports through `tracing`.
+    /// Deletes every key past its expiry, in batches, oldest first, each in its own short
+    /// statement that skips rows live requests hold, pausing between batches. A skipped row is
+    /// left to the next pass. Reports through `tracing`.
     ///
     /// # Errors
     ///
@@ -158,13 +159,18 @@ impl<DB: Backend> Store<DB> {
         let started = Instant::now();
         let batch = i64::from(options.batch_size.max(1));
         let mut report = PurgeReport::default();
+        let mut from = None;
         loop {
-            let rows = {
+            let purged = {
                 let deadline = self.deadline();
                 let _permit = self.write_permit(deadline).await?;
-                self.on_connection(deadline, async |conn| DB::purge_batch(conn, batch).await)
-                    .await?
+                self.on_connection(deadline, async |conn| {
+                    DB::purge_batch(conn, batch, from).await
+                })
+                .await?
             };
+            let rows = purged.rows;
+            from = purged.last.or(from);
             report.rows += rows;
             metrics::counter!("idem_purge_deleted_total").increment(rows);
             report.batches += 1;
