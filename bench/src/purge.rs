@@ -77,52 +77,32 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     load::run(&client, &Workload::First, args.concurrency, window).await;
 
     // Windows of live load alone and of live load beside the purge, in turn, until the purge
-    // is done: the live requests' change is the median of each pair's ratio, so that a drift of
-    // the host over the run weighs on both sides alike.
-    let mut alone = Vec::new();
-    let mut beside = Vec::new();
-    let mut purged = 0_u64;
+    // is done. Each round's two windows make a pair, and the live requests' change is the
+    // median of the pairs' ratios; which window comes first alternates, so that a drift of the
+    // host over the run favours neither side.
+    let seeded = expired(pool).await?;
+    let mut pairs = Vec::new();
     let mut purging = Duration::ZERO;
     let mut round = 0;
     while expired(pool).await? > 0 {
         round += 1;
         eprintln!(
-            "round {round}: {} s alone, then {} s beside the purge",
+            "round {round}: {} s alone and {} s beside the purge",
             args.window_secs, args.window_secs
         );
-        let started = cpu::Sample::now();
-        let stats = load::run(&client, &Workload::First, args.concurrency, window).await;
-        alone.push((stats, cpu::Sample::now().since(started)));
-
-        let before = expired(pool).await?;
-        let started = cpu::Sample::now();
-        let stop = Arc::new(AtomicBool::new(false));
-        let live = load::run_until(
-            &client,
-            &Workload::First,
-            args.concurrency,
-            Arc::clone(&stop),
-        );
-        let purge = async {
-            let clock = std::time::Instant::now();
-            // The window's end cuts the pass short between or inside its statements, as a
-            // server's shutdown cuts a spawned purge; each statement is its own transaction.
-            let outcome = tokio::time::timeout(window, store.purge_expired(options)).await;
-            let took = clock.elapsed();
-            stop.store(true, Ordering::Relaxed);
-            (outcome, took)
+        let pair = if round % 2 == 1 {
+            let alone = alone(&client, args, window).await;
+            let beside = beside(&client, &store, options, args, window, pool).await?;
+            (alone, beside)
+        } else {
+            let beside = beside(&client, &store, options, args, window, pool).await?;
+            let alone = alone(&client, args, window).await;
+            (alone, beside)
         };
-        let (stats, (outcome, took)) = tokio::join!(live, purge);
-        let spent = cpu::Sample::now().since(started);
-        if let Ok(report) = outcome {
-            report?;
-        }
-        purging += took;
-        let rows = before - expired(pool).await?;
-        purged += rows as u64;
-        beside.push((stats, spent, rows));
+        purging += pair.1.2;
+        pairs.push(pair);
     }
-
+    let purged = (seeded - expired(pool).await?) as u64;
     println!(
         "purge of {} expired keys, batches of {}, {} ms pauses, {} live clients, \
          {} rounds of {} s alone and {} s beside the purge",
@@ -142,9 +122,8 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     );
     // PostgreSQL's CPU beside the purge, less what the live requests answered meanwhile cost
     // at the rate of the window before: what the purge itself cost.
-    let purge_cpu: f64 = alone
+    let purge_cpu: f64 = pairs
         .iter()
-        .zip(&beside)
         .map(|((stats, cpu), (during, spent, _))| {
             let live = cpu
                 .per_request(stats.ok + stats.errors, crate::cpu::Server::Postgres)
@@ -165,11 +144,9 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     );
     let mut all_alone = load::Stats::empty();
     let mut all_beside = load::Stats::empty();
-    for (stats, _) in alone.iter() {
-        all_alone.add(stats);
-    }
-    for (stats, _, _) in beside.iter() {
-        all_beside.add(stats);
+    for ((alone, _), (beside, _, _)) in &pairs {
+        all_alone.add(alone);
+        all_beside.add(beside);
     }
     for (name, stats) in [("alone", &all_alone), ("beside the purge", &all_beside)] {
         println!(
@@ -180,11 +157,12 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
             stats.errors
         );
     }
+    // A last purge window cut short by the end of the purge is too few requests for a p99.
     let ratio = |measure: &dyn Fn(&load::Stats) -> f64| {
         median(
-            alone
+            pairs
                 .iter()
-                .zip(&beside)
+                .filter(|(_, (_, _, took))| *took >= window / 2)
                 .map(|((a, _), (b, _, _))| measure(b) / measure(a)),
         )
     };
@@ -195,6 +173,67 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         ratio(&|s| s.ms(0.99))
     );
     Ok(())
+}
+
+/// A window of live load alone: its requests and the CPU it took.
+async fn alone(client: &load::Client, args: &Args, window: Duration) -> (load::Stats, cpu::Sample) {
+    let started = cpu::Sample::now();
+    let stats = load::run(client, &Workload::First, args.concurrency, window).await;
+    (stats, cpu::Sample::now().since(started))
+}
+
+/// A window of live load beside the purge: its requests, the CPU it took, and how long the
+/// purge ran (the whole window, or less when it finished).
+async fn beside(
+    client: &load::Client,
+    store: &Store<sqlx::Postgres>,
+    options: PurgeOptions,
+    args: &Args,
+    window: Duration,
+    pool: &sqlx::PgPool,
+) -> Result<(load::Stats, cpu::Sample, Duration), db::Error> {
+    let started = cpu::Sample::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let live = load::run_until(
+        client,
+        &Workload::First,
+        args.concurrency,
+        Arc::clone(&stop),
+    );
+    let purge = async {
+        let clock = std::time::Instant::now();
+        // The window's end cuts the pass short between or inside its statements, as a
+        // server's shutdown cuts a spawned purge; each statement is its own transaction.
+        let outcome = tokio::time::timeout(window, store.purge_expired(options)).await;
+        let took = clock.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        (outcome, took)
+    };
+    let (stats, (outcome, took)) = tokio::join!(live, purge);
+    if let Ok(report) = outcome {
+        report?;
+    }
+    // A statement cut off mid-way still runs to its end in PostgreSQL: wait for it, so that its
+    // rows and CPU count in this window and not in the next.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND state = 'active' \
+               AND pid <> pg_backend_pid() AND query LIKE 'WITH purged AS%'",
+        )
+        .fetch_one(pool)
+        .await?;
+        if running == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a purge statement cut off at the window's end was still running 30 s later"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok((stats, cpu::Sample::now().since(started), took))
 }
 
 /// How many keys are past their expiry.
