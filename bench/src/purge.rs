@@ -90,17 +90,18 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
             "round {round}: {} s alone and {} s beside the purge",
             args.window_secs, args.window_secs
         );
-        let pair = if round % 2 == 1 {
+        let (alone, beside) = if round % 2 == 1 {
             let alone = alone(&client, args, window).await;
-            let beside = beside(&client, &store, options, args, window, pool).await?;
-            (alone, beside)
+            (
+                alone,
+                beside(&client, &store, options, args, window, pool).await?,
+            )
         } else {
             let beside = beside(&client, &store, options, args, window, pool).await?;
-            let alone = alone(&client, args, window).await;
-            (alone, beside)
+            (alone(&client, args, window).await, beside)
         };
-        purging += pair.1.2;
-        pairs.push(pair);
+        purging += beside.purging;
+        pairs.push((alone, beside));
     }
     let purged = (seeded - expired(pool).await?) as u64;
     println!(
@@ -121,14 +122,19 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         purged as f64 / purging.as_secs_f64()
     );
     // PostgreSQL's CPU beside the purge, less what the live requests answered meanwhile cost
-    // at the rate of the window before: what the purge itself cost.
+    // at the rate of their round's window alone: what the purge itself cost.
     let purge_cpu: f64 = pairs
         .iter()
-        .map(|((stats, cpu), (during, spent, _))| {
-            let live = cpu
-                .per_request(stats.ok + stats.errors, crate::cpu::Server::Postgres)
+        .map(|(alone, beside)| {
+            let live = alone
+                .cpu
+                .per_request(
+                    alone.live.ok + alone.live.errors,
+                    crate::cpu::Server::Postgres,
+                )
                 .1;
-            spent.postgres.as_secs_f64() * 1e6 - live * (during.ok + during.errors) as f64
+            let requests = beside.live.ok + beside.live.errors;
+            beside.cpu.postgres.as_secs_f64() * 1e6 - live * requests as f64
         })
         .sum();
     println!(
@@ -144,9 +150,9 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     );
     let mut all_alone = load::Stats::empty();
     let mut all_beside = load::Stats::empty();
-    for ((alone, _), (beside, _, _)) in &pairs {
-        all_alone.add(alone);
-        all_beside.add(beside);
+    for (alone, beside) in &pairs {
+        all_alone.add(&alone.live);
+        all_beside.add(&beside.live);
     }
     for (name, stats) in [("alone", &all_alone), ("beside the purge", &all_beside)] {
         println!(
@@ -162,8 +168,8 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         median(
             pairs
                 .iter()
-                .filter(|(_, (_, _, took))| *took >= window / 2)
-                .map(|((a, _), (b, _, _))| measure(b) / measure(a)),
+                .filter(|(_, beside)| beside.purging >= window / 2)
+                .map(|(alone, beside)| measure(&beside.live) / measure(&alone.live)),
         )
     };
     println!(
@@ -175,15 +181,29 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     Ok(())
 }
 
-/// A window of live load alone: its requests and the CPU it took.
-async fn alone(client: &load::Client, args: &Args, window: Duration) -> (load::Stats, cpu::Sample) {
-    let started = cpu::Sample::now();
-    let stats = load::run(client, &Workload::First, args.concurrency, window).await;
-    (stats, cpu::Sample::now().since(started))
+/// What one window measured.
+struct Window {
+    /// The live requests.
+    live: load::Stats,
+    /// The CPU the window took.
+    cpu: cpu::Sample,
+    /// How long the purge ran in it: none in a window alone; beside it, the whole window, or
+    /// less when the purge finished.
+    purging: Duration,
 }
 
-/// A window of live load beside the purge: its requests, the CPU it took, and how long the
-/// purge ran (the whole window, or less when it finished).
+/// A window of live load alone.
+async fn alone(client: &load::Client, args: &Args, window: Duration) -> Window {
+    let started = cpu::Sample::now();
+    let live = load::run(client, &Workload::First, args.concurrency, window).await;
+    Window {
+        live,
+        cpu: cpu::Sample::now().since(started),
+        purging: Duration::ZERO,
+    }
+}
+
+/// A window of live load beside the purge.
 async fn beside(
     client: &load::Client,
     store: &Store<sqlx::Postgres>,
@@ -191,7 +211,7 @@ async fn beside(
     args: &Args,
     window: Duration,
     pool: &sqlx::PgPool,
-) -> Result<(load::Stats, cpu::Sample, Duration), db::Error> {
+) -> Result<Window, db::Error> {
     let started = cpu::Sample::now();
     let stop = Arc::new(AtomicBool::new(false));
     let live = load::run_until(
@@ -209,7 +229,7 @@ async fn beside(
         stop.store(true, Ordering::Relaxed);
         (outcome, took)
     };
-    let (stats, (outcome, took)) = tokio::join!(live, purge);
+    let (live, (outcome, purging)) = tokio::join!(live, purge);
     if let Ok(report) = outcome {
         report?;
     }
@@ -233,7 +253,11 @@ async fn beside(
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Ok((stats, cpu::Sample::now().since(started), took))
+    Ok(Window {
+        live,
+        cpu: cpu::Sample::now().since(started),
+        purging,
+    })
 }
 
 /// How many keys are past their expiry.
