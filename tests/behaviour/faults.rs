@@ -341,9 +341,7 @@ async fn a_request_dropped_during_its_claim_leaves_the_key_free(
 /// `Settings::acquire_timeout` (5 s), well within the test's deadline.
 #[tokio::test]
 async fn an_unreachable_postgres_is_503_store_unavailable_without_waiting_for_the_pool() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let port = idem_tests::reserve_port();
     let pool = sqlx::postgres::PgPoolOptions::new()
         .acquire_timeout(std::time::Duration::from_secs(3600))
         .connect_lazy_with(

@@ -99,10 +99,9 @@ impl Downstream {
     }
 }
 
-/// A URL where nothing listens: a port bound, learnt and closed again.
+/// A URL where nothing listens: a port this test process reserved and never binds.
 pub fn unreachable_url() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-    format!("http://{}", listener.local_addr().expect("local addr"))
+    format!("http://{}", crate::reserve_addr())
 }
 
 /// `POST /transfers`: executes the transfer once per key, answers 201 with it.

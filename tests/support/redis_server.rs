@@ -2,10 +2,7 @@
 //! and start again on the same port: a broker restart that no other test sees. It keeps
 //! nothing on disk, so a restart loses its streams, as a Redis without persistence does.
 
-use std::{
-    net::TcpListener,
-    process::{Child, Command, Stdio},
-};
+use std::process::{Child, Command, Stdio};
 
 /// The server process and its port.
 #[derive(Debug)]
@@ -22,11 +19,9 @@ impl RedisServer {
     /// If `redis-server` is not installed (the restart tests need the binary, not only a
     /// server somewhere), or it does not answer within a minute.
     pub async fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .expect("bind loopback")
-            .local_addr()
-            .expect("addr")
-            .port();
+        // Reserved, not learnt from a closed socket: the port must stay free between the
+        // server's kill and its restart.
+        let port = crate::reserve_port();
         let mut server = Self {
             port,
             process: None,

@@ -4,7 +4,6 @@
 #![allow(dead_code, reason = "each test file uses part of it")]
 
 use std::{
-    net::TcpListener,
     process::{Child, Command, Stdio},
     sync::{
         Arc, Mutex,
@@ -146,9 +145,10 @@ impl Drop for Process {
     }
 }
 
+/// A loopback address for a service the test starts as a child process: reserved for this test
+/// process, so that nothing takes it before the child binds it or between a kill and a restart.
 pub fn free_addr() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-    listener.local_addr().expect("addr").to_string()
+    idem_tests::reserve_addr()
 }
 
 /// `DATABASE_URL` pointed at `database`.
