@@ -34,6 +34,6 @@ fn router() -> Router<Store<Postgres>> {
     )
 }
 
-fn main() {
+pub fn main() {
     let _ = router;
 }

@@ -68,6 +68,6 @@ fn router() -> Router<AppState> {
     Router::new().route("/accounts/{account}/payments", post(create_payment))
 }
 
-fn main() {
+pub fn main() {
     let _ = router;
 }

@@ -46,6 +46,6 @@ fn router() -> Router<Store<Postgres>> {
         .route("/charges", post(charge))
 }
 
-fn main() {
+pub fn main() {
     let _ = (router, sqlite_router);
 }

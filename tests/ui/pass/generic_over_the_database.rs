@@ -46,7 +46,7 @@ fn routes<DB: Backend>() -> Router<Store<DB>> {
         .route("/named", post(named::<DB>))
 }
 
-fn main() {
+pub fn main() {
     let _postgres: Router<Store<Postgres>> = routes();
     let _sqlite: Router<Store<Sqlite>> = routes();
 }

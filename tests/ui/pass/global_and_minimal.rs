@@ -60,6 +60,6 @@ fn router() -> Router<Store<Postgres>> {
         .route("/account/close", post(close_account))
 }
 
-fn main() {
+pub fn main() {
     let _ = router;
 }

@@ -42,6 +42,6 @@ fn router() -> Router<Store<Postgres>> {
         .route("/accounts/{account}/payouts", post(create_payout))
 }
 
-fn main() {
+pub fn main() {
     let _ = router;
 }

@@ -37,6 +37,6 @@ fn router() -> Router<Store<Postgres>> {
     Router::new().route("/accounts/{account}/payments", post(create_payment))
 }
 
-fn main() {
+pub fn main() {
     let _ = router;
 }

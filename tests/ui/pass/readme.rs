@@ -55,6 +55,6 @@ fn app(pool: PgPool) -> Router {
         })
 }
 
-fn main() {
+pub fn main() {
     let _ = app;
 }

@@ -36,6 +36,6 @@ fn router() -> Router<Store<Postgres>> {
         .route("/accounts/{account}/payments/{payment}/refund", post(refund))
 }
 
-fn main() {
+pub fn main() {
     let _ = router;
 }

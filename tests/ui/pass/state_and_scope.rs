@@ -70,6 +70,6 @@ fn router() -> Router<AppState> {
     Router::new().route("/payments", post(create_payment))
 }
 
-fn main() {
+pub fn main() {
     let _ = router;
 }

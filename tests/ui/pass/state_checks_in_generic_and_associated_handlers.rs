@@ -61,6 +61,6 @@ fn router() -> Router<AppState> {
         .route("/headers", post(headers::<1>))
 }
 
-fn main() {
+pub fn main() {
     let _ = router;
 }

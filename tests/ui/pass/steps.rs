@@ -75,6 +75,6 @@ fn sqlite_router() -> Router<Store<Sqlite>> {
     Router::new().route("/{tenant}/orders", post(create_order_sqlite))
 }
 
-fn main() {
+pub fn main() {
     let _ = (router, sqlite_router);
 }

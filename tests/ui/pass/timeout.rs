@@ -54,6 +54,6 @@ fn sqlite_router() -> Router<Store<Sqlite>> {
         .route("/accounts/{account}/ping", post(ping_sqlite))
 }
 
-fn main() {
+pub fn main() {
     let _ = (router, sqlite_router);
 }
