@@ -46,5 +46,7 @@ free_ports() { # count
 
 # Whether one of the given logs says a server could not bind its port.
 bind_failed() { # log...
-    grep -qsi -e "address already in use" -e "bind on tcp/ip port" "$@"
+    # The last is how wsrep_sst_rsync says its state-transfer port was taken.
+    grep -qsi -e "address already in use" -e "bind on tcp/ip port" \
+        -e "has been taken by another program" "$@"
 }

@@ -4,11 +4,11 @@
 //! A port learnt by binding port 0 and closing the socket is free only for a moment: before the
 //! child binds it, another test may take it the same way, or the kernel may hand it to an
 //! outbound connection as its ephemeral port (the overload test alone opens two thousand). So a
-//! reserved port comes from [`RANGE`], below Linux's ephemeral range (32768-60999 by default,
-//! read from `/proc/sys/net/ipv4/ip_local_port_range`), where no outbound connection is given
-//! a port, and it is held with an exclusive lock on `$TMPDIR/idem-ports/<port>.lock` until the
-//! test process ends: no other test process of this run or of another run on the machine is
-//! handed it meanwhile. The lock dies with the process, however it ends. `scripts/galera` and
+//! reserved port comes from `RANGE` (20000-25999), below Linux's ephemeral range (32768-60999
+//! by default, read from `/proc/sys/net/ipv4/ip_local_port_range`), where no outbound
+//! connection is given a port, and it is held with an exclusive lock on
+//! `$TMPDIR/idem-ports/<port>.lock` until the test process ends: no other test process of this
+//! run or of another run on the machine is handed it meanwhile. The lock dies with the process, however it ends. `scripts/galera` and
 //! `scripts/nats-cluster` take their ports from 26000-32767, never from this range.
 
 use std::{
@@ -29,7 +29,8 @@ static HELD: Mutex<Vec<File>> = Mutex::new(Vec::new());
 ///
 /// # Panics
 ///
-/// If the lock directory cannot be made, or every port of [`RANGE`] is reserved or in use.
+/// If the lock directory cannot be made, or every port of `RANGE` (20000-25999) is reserved or
+/// in use.
 pub fn reserve_port() -> u16 {
     let dir = lock_dir();
     std::fs::create_dir_all(&dir).unwrap_or_else(|error| {
