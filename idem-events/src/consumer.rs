@@ -23,6 +23,7 @@ pub struct ConsumerOptions {
     retention: Duration,
     max_backoff: Duration,
     database_timeout: Duration,
+    settle_timeout: Duration,
 }
 
 impl ConsumerOptions {
@@ -42,6 +43,7 @@ impl ConsumerOptions {
             retention: Duration::from_secs(7 * 24 * 3600),
             max_backoff: Duration::from_secs(30),
             database_timeout: Duration::from_secs(10),
+            settle_timeout: Duration::from_secs(10),
         }
     }
 
@@ -71,6 +73,23 @@ impl ConsumerOptions {
     pub fn with_database_timeout(mut self, timeout: Duration) -> Self {
         self.database_timeout = timeout;
         self
+    }
+
+    /// Sets [`ConsumerOptions::settle_timeout`].
+    #[must_use]
+    pub fn with_settle_timeout(mut self, timeout: Duration) -> Self {
+        self.settle_timeout = timeout;
+        self
+    }
+
+    /// How long the broker has to take a message's settlement (its acknowledgement, its
+    /// return for another attempt, or its move to the dead-letter place; default 10 s). Past
+    /// it the consumer drops its connection and subscribes again; the broker then delivers
+    /// the message again, and a message that was applied is acknowledged as a duplicate. A
+    /// connection that breaks while a settlement is on its way is noticed this way: the
+    /// RabbitMQ client may leave that settlement unanswered for good.
+    pub fn settle_timeout(&self) -> Duration {
+        self.settle_timeout
     }
 
     /// How long each of the consumer's database operations may take (default 10 s), the
@@ -335,7 +354,8 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
                 topic = message.topic(),
                 "a message without an id cannot be deduplicated; moved to the dead-letter place"
             );
-            delivery.dead_letter("the message has no id").await?;
+            self.settled(delivery.dead_letter("the message has no id"))
+                .await?;
             return Ok(Processed::DeadLettered { attempts: 0 });
         }
         // A message delivered again may have stopped the process that had it (an abort, an
@@ -378,7 +398,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
                 if let Some(observer) = &self.on_committed {
                     observer(&message);
                 }
-                delivery.ack().await?;
+                self.settled(delivery.ack()).await?;
                 return Ok(Processed::Applied);
             }
             Ok(false) => {
@@ -393,7 +413,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
                         tracing::debug!(%error, "forgetting a duplicate's attempt failed");
                     }
                 }
-                delivery.ack().await?;
+                self.settled(delivery.ack()).await?;
                 return Ok(Processed::Duplicate);
             }
             Err(Failure::Database(error)) => return self.give_back(delivery, error).await,
@@ -429,7 +449,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
         // A little later each time: a failure that passes (a deadlock, a service restarting)
         // gets time to pass before the attempts run out.
         tokio::time::sleep(retry_delay(attempts, self.options.max_backoff)).await;
-        delivery.retry().await?;
+        self.settled(delivery.retry()).await?;
         Ok(Processed::Failed { attempts })
     }
 
@@ -477,8 +497,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
             error = reason,
             "a message failed {attempts} times; moved to the dead-letter place"
         );
-        delivery
-            .dead_letter(&format!("failed {attempts} times: {reason}"))
+        self.settled(delivery.dead_letter(&format!("failed {attempts} times: {reason}")))
             .await?;
         Ok(Processed::DeadLettered { attempts })
     }
@@ -488,10 +507,26 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
         delivery: D,
         error: crate::Error,
     ) -> Result<Processed, ConsumeError> {
-        if let Err(broker) = delivery.retry().await {
+        if let Err(broker) = self.settled(delivery.retry()).await {
             tracing::debug!(error = %broker, "giving a message back to the broker failed");
         }
         Err(error.into())
+    }
+
+    /// Waits for a settlement sent to the broker, at most
+    /// [`ConsumerOptions::settle_timeout`].
+    async fn settled(
+        &self,
+        settlement: impl Future<Output = Result<(), BrokerError>>,
+    ) -> Result<(), BrokerError> {
+        let timeout = self.options.settle_timeout;
+        tokio::time::timeout(timeout, settlement)
+            .await
+            .unwrap_or_else(|_| {
+                Err(BrokerError::unavailable(format!(
+                    "the broker did not take the message's settlement within {timeout:?}"
+                )))
+            })
     }
 
     /// Deletes up to `limit` records older than [`ConsumerOptions::retention`].

@@ -12,8 +12,9 @@ use std::{
 };
 
 use idem_events::{
-    self as events, BrokerError, CancellationToken, ConsumerOptions, Delivery, EventHandler,
-    Message, Pass, Processed, Publisher, Relay, RelayOptions, Subscriber, Subscription, Waiting,
+    self as events, BrokerError, CancellationToken, ConsumeError, ConsumerOptions, Delivery,
+    EventHandler, Message, Pass, Processed, Publisher, Relay, RelayOptions, Subscriber,
+    Subscription, Waiting,
 };
 use idem_tests::{
     AnySubscription, BrokerKind, CLUSTER_ACK_WAIT, DEADLINE, EventBackend, NATS_NODES, NatsCluster,
@@ -89,6 +90,33 @@ impl<D: Delivery> Delivery for LoseAck<D> {
 
     async fn ack(self) -> Result<(), BrokerError> {
         self.0.retry().await
+    }
+
+    async fn retry(self) -> Result<(), BrokerError> {
+        self.0.retry().await
+    }
+
+    async fn dead_letter(self, reason: &str) -> Result<(), BrokerError> {
+        self.0.dead_letter(reason).await
+    }
+}
+
+/// A delivery whose acknowledgement is sent and never answered, as the RabbitMQ client leaves
+/// one whose connection broke on the way: the broker is told nothing.
+struct UnansweredAck<D>(D);
+
+impl<D: Delivery> Delivery for UnansweredAck<D> {
+    fn message(&self) -> &Message {
+        self.0.message()
+    }
+
+    fn redelivered(&self) -> bool {
+        self.0.redelivered()
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        let _unsettled = self.0;
+        std::future::pending().await
     }
 
     async fn retry(self) -> Result<(), BrokerError> {
@@ -585,6 +613,42 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: EventBackend>(
     assert!(proxy.cuts() >= 1);
 }
 
+async fn an_acknowledgement_never_answered_ends_as_a_broker_error_after_the_settle_timeout<
+    DB: EventBackend,
+>(
+    pool: Pool<DB>,
+    broker: TestBroker,
+) {
+    DB::prepare_events(&pool).await;
+    broker.declare(CONSUMER).await;
+    broker
+        .publisher()
+        .publish(&[Message::new("unanswered", "payment.succeeded", "{}")])
+        .await
+        .expect("publish");
+    let consumer = events::Consumer::new(
+        pool.clone(),
+        Applier::default(),
+        ConsumerOptions::new(CONSUMER).with_settle_timeout(Duration::from_millis(200)),
+    );
+    let mut subscription = broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe");
+    let delivery = next(&mut subscription, "the message").await;
+    // Without the settle timeout `process` waits for good, and with it the spawned consumer,
+    // which then receives nothing more on any connection.
+    let processed = tokio::time::timeout(DEADLINE, consumer.process(UnansweredAck(delivery)))
+        .await
+        .expect("process returns although the acknowledgement is never answered");
+    assert!(
+        matches!(processed, Err(ConsumeError::Broker(_))),
+        "{processed:?}"
+    );
+    assert_eq!(DB::applied(&pool).await, vec!["unanswered".to_owned()]);
+}
+
 async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_place<
     DB: EventBackend,
 >(
@@ -777,6 +841,7 @@ on_both_databases_and_brokers!(
     a_relay_passes_over_a_topic_that_another_relay_holds,
     a_shutdown_lets_the_message_in_flight_finish_and_settle,
     a_consumer_receives_again_after_its_connection_drops,
+    an_acknowledgement_never_answered_ends_as_a_broker_error_after_the_settle_timeout,
     a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_place,
     the_relay_reports_its_backlog,
 );
