@@ -53,7 +53,7 @@ where
         }
     };
     match timeout_at(deadline, query(&mut conn)).await {
-        Ok(Err(error)) if lost(&error) => {
+        Ok(Err(error)) if idem_runtime::is_transient(&error) => {
             tracing::warn!(%error, "the database connection failed");
             Err(unavailable(
                 "the connection to the database failed; retry later".to_owned(),
@@ -68,17 +68,4 @@ where
             )))
         }
     }
-}
-
-/// Whether `error` says the database could not be reached or the connection broke, rather than
-/// that the database refused the statement.
-fn lost(error: &sqlx::Error) -> bool {
-    matches!(
-        error,
-        sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed
-    )
 }

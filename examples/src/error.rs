@@ -41,7 +41,9 @@ pub enum ApiError {
         /// When to retry.
         retry_after: std::time::Duration,
     },
-    /// 500: the database failed.
+    /// 500: the database refused a statement; a fault that passes (a broken connection, a
+    /// failover: [`idem_runtime::is_transient`]) is answered as
+    /// [`ApiError::DatabaseUnavailable`] instead.
     #[error("database error")]
     Database(#[from] sqlx::Error),
     /// 500: something that cannot happen with a correct service did.
@@ -71,8 +73,29 @@ impl From<idem_events::Error> for ApiError {
     }
 }
 
+/// The `Retry-After` of a route's own 503 for a passing database fault, as idem's default.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let this = match self {
+            Self::Database(error) if idem_runtime::is_transient(&error) => {
+                tracing::warn!(%error, "the database connection failed");
+                Self::DatabaseUnavailable {
+                    detail: "the connection to the database failed; nothing was written, retry \
+                             later"
+                        .to_owned(),
+                    retry_after: RETRY_AFTER,
+                }
+            }
+            other => other,
+        };
+        this.answer()
+    }
+}
+
+impl ApiError {
+    fn answer(self) -> Response {
         let (status, kind, title) = match &self {
             Self::Step(_) => {
                 let Self::Step(error) = self else {

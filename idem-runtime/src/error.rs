@@ -23,6 +23,14 @@ pub enum Error {
         /// The timeout that passed.
         after: std::time::Duration,
     },
+    /// The database takes no writes: a standby, or a primary that a failover demoted, reached
+    /// through a connection opened before the failover or a router that has not caught up. A
+    /// fault that passes: the request is answered 503 with `Retry-After` before its handler
+    /// runs.
+    #[error(
+        "the idempotency store's database is read-only (a standby, or a primary demoted by a failover)"
+    )]
+    ReadOnly,
     /// A row of the key table breaks idem's invariants (written by something other than idem,
     /// or by an incompatible version of it).
     #[error("a row of idem_keys is not one idem wrote: {reason}")]

@@ -168,6 +168,7 @@ mod replay;
 mod scope;
 mod steps;
 mod store;
+mod transient;
 
 pub use backend::{Backend, migrate};
 pub use context::IdempotencyContext;
@@ -178,6 +179,7 @@ pub use record::RecordedStep;
 pub use scope::IdempotencyScope;
 pub use steps::{StepError, Steps};
 pub use store::{Settings, Store};
+pub use transient::is_transient;
 
 /// The longest scope value keys can be stored under, in bytes; a longer one is answered 400
 /// [`ProblemKind::InvalidScope`]. It keeps `(scope, key)` within what a PostgreSQL index entry

@@ -464,6 +464,26 @@ async fn not_migrated(store: AnyStore) {
     );
 }
 
+/// Creates `test_at_commit()` with `function` (PL/pgSQL, and what it needs) and runs it as a
+/// deferred trigger of `test_effects`, so at the COMMIT of each transaction that wrote there;
+/// then sends `/test/flaky` with the key `k1` twice and returns the second answer. The first
+/// call answers 503 and is rolled back (the trigger does not run); the second writes and
+/// answers 201, and its COMMIT runs the trigger.
+async fn flaky_at_commit(app: &App, function: &'static str) -> idem_tests::Reply {
+    app.execute(function).await;
+    app.execute(
+        "CREATE CONSTRAINT TRIGGER test_at_commit AFTER INSERT ON test_effects \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_at_commit();",
+    )
+    .await;
+    let request = || Req::post("/test/flaky").tenant("t1").key("k1").build();
+    assert_eq!(
+        app.send(request()).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    app.send(request()).await
+}
+
 /// A commit the database refuses because the transaction lost a conflict with another
 /// (SQLSTATE 40001, as a multi-primary cluster answers the loser of two duplicates that
 /// committed at different nodes) is a 409 with `Retry-After`, never a 500: nothing is stored,
@@ -475,20 +495,12 @@ async fn postgres_a_commit_refused_for_a_conflict_is_409_with_retry_after_and_st
     connect: sqlx::postgres::PgConnectOptions,
 ) {
     let app = App::new(TestDb::Postgres(Box::new(connect))).await;
-    app.execute(
-        "CREATE FUNCTION test_conflict() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN RAISE EXCEPTION 'lost a conflict' USING ERRCODE = 'serialization_failure'; END $$; \
-         CREATE CONSTRAINT TRIGGER test_conflict AFTER INSERT ON test_effects \
-         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_conflict();",
+    let reply = flaky_at_commit(
+        &app,
+        "CREATE FUNCTION test_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN RAISE EXCEPTION 'lost a conflict' USING ERRCODE = 'serialization_failure'; END $$;",
     )
     .await;
-    let request = || Req::post("/test/flaky").tenant("t1").key("k1").build();
-    // The first call of /test/flaky answers 503 (not stored); the second 201, refused at commit.
-    assert_eq!(
-        app.send(request()).await.status,
-        StatusCode::SERVICE_UNAVAILABLE
-    );
-    let reply = app.send(request()).await;
     assert_eq!(
         reply.problem(StatusCode::CONFLICT),
         ProblemKind::InProgress.type_uri(),
@@ -511,8 +523,186 @@ async fn postgres_a_commit_refused_for_a_conflict_is_409_with_retry_after_and_st
     );
     assert_eq!(app.keys_named("k1").await, 0, "nothing was stored");
     // Nobody else committed the request: the retry runs it again.
-    let retry = app.send(request()).await;
+    let retry = app
+        .send(Req::post("/test/flaky").tenant("t1").key("k1").build())
+        .await;
     assert_eq!(retry.status, StatusCode::CONFLICT);
     assert!(!retry.replayed());
     assert_eq!(app.calls.flaky.load(Ordering::SeqCst), 3);
+}
+
+/// A handler whose connection is ended mid-body (an administrator's `pg_terminate_backend` or
+/// `KILL`, as a failover ends every connection to the old primary) meets the fault at its next
+/// statement and answers 500, as a handler that passes its errors on does. Its transaction
+/// cannot be rolled back on a connection that is gone, and nothing of it was committed: the
+/// client gets a 503 with `Retry-After`, and the retry runs the handler again.
+async fn a_handler_whose_connection_ends_is_503_with_retry_after_and_the_retry_runs_again(
+    db: TestDb,
+) {
+    let app = App::new(db).await;
+    let request = || {
+        Req::post("/test/slow-then-write")
+            .tenant("t1")
+            .key("k1")
+            .build()
+    };
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { app.send(request()).await }
+    });
+    until_called(&app.calls.slow_then_write, 1).await;
+    assert_eq!(
+        app.end_connections_in_transactions().await,
+        1,
+        "the handler's connection, inside its transaction"
+    );
+    // Both the first call and the retry go past the gate.
+    app.gate.add_permits(2);
+    let reply = first.await.expect("the first request");
+    assert_eq!(
+        reply.problem(StatusCode::SERVICE_UNAVAILABLE),
+        ProblemKind::StoreUnavailable.type_uri(),
+        "{:?}",
+        reply.body
+    );
+    assert_eq!(
+        reply.header("retry-after"),
+        Some("1"),
+        "the store's retry_after"
+    );
+    assert_eq!(app.count("test_effects").await, 0, "nothing was committed");
+    assert_eq!(app.keys_named("k1").await, 0, "nothing was stored");
+    let retry = app.send(request()).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed());
+    assert_eq!(app.calls.slow_then_write.load(Ordering::SeqCst), 2);
+    assert_eq!(app.count("test_effects").await, 2, "the retry's two writes");
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_a_handler_whose_connection_ends_is_503_with_retry_after_and_the_retry_runs_again(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    a_handler_whose_connection_ends_is_503_with_retry_after_and_the_retry_runs_again(
+        TestDb::Postgres(Box::new(connect)),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_a_handler_whose_connection_ends_is_503_with_retry_after_and_the_retry_runs_again() {
+    let database = idem_tests::MySqlDb::create().await;
+    let name = database.name().to_owned();
+    a_handler_whose_connection_ends_is_503_with_retry_after_and_the_retry_runs_again(
+        TestDb::MySql(Box::new(database)),
+    )
+    .await;
+    idem_tests::MySqlDb::drop_named(&name).await;
+}
+
+/// PostgreSQL: a server that ends the session while it commits (here the transaction's own
+/// deferred trigger terminates its backend once, as a primary shut down or failed over answers
+/// `57P01` to a COMMIT waiting on its standby) is a 503 `OutcomeUnknown` with `Retry-After`,
+/// never a 500: the transaction may have committed, and only the retry can tell.
+#[sqlx::test(migrations = false)]
+async fn postgres_a_session_ended_during_commit_is_503_outcome_unknown_and_the_retry_runs_again(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let app = App::new(TestDb::Postgres(Box::new(connect))).await;
+    // A sequence is not rolled back with its transaction: the trigger ends one session only.
+    let reply = flaky_at_commit(
+        &app,
+        "CREATE SEQUENCE test_ended; \
+         CREATE FUNCTION test_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF nextval('test_ended') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); \
+         END IF; RETURN NULL; END $$;",
+    )
+    .await;
+    let request = || Req::post("/test/flaky").tenant("t1").key("k1").build();
+    assert_eq!(
+        reply.problem(StatusCode::SERVICE_UNAVAILABLE),
+        ProblemKind::OutcomeUnknown.type_uri(),
+        "{:?}",
+        reply.body
+    );
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(
+        app.count("test_effects").await,
+        0,
+        "the session ended before its commit"
+    );
+    assert_eq!(app.keys_named("k1").await, 0, "nothing was stored");
+    let retry = app.send(request()).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed());
+    assert_eq!(app.calls.flaky.load(Ordering::SeqCst), 3);
+}
+
+/// PostgreSQL: a database that became read-only (a standby after a failover, or
+/// `default_transaction_read_only`) refuses the claim with `25006`: a 503 with `Retry-After`,
+/// nothing run, and once it takes writes again the retry runs the handler.
+#[sqlx::test(migrations = false)]
+async fn postgres_a_read_only_database_is_503_with_retry_after_and_runs_nothing(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let database = connect
+        .get_database()
+        .expect("sqlx::test names the database")
+        .to_owned();
+    // One pooled connection, ended below so that the next request opens it again.
+    let options = Options {
+        connections: Some(1),
+        ..Options::default()
+    };
+    let app = App::build(TestDb::Postgres(Box::new(connect.clone())), options).await;
+    // One connection, so that `pg_backend_pid()` is the same in each of its statements.
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(connect)
+        .await
+        .expect("an administrator's connection");
+    let read_only = async |on: bool| {
+        let set = format!(
+            "ALTER DATABASE \"{database}\" SET default_transaction_read_only = {on}; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(set))
+            .execute(&admin)
+            .await
+            .expect("switch the database's default");
+        idem_tests::wait_until("the app's connection to be ended", || async {
+            let others: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(&admin)
+            .await
+            .expect("count the other connections");
+            others == 0
+        })
+        .await;
+    };
+    let request = || post("k1").build();
+    read_only(true).await;
+    let reply = app.send(request()).await;
+    assert_eq!(
+        reply.problem(StatusCode::SERVICE_UNAVAILABLE),
+        ProblemKind::StoreUnavailable.type_uri(),
+        "{:?}",
+        reply.body
+    );
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(
+        app.calls.entries.load(Ordering::SeqCst),
+        0,
+        "the handler did not run"
+    );
+    read_only(false).await;
+    let retry = app.send(request()).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert_eq!(app.calls.entries.load(Ordering::SeqCst), 1);
 }

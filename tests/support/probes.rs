@@ -104,6 +104,80 @@ impl App {
         }
     }
 
+    /// Ends, as a database administrator or a failover would, every other connection to the
+    /// app's database that is inside a transaction, and waits until the server has closed
+    /// them; returns how many there were. PostgreSQL: `pg_terminate_backend`; MySQL: `KILL`.
+    ///
+    /// # Panics
+    ///
+    /// On SQLite, which has no server connection to end.
+    pub async fn end_connections_in_transactions(&self) -> usize {
+        match &self.db {
+            Db::Postgres(pool) => {
+                let pids: Vec<i32> = sqlx::query_scalar(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+                     AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
+                )
+                .fetch_all(pool)
+                .await
+                .expect("list the open transactions");
+                for &pid in &pids {
+                    sqlx::query("SELECT pg_terminate_backend($1)")
+                        .bind(pid)
+                        .execute(pool)
+                        .await
+                        .expect("terminate");
+                }
+                crate::wait_until("the ended connections to be gone", || async {
+                    let left: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+                    )
+                    .bind(&pids)
+                    .fetch_one(pool)
+                    .await
+                    .expect("count the ended connections");
+                    left == 0
+                })
+                .await;
+                pids.len()
+            }
+            Db::MySql(pool) => {
+                let ids: Vec<u64> = sqlx::query_scalar(
+                    "SELECT t.trx_mysql_thread_id FROM information_schema.innodb_trx t \
+                     JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+                     WHERE p.db = DATABASE() AND p.id <> CONNECTION_ID()",
+                )
+                .fetch_all(pool)
+                .await
+                .expect("list the open transactions");
+                for id in &ids {
+                    // KILL takes no parameter; the id is a number the server gave.
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                        .execute(pool)
+                        .await
+                        .expect("kill");
+                }
+                crate::wait_until("the killed connections to be gone", || async {
+                    let mut left = 0i64;
+                    for &id in &ids {
+                        let found: i64 = sqlx::query_scalar(
+                            "SELECT count(*) FROM information_schema.processlist WHERE id = ?",
+                        )
+                        .bind(id)
+                        .fetch_one(pool)
+                        .await
+                        .expect("look for a killed connection");
+                        left += found;
+                    }
+                    left == 0
+                })
+                .await;
+                ids.len()
+            }
+            Db::Sqlite(_) => panic!("SQLite has no server connection to end"),
+        }
+    }
+
     /// Rows in `table` (a fixed name from the tests).
     pub async fn count(&self, table: &str) -> i64 {
         self.scalar(format!("SELECT count(*) FROM {table}"), None)

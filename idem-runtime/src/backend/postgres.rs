@@ -23,7 +23,10 @@ const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 // The key's row, live or expired, read after `begin_claim`'s lock attempt; `held` whether that
 // attempt took the lock (the transaction's mark is the lock's id, `$3`).
+// `read_only`: a standby, or a primary a failover demoted, runs the lock and this read but
+// would refuse the handler's first write; the claim refuses first.
 const CLAIM: &str = "SELECT current_setting('idem.claim', true) = $3 AS held, \
+     current_setting('transaction_read_only') = 'on' AS read_only, \
      k.status, k.method, k.path, k.fingerprint, k.response_status, k.response_headers, \
      k.response_body, k.expires_at > now() AS live \
      FROM (SELECT 1) AS claim LEFT JOIN idem_keys k ON k.scope = $1 AND k.key = $2";
@@ -183,6 +186,9 @@ async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Claimed, crate::
         .bind(&mark)
         .fetch_one(&mut *conn)
         .await?;
+    if row.try_get::<bool, _>("read_only")? {
+        return Err(crate::Error::ReadOnly);
+    }
     let held: Option<bool> = row.try_get("held")?;
     let live: Option<bool> = row.try_get("live")?;
     let record = Postgres::decode_record(&row)?;

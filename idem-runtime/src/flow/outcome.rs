@@ -159,6 +159,10 @@ impl<DB: Backend> IdemRequest<DB> {
             );
             "the idempotency store is not set up (its key table is missing: the service must \
              run `idem_runtime::migrate`); nothing was stored, retry with the same key later"
+        } else if matches!(error, crate::Error::ReadOnly) {
+            tracing::warn!(parent: &self.span, %error, "the idempotency store's database takes no writes; answered 503 to retry");
+            "the database is read-only (a standby, or a primary a failover demoted); nothing was \
+             run, retry with the same key"
         } else if let crate::Error::TimedOut { after } = error {
             tracing::error!(parent: &self.span, %error, "the idempotency store's database did not answer in time; the request's work was abandoned and its connection closed");
             return self.finish(
@@ -183,6 +187,28 @@ impl<DB: Backend> IdemRequest<DB> {
         )
     }
 
+    /// 503 with `Retry-After` for a handler's 5xx (`status`) whose transaction could not be
+    /// rolled back (`error`): its connection broke or its server went away, likely what the
+    /// handler met too. Nothing of the transaction was committed, and a retry runs it again.
+    pub(super) fn connection_lost(
+        &self,
+        status: http::StatusCode,
+        error: &crate::Error,
+    ) -> Response {
+        tracing::warn!(parent: &self.span, %error, %status, "the handler answered a 5xx and its transaction could not be rolled back: its connection is gone; answered 503 to retry");
+        self.finish(
+            Outcome::Failed,
+            self.problem(
+                ProblemKind::StoreUnavailable,
+                format!(
+                    "the handler failed ({status}) and its connection to the database was lost; \
+                     nothing was committed, retry with the same key"
+                ),
+            )
+            .into_response(),
+        )
+    }
+
     /// The COMMIT was sent and not answered by the request's deadline: it may have committed
     /// or not, and the connection is being closed.
     pub(super) fn commit_unanswered(&self, timeout: Duration) -> Response {
@@ -201,7 +227,10 @@ impl<DB: Backend> IdemRequest<DB> {
     /// The database refused the COMMIT (a deferred constraint), or refused it because the
     /// transaction lost a conflict with another (a serialization failure, a deadlock: SQLSTATE
     /// class 40, as a multi-primary cluster answers a duplicate that committed first at another
-    /// node), or the connection broke during it and the outcome is unknown.
+    /// node), or the connection broke or the server went away during it (a failover: see
+    /// [`is_transient`](crate::is_transient)) and the outcome is unknown. A primary stopped
+    /// while a synchronous standby confirms the COMMIT answers it `57P01` although the
+    /// transaction committed locally: only a retry can tell.
     pub(super) fn commit_failed(&self, error: &sqlx::Error) -> Response {
         if let sqlx::Error::Database(refusal) = error
             && crate::error::is_conflict_code(refusal.code().as_deref())
@@ -211,7 +240,7 @@ impl<DB: Backend> IdemRequest<DB> {
         }
         tracing::error!(parent: &self.span, %error, "committing the handler's transaction failed");
         let problem = match error {
-            sqlx::Error::Database(refusal) => self.problem(
+            sqlx::Error::Database(refusal) if !crate::is_transient(error) => self.problem(
                 ProblemKind::CommitRefused,
                 format!(
                     "the database refused to commit the handler's writes ({}); nothing was stored, retry with the same key",

@@ -250,8 +250,12 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 return request.conflict_lost("the database rolled the transaction back");
             }
             if !options.replay_5xx {
+                // A rollback that fails says the connection is gone: a failover, a server
+                // shutting down, a broken network. The handler's 5xx most likely came from
+                // that passing fault, and its writes were not committed: the client is told to
+                // retry.
                 if let Err(error) = roll_back(tx, &mut settle, &store, deadline).await {
-                    tracing::warn!(parent: &request.span, %error, "rollback after a 5xx failed; the connection was closed");
+                    return request.connection_lost(response.status(), &error);
                 }
                 return request.finish(Outcome::NotStored, response);
             }
