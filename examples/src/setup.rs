@@ -61,6 +61,7 @@ pub async fn database(default_file: &str, connections: u32) -> Result<Database, 
                 .connect(&url)
                 .await
                 .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+            check_pooler(&pool).await?;
             tracing::info!("storing in PostgreSQL (DATABASE_URL)");
             Ok(Database::Postgres(pool))
         }
@@ -77,6 +78,66 @@ pub async fn database(default_file: &str, connections: u32) -> Result<Database, 
             );
             Ok(Database::Sqlite(pool))
         }
+    }
+}
+
+/// The longest the start waits to find out what a pooler in front of PostgreSQL lets through.
+const POOLER_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Refuses, at start, a pooler in front of PostgreSQL that the service cannot work through
+/// ([`idem_runtime::postgres::check_pooler`]): one in transaction mode that breaks sqlx's
+/// prepared statements, or one that shares server connections while the migrations would go
+/// through it too (`$MIGRATION_DATABASE_URL` unset).
+///
+/// # Errors
+///
+/// With the cause and the remedies, when so; when the check fails or takes over 15 s.
+async fn check_pooler(pool: &PgPool) -> Result<(), Error> {
+    let checked = tokio::time::timeout(
+        POOLER_CHECK_TIMEOUT,
+        idem_runtime::postgres::check_pooler(pool),
+    )
+    .await
+    .map_err(|_| {
+        format!("DATABASE_URL: PostgreSQL did not answer within {POOLER_CHECK_TIMEOUT:?}")
+    })?
+    .map_err(|e| format!("DATABASE_URL: {e}"))?;
+    if checked == idem_runtime::postgres::Pooling::Shared {
+        if std::env::var_os("MIGRATION_DATABASE_URL").is_none() {
+            return Err(
+                "DATABASE_URL goes through a pooler in transaction mode (two connections \
+                        were given one server connection): the migrations need a session of \
+                        their own; set MIGRATION_DATABASE_URL to a direct connection to \
+                        PostgreSQL for them"
+                    .into(),
+            );
+        }
+        tracing::info!(
+            "DATABASE_URL goes through a pooler in transaction mode that keeps prepared statements apart"
+        );
+    }
+    Ok(())
+}
+
+/// A pool of its own for the migrations on `$MIGRATION_DATABASE_URL` when it is set (a direct
+/// connection, where `$DATABASE_URL` goes through a pooler in transaction mode); `None` when
+/// they run through the service's pool. Close it once they ran.
+///
+/// # Errors
+///
+/// When `$MIGRATION_DATABASE_URL` cannot be connected to.
+pub async fn migration_pool<DB: sqlx::Database>() -> Result<Option<sqlx::Pool<DB>>, Error> {
+    match std::env::var("MIGRATION_DATABASE_URL") {
+        Ok(url) if !url.is_empty() => {
+            let migrations = sqlx::pool::PoolOptions::<DB>::new()
+                .max_connections(2)
+                .connect(&url)
+                .await
+                .map_err(|e| format!("cannot connect to MIGRATION_DATABASE_URL: {e}"))?;
+            tracing::info!("migrating through MIGRATION_DATABASE_URL");
+            Ok(Some(migrations))
+        }
+        _ => Ok(None),
     }
 }
 

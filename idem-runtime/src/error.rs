@@ -31,6 +31,15 @@ pub enum Error {
         "the idempotency store's database is read-only (a standby, or a primary demoted by a failover)"
     )]
     ReadOnly,
+    /// PostgreSQL is reached through a pooler that cannot carry what idem needs: one in
+    /// transaction mode that does not keep sqlx's prepared statements apart, or, for the
+    /// migrations, one that shares server connections at all. `reason` says which, and what to
+    /// use instead.
+    #[error("{reason}")]
+    Pooler {
+        /// The cause and the remedies.
+        reason: String,
+    },
     /// A row of the key table breaks idem's invariants (written by something other than idem,
     /// or by an incompatible version of it).
     #[error("a row of idem_keys is not one idem wrote: {reason}")]

@@ -147,6 +147,8 @@
 //! glossary.
 
 pub mod policy;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 

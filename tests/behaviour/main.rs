@@ -15,6 +15,8 @@ mod faults;
 mod galera;
 mod openapi;
 mod partitions;
+mod pooler;
+mod sessions;
 mod steps;
 mod tasks;
 mod timeout;

@@ -55,12 +55,17 @@ async fn serve<DB: LedgerSql>(
     broker: Broker,
     ack_wait: Duration,
 ) -> Result<(), Error> {
-    idem_events::migrate(&pool)
+    let own = setup::migration_pool::<DB>().await?;
+    let migrations = own.as_ref().unwrap_or(&pool);
+    idem_events::migrate(migrations)
         .await
         .map_err(|e| format!("cannot create idem's event tables: {e}"))?;
-    DB::create_tables(&pool)
+    DB::create_tables(migrations)
         .await
         .map_err(|e| format!("cannot create the ledger's tables: {e}"))?;
+    if let Some(own) = own {
+        own.close().await;
+    }
     // First, so that what the consumer counts from its first message on is recorded.
     let metrics = telemetry::install()?;
     let addr = std::env::var("LEDGER_ADDR").unwrap_or_else(|_| "127.0.0.1:3002".to_owned());

@@ -71,9 +71,14 @@ async fn serve<DB: Sql>(
     // First, so that what the tasks count from their first pass on is recorded.
     let metrics = telemetry::install()?;
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
-    schema::create(&pool)
+    let own = setup::migration_pool::<DB>().await?;
+    let migrations = own.as_ref().unwrap_or(&pool);
+    schema::create(migrations)
         .await
         .map_err(|e| format!("cannot create the tables: {e}"))?;
+    if let Some(own) = own {
+        own.close().await;
+    }
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;

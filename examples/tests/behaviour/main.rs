@@ -19,4 +19,6 @@ mod order_crashes;
 mod orders;
 mod overload;
 mod partitions;
+mod pg_ha;
+mod pooler;
 mod processes;

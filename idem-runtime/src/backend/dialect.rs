@@ -116,4 +116,17 @@ pub(super) trait Dialect: sqlx::Database {
     /// How many rows a statement wrote (sqlx gives each database's result type its own
     /// `rows_affected`, and no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
+
+    /// Checks, before the migrations take their lock, that the connection can carry them
+    /// (PostgreSQL: not through a pooler in transaction mode); by default, nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Pooler`](crate::Error::Pooler) with what to use instead; a database error.
+    fn before_migrate(
+        pool: &sqlx::Pool<Self>,
+    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_ {
+        let _ = pool;
+        async { Ok(()) }
+    }
 }

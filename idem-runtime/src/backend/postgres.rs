@@ -132,6 +132,15 @@ impl Dialect for Postgres {
     fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
         done.rows_affected()
     }
+
+    async fn before_migrate(pool: &sqlx::PgPool) -> Result<(), crate::Error> {
+        match crate::postgres::check_pooler(pool).await? {
+            crate::postgres::Pooling::Own => Ok(()),
+            crate::postgres::Pooling::Shared => Err(crate::Error::Pooler {
+                reason: crate::postgres::migrations_need_a_session(),
+            }),
+        }
+    }
 }
 
 /// A timeout as PostgreSQL's settings take it: whole milliseconds, from 1 to `i32::MAX`.

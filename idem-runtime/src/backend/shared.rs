@@ -222,6 +222,7 @@ where
     }
 
     async fn migrate(pool: &Pool<DB>) -> Result<(), crate::Error> {
+        DB::before_migrate(pool).await?;
         // Recorded apart from the application's own `_sqlx_migrations`.
         let mut migrator = DB::MIGRATOR;
         migrator.set_ignore_missing(true);

@@ -177,6 +177,14 @@ impl<DB: Backend> IdemRequest<DB> {
                 .into_response(),
             );
         } else {
+            #[cfg(feature = "postgres")]
+            if let crate::Error::Database(database) = error
+                && let Some(reason) = crate::postgres::pooler_refusal(database)
+            {
+                // Once per process: under load every request would say it.
+                static EXPLAINED: std::sync::Once = std::sync::Once::new();
+                EXPLAINED.call_once(|| tracing::error!(parent: &self.span, "{reason}"));
+            }
             tracing::error!(parent: &self.span, %error, "idempotency store failed");
             "the idempotency store failed; nothing was stored, retry with the same key"
         };

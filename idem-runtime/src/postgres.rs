@@ -1,0 +1,118 @@
+//! PostgreSQL behind a connection pooler: what the pooler lets through, told at start instead
+//! of as a bare sqlx error under load.
+//!
+//! A pooler in session mode (PgBouncer's `pool_mode = session`) gives each client connection a
+//! server connection of its own for as long as it stays open: everything works as on a direct
+//! connection. In transaction mode it hands a server connection to a client for one transaction
+//! only, and to another client next. sqlx prepares every statement it sends under a name
+//! (`sqlx_s_<n>`, even with its statement cache off) and keeps it on the server connection, so
+//! two clients' names collide there (`prepared statement "sqlx_s_1" already exists`), and a
+//! statement's `Bind` can land on another server connection than its `Parse`. PgBouncer 1.21
+//! and newer keep clients' prepared statements apart when `max_prepared_statements` is set;
+//! older ones, and other poolers in transaction mode, do not.
+//!
+//! ```no_run
+//! # async fn example(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
+//! // Refuses a transaction-mode pooler that breaks sqlx's statements, with what to do.
+//! let pooling = idem_runtime::postgres::check_pooler(&pool).await?;
+//! if pooling == idem_runtime::postgres::Pooling::Shared {
+//!     // Serving works; run the migrations through a direct connection.
+//! }
+//! # Ok(()) }
+//! ```
+
+use sqlx::{Connection, PgConnection, PgPool};
+
+/// How the connections of a pool reach PostgreSQL, as [`check_pooler`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// Each client connection had a server connection of its own: a direct connection, or a
+    /// pooler in session mode (or one in transaction mode that happened to give the two probe
+    /// connections different server connections; the errors a request then meets are logged
+    /// with the same explanation).
+    Own,
+    /// Two client connections were given the same server connection, one after the other, and
+    /// sqlx's prepared statements worked on it: a pooler in transaction mode that keeps
+    /// clients' prepared statements apart (PgBouncer 1.21+ with `max_prepared_statements`).
+    /// Requests work; anything that needs a session does not ([`crate::migrate`]'s advisory
+    /// lock, a session `SET`, `LISTEN`).
+    Shared,
+}
+
+/// The remedies, said once for every refusal.
+const REMEDIES: &str = "use the pooler's session mode (PgBouncer: pool_mode = session), \
+     PgBouncer 1.21 or newer with max_prepared_statements set, or a direct connection to \
+     PostgreSQL";
+
+/// Opens two connections of `pool`'s options (outside the pool, whatever its size), runs one
+/// prepared statement on the first, then the same on the second while the first stays open,
+/// and says what that showed. Leaves nothing behind: no session setting, no lock; the two
+/// connections are closed.
+///
+/// # Errors
+///
+/// [`Error::Pooler`](crate::Error::Pooler) when the statements meet a pooler in transaction
+/// mode that does not keep prepared statements apart (PostgreSQL answers `42P05`, `26000`, or
+/// a `Bind` that does not fit its statement), with the cause and the remedies;
+/// [`Error::Database`](crate::Error::Database) when PostgreSQL cannot be reached or fails
+/// otherwise.
+pub async fn check_pooler(pool: &PgPool) -> Result<Pooling, crate::Error> {
+    let options = pool.connect_options();
+    let mut first = PgConnection::connect_with(&options).await?;
+    let mut second = PgConnection::connect_with(&options).await?;
+    let first_pid = backend_pid(&mut first).await;
+    let second_pid = backend_pid(&mut second).await;
+    let _ = first.close().await;
+    let _ = second.close().await;
+    Ok(if first_pid? == second_pid? {
+        Pooling::Shared
+    } else {
+        Pooling::Own
+    })
+}
+
+/// The server process behind `conn`, asked in a prepared statement (sqlx names it
+/// `sqlx_s_1` on a new connection, as on every other new connection).
+async fn backend_pid(conn: &mut PgConnection) -> Result<i32, crate::Error> {
+    sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .map_err(|error| match pooler_refusal(&error) {
+            Some(refusal) => crate::Error::Pooler { reason: refusal },
+            None => error.into(),
+        })
+}
+
+/// The explanation of `error` when it is one a transaction-mode pooler causes with sqlx's
+/// prepared statements: a statement name taken by another client's (`42P05`), one that is not
+/// there (`26000`), or a `Bind` that met another statement than its own (`08P01`, "bind
+/// message supplies …").
+pub(crate) fn pooler_refusal(error: &sqlx::Error) -> Option<String> {
+    let sqlx::Error::Database(refusal) = error else {
+        return None;
+    };
+    let prepared = match refusal.code().as_deref() {
+        Some("42P05" | "26000") => true,
+        Some("08P01") => refusal.message().starts_with("bind message"),
+        _ => false,
+    };
+    prepared.then(|| {
+        format!(
+            "PostgreSQL answered \"{}\" ({}): a pooler in transaction mode (PgBouncer's \
+             pool_mode = transaction, or Supavisor's, or RDS Proxy's) sits between this service \
+             and PostgreSQL and gives one server connection to several clients without keeping \
+             their prepared statements apart, and sqlx prepares every statement it sends; \
+             {REMEDIES}",
+            refusal.message(),
+            refusal.code().unwrap_or_default(),
+        )
+    })
+}
+
+/// The explanation for migrations refused on a pool whose server connections are shared.
+pub(crate) fn migrations_need_a_session() -> String {
+    "the migrations hold a session-level advisory lock, which a pooler in transaction mode does \
+     not keep (two connections of this pool were given one server connection): run them \
+     through a direct connection to PostgreSQL, or the pooler's session mode"
+        .to_owned()
+}
