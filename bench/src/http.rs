@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::{
-    cpu, db,
+    cpu, db, delay,
     load::{self, Client, Route, Stats, Workload},
     statements,
 };
@@ -30,6 +30,12 @@ pub struct Args {
     /// Only these scenarios (`bare` is always run: the ratios need it), e.g. to profile one.
     #[arg(long, num_args = 1..)]
     pub only: Vec<String>,
+    /// How far away PostgreSQL and MySQL are, one way, in microseconds: each value is measured
+    /// in turn, through a proxy that holds every byte that long in each direction (0: the
+    /// server directly, on loopback). `--db-delay-us 0 250` puts the database 0.5 ms of round
+    /// trip away after the loopback figures.
+    #[arg(long, num_args = 1.., default_values_t = [0])]
+    pub db_delay_us: Vec<u64>,
 }
 
 /// A database the benchmark can run against.
@@ -73,55 +79,122 @@ impl Default for Args {
             group: 4,
             backend: vec![Database::Postgres, Database::Sqlite],
             only: Vec::new(),
+            db_delay_us: vec![0],
         }
     }
 }
 
-/// Runs the benchmark on each database and prints a table for each.
+/// Runs the benchmark on each database (a server database at each of `--db-delay-us`) and
+/// prints a table for each.
 pub async fn run(args: Args) -> Result<(), db::Error> {
-    for (index, database) in args.backend.iter().enumerate() {
-        if index > 0 {
-            println!();
-        }
-        match database {
-            Database::Postgres => {
-                let scratch = db::Scratch::create(2).await?;
-                let connections = args.concurrency as u32 + 8;
-                let result = match load::serve(scratch.url.clone(), connections).await {
-                    Ok(addr) => measure(&args, *database, Client::new(addr)).await,
-                    Err(error) => Err(error),
-                };
-                scratch.drop().await?;
-                result?;
+    let mut first = true;
+    for database in &args.backend {
+        let delays: &[u64] = if *database == Database::Sqlite {
+            &[0]
+        } else {
+            &args.db_delay_us
+        };
+        for &delay in delays {
+            if !first {
+                println!();
             }
-            Database::Sqlite => {
-                let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
-                std::fs::create_dir_all(&dir)?;
-                let result = async {
-                    let path = dir.join("bench.db");
-                    let pool = idem_examples::schema::connect_sqlite(&path).await?;
-                    idem_examples::schema::create(&pool).await?;
-                    pool.close().await;
-                    let addr = load::serve_sqlite(path).await?;
-                    measure(&args, *database, Client::new(addr)).await
-                }
-                .await;
-                std::fs::remove_dir_all(&dir)?;
-                result?;
-            }
-            Database::Mysql => {
-                let scratch = db::MySqlScratch::create().await?;
-                let connections = args.concurrency as u32 + 8;
-                let result = match load::serve_mysql(scratch.url.clone(), connections).await {
-                    Ok(addr) => measure(&args, *database, Client::new(addr)).await,
-                    Err(error) => Err(error),
-                };
-                scratch.drop().await?;
-                result?;
-            }
+            first = false;
+            run_one(&args, *database, Duration::from_micros(delay)).await?;
         }
     }
     Ok(())
+}
+
+/// `url` as the service reaches it: directly, or `one_way` away through a [`delay`] proxy;
+/// says which, with the round trip a `SELECT 1` then takes.
+async fn at_distance(
+    database: Database,
+    url: &str,
+    one_way: Duration,
+) -> Result<String, db::Error> {
+    if one_way.is_zero() {
+        return Ok(url.to_owned());
+    }
+    let default_port = if database == Database::Mysql {
+        3306
+    } else {
+        5432
+    };
+    let url = delay::delayed(url, one_way, default_port)?;
+    let trips = match database {
+        Database::Postgres => round_trips::<sqlx::PgConnection>(&url).await?,
+        Database::Mysql => round_trips::<sqlx::MySqlConnection>(&url).await?,
+        Database::Sqlite => return Ok(url),
+    };
+    println!(
+        "{database} {} µs away each way, through the benchmark's delay proxy: a `SELECT 1` \
+         round trip takes {:.3} ms (median of 200).",
+        one_way.as_micros(),
+        median(trips.into_iter())
+    );
+    Ok(url)
+}
+
+/// 200 `SELECT 1` round trips on a connection to `url`, in milliseconds.
+async fn round_trips<C>(url: &str) -> Result<Vec<f64>, db::Error>
+where
+    C: sqlx::Connection,
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = C::Database>,
+{
+    let mut connection = C::connect(url).await?;
+    let mut trips = Vec::with_capacity(200);
+    for _ in 0..200 {
+        let start = std::time::Instant::now();
+        sqlx::raw_sql("SELECT 1").execute(&mut connection).await?;
+        trips.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(trips)
+}
+
+async fn run_one(args: &Args, database: Database, one_way: Duration) -> Result<(), db::Error> {
+    match database {
+        Database::Postgres => {
+            let scratch = db::Scratch::create(2).await?;
+            let connections = args.concurrency as u32 + 8;
+            let result = match at_distance(database, &scratch.url, one_way).await {
+                Ok(url) => match load::serve(url, connections).await {
+                    Ok(addr) => measure(args, database, Client::new(addr)).await,
+                    Err(error) => Err(error),
+                },
+                Err(error) => Err(error),
+            };
+            scratch.drop().await?;
+            result
+        }
+        Database::Sqlite => {
+            let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let result = async {
+                let path = dir.join("bench.db");
+                let pool = idem_examples::schema::connect_sqlite(&path).await?;
+                idem_examples::schema::create(&pool).await?;
+                pool.close().await;
+                let addr = load::serve_sqlite(path).await?;
+                measure(args, database, Client::new(addr)).await
+            }
+            .await;
+            std::fs::remove_dir_all(&dir)?;
+            result
+        }
+        Database::Mysql => {
+            let scratch = db::MySqlScratch::create().await?;
+            let connections = args.concurrency as u32 + 8;
+            let result = match at_distance(database, &scratch.url, one_way).await {
+                Ok(url) => match load::serve_mysql(url, connections).await {
+                    Ok(addr) => measure(args, database, Client::new(addr)).await,
+                    Err(error) => Err(error),
+                },
+                Err(error) => Err(error),
+            };
+            scratch.drop().await?;
+            result
+        }
+    }
 }
 
 /// What one scenario measured in one round.

@@ -5,6 +5,7 @@
 mod claim;
 mod cpu;
 mod db;
+mod delay;
 mod http;
 mod load;
 mod peer;

@@ -1,9 +1,14 @@
 //! Two `payments` processes on a three-node PostgreSQL cluster under Patroni in synchronous
 //! mode, reached through HAProxy, as production PostgreSQL fails over. With the primary's
-//! postmaster SIGKILLed while retrying clients make payments: no acknowledged payment is lost,
-//! none is made twice, every key replays its payment, both services go on without a restart,
-//! and every answer a client saw on the way was the payment, its replay, or a 409 or 503 with
-//! `Retry-After`.
+//! postmaster SIGKILLed while retrying clients make payments and refund each (the refund goes
+//! to the processor under a key derived from the request's): no acknowledged payment is lost,
+//! none is made twice, every key replays its payment, every refund was made once at the
+//! processor, both services go on without a restart, and every answer a client saw on the way
+//! was the payment, its replay, or a 409 or 503 with `Retry-After`.
+//!
+//! Run against `PG_HA_SYNCHRONOUS=off scripts/pg-ha up`, the same test shows what asynchronous
+//! replication costs: it fails, naming the acknowledged payments the new primary lacks and
+//! what their retries did (paid again, under new ids).
 //!
 //! The test needs the cluster of `scripts/pg-ha up DIR` (`$PG_HA_DIR`): it is ignored in the
 //! suite, and scripts/test runs it against a cluster of its own.
@@ -19,7 +24,9 @@ use std::{
     time::Duration,
 };
 
-use crate::support::{Database, spawn_payments_with, wait_until, wait_until_up};
+use crate::support::{
+    Database, Processor, refunds_executed, spawn_payments_with, wait_until, wait_until_up,
+};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -99,11 +106,15 @@ enum Heard {
 }
 
 async fn post(client: &Client, base: &str, key: &str) -> Heard {
+    post_to(client, base, "/v1/payments", key, &payment(key)).await
+}
+
+async fn post_to(client: &Client, base: &str, path: &str, key: &str, body: &Value) -> Heard {
     let sent = client
-        .post(format!("{base}/v1/payments"))
+        .post(format!("{base}{path}"))
         .bearer_auth("t1")
         .header("Idempotency-Key", key)
-        .json(&payment(key))
+        .json(body)
         .send()
         .await;
     match sent {
@@ -135,22 +146,52 @@ struct Told {
 /// a client that honours `Retry-After` would (sooner: the test has a deadline). Any other
 /// answer, or none, is noted in `wrong` and retried too.
 async fn pay(client: &Client, base: &str, key: &str, wrong: &Mutex<Vec<String>>) -> Told {
+    until_final(client, base, "/v1/payments", key, &payment(key), wrong)
+        .await
+        .expect("a payment is never 404")
+}
+
+/// Sends a refund of part of `payment` to `base` under `key`, as [`pay`] does; `None` when the
+/// service answers 404: the payment is not there (asynchronous replication lost it).
+async fn refund(
+    client: &Client,
+    base: &str,
+    key: &str,
+    payment: &str,
+    wrong: &Mutex<Vec<String>>,
+) -> Option<Told> {
+    let body = json!({"payment": payment, "amount": 500});
+    until_final(client, base, "/v1/refunds", key, &body, wrong).await
+}
+
+async fn until_final(
+    client: &Client,
+    base: &str,
+    path: &str,
+    key: &str,
+    body: &Value,
+    wrong: &Mutex<Vec<String>>,
+) -> Option<Told> {
     let deadline = tokio::time::Instant::now() + idem_tests::DEADLINE;
     loop {
-        match post(client, base, key).await {
+        match post_to(client, base, path, key, body).await {
             Heard::Answer {
                 status: StatusCode::CREATED,
                 replayed,
                 body,
                 ..
             } => {
-                let id = body["id"].as_str().expect("a payment id").to_owned();
-                return Told {
+                let id = body["id"].as_str().expect("an id").to_owned();
+                return Some(Told {
                     key: key.to_owned(),
                     id,
                     executed: !replayed,
-                };
+                });
             }
+            Heard::Answer {
+                status: StatusCode::NOT_FOUND,
+                ..
+            } if path == "/v1/refunds" => return None,
             Heard::Answer {
                 status,
                 retry_after,
@@ -174,11 +215,24 @@ async fn pay(client: &Client, base: &str, key: &str, wrong: &Mutex<Vec<String>>)
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{key} not paid at {base} within {:?}",
+            "{key} not answered at {base}{path} within {:?}",
             idem_tests::DEADLINE
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// How many refunds the processor executed, per payment.
+async fn refunded_at_processor(client: &Client, processor: &str) -> BTreeMap<String, usize> {
+    let mut refunded = BTreeMap::new();
+    for executed in refunds_executed(client, processor).await {
+        let payment = executed["payment"]
+            .as_str()
+            .expect("a payment id")
+            .to_owned();
+        *refunded.entry(payment).or_insert(0) += 1;
+    }
+    refunded
 }
 
 #[tokio::test]
@@ -200,13 +254,14 @@ async fn cluster_the_primary_killed_while_payments_flow_loses_no_acknowledged_pa
         .expect("connect to the test database");
 
     let client = Client::new();
+    let processor = Processor::start(None).await;
     let mut services = Vec::new();
     for _ in 0..2 {
         let at = Database::Postgres {
             pool: pool.clone(),
             url: url.clone(),
         };
-        let (process, base) = spawn_payments_with(&at, "http://127.0.0.1:9", &[]);
+        let (process, base) = spawn_payments_with(&at, &processor.url, &[]);
         wait_until_up(&client, &format!("{base}/v1/payments")).await;
         services.push((process, base));
     }
@@ -232,11 +287,18 @@ async fn cluster_the_primary_killed_while_payments_flow_loses_no_acknowledged_pa
             );
             let (kill_sent, first_after) = (Arc::clone(&kill_sent), Arc::clone(&first_after));
             tokio::spawn(async move {
-                let mut told = Vec::new();
+                let (mut told, mut refunds) = (Vec::new(), Vec::new());
                 while !stop.load(Ordering::SeqCst) {
                     let after_kill = killed.load(Ordering::SeqCst);
                     let key = format!("ha-{c}-{}", told.len());
-                    told.push(pay(&client, &base, &key, &wrong).await);
+                    let paid = pay(&client, &base, &key, &wrong).await;
+                    let refund_key = format!("{key}-refund");
+                    if let Some(refunded) =
+                        refund(&client, &base, &refund_key, &paid.id, &wrong).await
+                    {
+                        refunds.push((refunded, paid.id.clone()));
+                    }
+                    told.push(paid);
                     made.fetch_add(1, Ordering::SeqCst);
                     if after_kill {
                         made_after.lock().expect("made_after")[c % 2] += 1;
@@ -245,7 +307,7 @@ async fn cluster_the_primary_killed_while_payments_flow_loses_no_acknowledged_pa
                         }
                     }
                 }
-                told
+                (told, refunds)
             })
         })
         .collect();
@@ -273,9 +335,11 @@ async fn cluster_the_primary_killed_while_payments_flow_loses_no_acknowledged_pa
     )
     .await;
     stop.store(true, Ordering::SeqCst);
-    let mut told = Vec::new();
+    let (mut told, mut refunds) = (Vec::new(), Vec::new());
     for flow in flows {
-        told.extend(flow.await.expect("a client"));
+        let (paid, refunded) = flow.await.expect("a client");
+        told.extend(paid);
+        refunds.extend(refunded);
     }
 
     let wrong = wrong.lock().expect("wrong").clone();
@@ -284,6 +348,49 @@ async fn cluster_the_primary_killed_while_payments_flow_loses_no_acknowledged_pa
         "answers other than a payment, or a 409 or 503 with Retry-After:\n{}",
         wrong.join("\n")
     );
+    // Every refund a client was told of was made at the processor, once; no payment was
+    // refunded twice there. Then the refunds lost with the old primary (asynchronous
+    // replication only), retried, run the handler again under the same derived key: the
+    // processor still refunds once.
+    let refunded = refunded_at_processor(&client, &processor.url).await;
+    for (Told { key, .. }, payment) in &refunds {
+        assert_eq!(refunded.get(payment), Some(&1), "{key} at the processor");
+    }
+    assert!(
+        refunded.values().all(|&n| n == 1),
+        "a payment refunded twice at the processor: {refunded:?}"
+    );
+    let stored: Vec<String> = sqlx::query_scalar("SELECT id FROM refunds")
+        .fetch_all(&pool)
+        .await
+        .expect("the refunds on the new primary");
+    let lost_refunds: Vec<_> = refunds
+        .iter()
+        .filter(|(told, _)| !stored.contains(&told.id))
+        .collect();
+    for (Told { key, .. }, payment) in &lost_refunds {
+        let again = refund(&client, &bases[0], key, payment, &Mutex::new(Vec::new())).await;
+        let counted = refunded_at_processor(&client, &processor.url).await;
+        eprintln!(
+            "{key}: lost with the old primary; retried: {}; refunds of {payment} at the \
+             processor: {:?}",
+            again.map_or("404, its payment lost too".to_owned(), |t| format!(
+                "{} {}",
+                if t.executed {
+                    "ran again as"
+                } else {
+                    "replayed"
+                },
+                t.id
+            )),
+            counted.get(payment.as_str())
+        );
+        assert_eq!(
+            counted.get(payment.as_str()),
+            Some(&1),
+            "{key} at the processor"
+        );
+    }
     // Every payment a client was told of is on the new primary, once, under the id it was
     // told; no other payment was made.
     let rows: Vec<(String, String)> = sqlx::query_as("SELECT customer, id FROM payments")
@@ -294,8 +401,34 @@ async fn cluster_the_primary_killed_while_payments_flow_loses_no_acknowledged_pa
     for (customer, id) in rows {
         paid.entry(customer).or_default().push(id);
     }
-    for Told { key, id, .. } in &told {
-        assert_eq!(paid.get(key), Some(&vec![id.clone()]), "{key}'s payment");
+    let lost: Vec<&str> = told
+        .iter()
+        .filter(|t| paid.get(&t.key) != Some(&vec![t.id.clone()]))
+        .map(|t| t.key.as_str())
+        .collect();
+    if !lost.is_empty() {
+        // What a retry of each does now (asynchronous replication shows it: the key went with
+        // the payment, so the retry pays again, under a new id).
+        let mut retried = Vec::new();
+        for key in &lost {
+            let again = pay(&client, &bases[0], key, &Mutex::new(Vec::new())).await;
+            let first = &told.iter().find(|t| t.key == *key).expect("told").id;
+            retried.push(format!(
+                "{key}: told {first}, retried: {} {}",
+                if again.executed {
+                    "paid again as"
+                } else {
+                    "replayed"
+                },
+                again.id
+            ));
+        }
+        panic!(
+            "{} of {} acknowledged payments are not on the new primary as acknowledged:\n{}",
+            lost.len(),
+            told.len(),
+            retried.join("\n")
+        );
     }
     assert_eq!(paid.len(), told.len(), "one payment per key, no other");
     // Every key replays its payment, at either service.
@@ -311,6 +444,7 @@ async fn cluster_the_primary_killed_while_payments_flow_loses_no_acknowledged_pa
         }
     }
     let executed = told.iter().filter(|t| t.executed).count();
+    eprintln!("{} refunds, each made once at the processor", refunds.len());
     eprintln!(
         "{} payments ({executed} acknowledged by their execution, {} by a replay after a lost \
          answer); {node}'s postmaster killed after {BEFORE}; the first payment acknowledged \
