@@ -1,6 +1,6 @@
 //! The example services of idem: the payments API and the card processor the guide describes.
 //!
-//! - `cargo run --bin payments` serves [`payments::router`] over PostgreSQL or SQLite: payments
+//! - `cargo run --bin payments` serves [`payments::router`] over PostgreSQL, SQLite or MySQL: payments
 //!   and payouts (transactional mode), refunds (external mode, calling the processor) and
 //!   orders (external mode in steps: stock, a charge at the processor, shipping).
 //! - `cargo run --bin processor` serves [`processor::router`]: a simulated card processor in its

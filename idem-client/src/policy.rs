@@ -11,7 +11,6 @@ use reqwest::{Method, StatusCode};
 /// every `5xx`. Never retried: every other answer, `400`, `401`, `402`, `404` and `422`
 /// included: the same request would get the same answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct RetryPolicy {
     max_attempts: u32,
     budget: Duration,

@@ -16,7 +16,6 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 
 /// How a [`Consumer`] works: its name, and [`ConsumerOptions::new`]'s defaults for the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct ConsumerOptions {
     name: String,
     max_attempts: u32,

@@ -17,7 +17,6 @@ use crate::{Backend, error::within};
 
 /// How a [`Relay`] works; [`RelayOptions::default`] suits most services.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct RelayOptions {
     name: Option<String>,
     batch: u16,

@@ -46,10 +46,10 @@ mod handler;
 /// - `lease = "<duration>"`: external mode only: how long a claim is exclusive, after which a
 ///   retry may take the key over. Longer than the slowest legitimate run, at most `retention`.
 ///   Default `"30s"`.
-/// - `backend = <type>`: external mode only: the database of the key table, `sqlx::Postgres`
-///   or `sqlx::Sqlite` (a transactional handler's transaction names it, a `Steps<DB>`
-///   parameter its `DB`). Default: the database whose feature is on in `idem-runtime`; with
-///   both on, required.
+/// - `backend = <type>`: external mode only: the database of the key table, `sqlx::Postgres`,
+///   `sqlx::Sqlite` or `sqlx::MySql` (a transactional handler's transaction names it, a
+///   `Steps<DB>` parameter its `DB`). Default: the database whose feature is on in
+///   `idem-runtime`; with several on, required.
 ///
 /// - `state = <type>`: the router's state. Optional, recommended: the handler is then checked
 ///   at its definition, with errors on the type at fault, that the state provides

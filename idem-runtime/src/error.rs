@@ -86,6 +86,15 @@ impl Error {
         }
     }
 
+    /// What to do about this error, when it says a step of setting up was missed: the key
+    /// table's absence names [`migrate`](crate::migrate).
+    pub(crate) fn setup_hint(&self) -> Option<&'static str> {
+        self.is_missing_key_table().then_some(
+            "the idempotency key table does not exist: run `idem_runtime::migrate(&pool)` on \
+             this database when the service starts",
+        )
+    }
+
     /// Whether the database did not answer in time ([`Error::TimedOut`]).
     pub fn is_timed_out(&self) -> bool {
         matches!(self, Self::TimedOut { .. })

@@ -204,11 +204,11 @@ pub mod __private {
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use inventory;
     /// The backend of `external` handlers that name none, when only one database feature is
-    /// on (with both, the attribute requires `backend = ...`).
+    /// on (with several, the attribute requires `backend = ...`).
     #[cfg(feature = "postgres")]
     pub type DefaultBackend = sqlx::Postgres;
     /// The backend of `external` handlers that name none, when only one database feature is
-    /// on (with both, the attribute requires `backend = ...`).
+    /// on (with several, the attribute requires `backend = ...`).
     #[cfg(all(feature = "sqlite", not(feature = "postgres")))]
     pub type DefaultBackend = sqlx::Sqlite;
     /// The backend of `external` handlers that name none, when only one database feature is

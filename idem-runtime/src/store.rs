@@ -32,7 +32,6 @@ use crate::{
 /// assert_eq!(settings.max_request_body(), 64 * 1024);
 /// ```
 #[derive(Debug, Clone)]
-#[non_exhaustive]
 pub struct Settings {
     max_request_body: usize,
     max_response_body: usize,

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 /// The pace of a task's loop; [`Schedule::new`] takes the idle wait, the rest is optional.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Schedule {
     idle: Duration,
     backoff: Option<(Duration, Duration)>,

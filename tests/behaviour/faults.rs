@@ -6,7 +6,10 @@
 use std::sync::atomic::Ordering;
 
 use axum::http::StatusCode;
-use idem_runtime::{ProblemKind, Store};
+use idem_runtime::{
+    ProblemKind, Store,
+    tasks::{Purge, PurgeOptions, Recovery, RecoveryOptions, ReleaseAbandoned},
+};
 use idem_tests::{
     AnyStore, App, CommitCutter, Options, Parts, Req, TestApp, TestDb, backend_tests, entry,
     until_called,
@@ -462,6 +465,38 @@ async fn not_migrated(store: AnyStore) {
         logged.contains("ERROR") && logged.contains("idem_runtime::migrate"),
         "the log does not say to run migrate:\n{logged}"
     );
+    // The background tasks say it too, so that a service with no traffic shows it.
+    let stop = idem_runtime::CancellationToken::new();
+    let purge = PurgeOptions::default();
+    let recovery = RecoveryOptions::default();
+    let tasks = match store {
+        AnyStore::Postgres(store) => [
+            Purge::new(store.clone(), purge).spawn(stop.clone()),
+            Recovery::new(store, ReleaseAbandoned, recovery).spawn(stop.clone()),
+        ],
+        AnyStore::Sqlite(store) => [
+            Purge::new(store.clone(), purge).spawn(stop.clone()),
+            Recovery::new(store, ReleaseAbandoned, recovery).spawn(stop.clone()),
+        ],
+        AnyStore::MySql(store) => [
+            Purge::new(store.clone(), purge).spawn(stop.clone()),
+            Recovery::new(store, ReleaseAbandoned, recovery).spawn(stop.clone()),
+        ],
+    };
+    for task in ["purging", "recovering"] {
+        idem_tests::wait_until(
+            &format!("the {task} task to say to run migrate"),
+            || async {
+                log.text()
+                    .lines()
+                    .any(|line| line.contains(task) && line.contains("idem_runtime::migrate"))
+            },
+        )
+        .await;
+    }
+    for task in tasks {
+        task.stop().await.expect("the task ends");
+    }
 }
 
 /// Creates `test_at_commit()` with `function` (PL/pgSQL, and what it needs) and runs it as a

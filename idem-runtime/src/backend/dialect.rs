@@ -8,8 +8,8 @@ use sqlx::{Encode, Type, migrate::Migrator};
 use crate::record::Completion;
 
 /// The SQL and the binding in which one database differs from the others in the statements
-/// they share. Implemented once per database (`backend/postgres.rs`, `backend/sqlite.rs`);
-/// every database that implements it gets
+/// they share. Implemented once per database (`backend/postgres.rs`, `backend/sqlite.rs`,
+/// `backend/mysql.rs`); every database that implements it gets
 /// [`SharedStorage`](super::shared::SharedStorage), the statements written once for all.
 ///
 /// A database backend supplies, in an `impl Dialect for` its sqlx database type:

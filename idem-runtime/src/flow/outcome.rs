@@ -150,13 +150,8 @@ impl<DB: Backend> IdemRequest<DB> {
     }
 
     pub(super) fn store_failed(&self, error: &crate::Error) -> Response {
-        let detail = if error.is_missing_key_table() {
-            tracing::error!(
-                parent: &self.span,
-                %error,
-                "the idempotency key table does not exist: run `idem_runtime::migrate(&pool)` \
-                 on this database when the service starts"
-            );
+        let detail = if let Some(hint) = error.setup_hint() {
+            tracing::error!(parent: &self.span, %error, "{hint}");
             "the idempotency store is not set up (its key table is missing: the service must \
              run `idem_runtime::migrate`); nothing was stored, retry with the same key later"
         } else if matches!(error, crate::Error::ReadOnly) {

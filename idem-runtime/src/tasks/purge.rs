@@ -10,7 +10,6 @@ use crate::{backend::Backend, store::Store};
 /// How a purge paces itself: rows per statement, the pause between statements, and how often
 /// a spawned [`Purge`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct PurgeOptions {
     batch_size: u32,
     pause: Duration,
@@ -132,7 +131,12 @@ impl<DB: Backend> Work for Purge<DB> {
     }
 
     fn outage_started(&self, error: &crate::Error) {
-        tracing::warn!(%error, "purging idempotency keys failed; retrying later");
+        match error.setup_hint() {
+            Some(hint) => {
+                tracing::error!(%error, "purging idempotency keys failed: {hint}; retrying later");
+            }
+            None => tracing::warn!(%error, "purging idempotency keys failed; retrying later"),
+        }
     }
 
     fn still_failing(&self, error: &crate::Error, wait: Duration) {

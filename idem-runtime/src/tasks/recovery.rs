@@ -16,7 +16,6 @@ use crate::{
 /// How a spawned [`Recovery`] works: how often it looks for abandoned claims, and how many it
 /// takes per pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct RecoveryOptions {
     interval: Duration,
     limit: u32,
@@ -133,7 +132,13 @@ impl<DB: Backend, H: RecoveryHook<DB>> Work for Recovery<DB, H> {
     }
 
     fn outage_started(&self, error: &crate::Error) {
-        tracing::warn!(%error, "recovering idempotency claims failed; retrying later");
+        match error.setup_hint() {
+            Some(hint) => tracing::error!(
+                %error,
+                "recovering idempotency claims failed: {hint}; retrying later"
+            ),
+            None => tracing::warn!(%error, "recovering idempotency claims failed; retrying later"),
+        }
     }
 
     fn still_failing(&self, error: &crate::Error, wait: Duration) {
