@@ -18,7 +18,7 @@ pub enum Error {
     /// The database did not answer within the store's
     /// [`database_timeout`](crate::Settings::database_timeout): the operation was abandoned and
     /// its connection closed.
-    #[error("the idempotency store's database did not answer within {}", crate::flow::attribute_duration(*.after))]
+    #[error("the idempotency store's database did not answer within {}", crate::attribute::attribute_duration(*.after))]
     TimedOut {
         /// The timeout that passed.
         after: std::time::Duration,

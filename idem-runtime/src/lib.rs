@@ -158,6 +158,7 @@ compile_error!(
 );
 pub mod tasks;
 
+mod attribute;
 mod backend;
 mod checkout;
 mod context;

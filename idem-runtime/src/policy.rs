@@ -10,7 +10,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::flow::Options;
+use crate::attribute::Options;
 
 /// How an `#[idempotent]` handler runs, as its signature chose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,8 +4,9 @@
 
 use axum::response::Response;
 
-use super::{Limit, Options, Scope, extract::IdemRequest, outcome::Outcome};
+use super::{Limit, Scope, outcome::Outcome, request::IdemRequest};
 use crate::{
+    attribute::Options,
     backend::Backend,
     context::IdempotencyContext,
     record::{KeyRef, KeyStatus, RecordedStep, Start, Started, fresh_token},

@@ -9,17 +9,16 @@ use axum::{
     extract::{FromRef, FromRequest, FromRequestParts, Request},
     response::{IntoResponse, Response},
 };
-use http::Method;
 use http_body_util::BodyExt;
-use tracing::{Span, field::Empty};
+use tracing::field::Empty;
 
-use idem_key::{Fingerprint, IdempotencyKey};
+use idem_key::Fingerprint;
 
 use super::{
-    Scope,
     outcome::{Outcome, finish, key_problem},
+    request::IdemRequest,
 };
-use crate::{backend::Backend, problem::ProblemKind, record::KeyRef, store::Store};
+use crate::{backend::Backend, problem::ProblemKind, store::Store};
 
 /// Marks the [`FromRequest`] impl of [`Input`] whose inner extractor consumes the body.
 #[derive(Debug)]
@@ -36,139 +35,6 @@ pub struct Input<T, DB: Backend> {
     pub value: T,
     /// The key, fingerprint and store of this request.
     pub request: IdemRequest<DB>,
-}
-
-/// A request that carries a valid key and has been fingerprinted.
-pub struct IdemRequest<DB: Backend> {
-    pub(super) store: Store<DB>,
-    pub(super) key: IdempotencyKey,
-    pub(super) method: Method,
-    pub(super) path: String,
-    pub(super) fingerprint: Fingerprint,
-    pub(super) span: Span,
-    /// The route's template (`/v1/payments/{id}`), the only label metrics get: never the
-    /// path, key or scope.
-    pub(super) route: Arc<str>,
-    /// How long the client would rather wait than get a 409 (`Prefer: wait=<seconds>`).
-    pub(super) prefer_wait: Option<std::time::Duration>,
-    /// Once this request waits for a duplicate in flight: until when, and how.
-    pub(super) waiting: Option<Waiting>,
-}
-
-/// A request waiting for the outcome of a duplicate in flight.
-#[derive(Debug)]
-pub(super) struct Waiting {
-    /// When the wait ends, with a 409.
-    pub(super) until: tokio::time::Instant,
-    /// The wait applied, in seconds (`Preference-Applied: wait=<seconds>`).
-    pub(super) seconds: u64,
-    /// When it began.
-    pub(super) since: tokio::time::Instant,
-    /// The pauses between two looks at a key held in another process.
-    pub(super) polls: idem_task::Backoff,
-}
-
-impl<DB: Backend> std::fmt::Debug for IdemRequest<DB> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IdemRequest")
-            .field("method", &self.method)
-            .field("path", &self.path)
-            .field("fingerprint", &self.fingerprint)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<DB: Backend> IdemRequest<DB> {
-    /// Until when this request may wait for a duplicate in flight: the smaller of the client's
-    /// `Prefer: wait` and the handler's `allowed` wait, counted from the first time it is asked;
-    /// `None` when it may not wait (any more).
-    pub(super) fn may_wait(
-        &mut self,
-        allowed: Option<std::time::Duration>,
-    ) -> Option<tokio::time::Instant> {
-        let now = tokio::time::Instant::now();
-        if let Some(waiting) = &self.waiting {
-            return (now < waiting.until).then_some(waiting.until);
-        }
-        let wait = self.prefer_wait?.min(allowed?);
-        if wait.is_zero() {
-            return None;
-        }
-        self.waiting = Some(Waiting {
-            until: now + wait,
-            seconds: wait.as_secs(),
-            since: now,
-            polls: idem_task::Backoff::new(
-                std::time::Duration::from_millis(25),
-                std::time::Duration::from_millis(500),
-            ),
-        });
-        Some(now + wait)
-    }
-
-    /// Pauses before the next look at a key that another process holds, until `until` at the
-    /// latest.
-    pub(super) async fn pause(&mut self, until: tokio::time::Instant) {
-        let pause = self
-            .waiting
-            .as_mut()
-            .map_or(std::time::Duration::ZERO, |waiting| {
-                waiting.polls.failed().0
-            });
-        let _counted = self.store.wait_counted();
-        tokio::time::sleep_until((tokio::time::Instant::now() + pause).min(until)).await;
-    }
-
-    /// Waits for a request of this process to let go of the key, until `until` at the latest.
-    pub(super) async fn wait_for(
-        &self,
-        holding: crate::store::Holding,
-        until: tokio::time::Instant,
-    ) {
-        let _counted = self.store.wait_counted();
-        holding.released(until).await;
-    }
-
-    /// The `idempotency` span of this request; the handler runs inside it.
-    pub fn span(&self) -> Span {
-        self.span.clone()
-    }
-
-    /// The key under the handler's scope; a scope that cannot hold keys is refused (400).
-    pub(super) fn key_ref(&self, scope: Scope) -> Result<KeyRef, Response> {
-        let scope =
-            match scope {
-                Scope::Global => String::new(),
-                Scope::Caller(scope) => {
-                    let wrong = if scope.is_empty() {
-                        Some("is empty".to_owned())
-                    } else if scope.contains('\0') {
-                        Some("contains the character U+0000 (NUL)".to_owned())
-                    } else if scope.len() > crate::MAX_SCOPE_LEN {
-                        Some(format!(
-                            "is {} bytes long, over the limit of {}",
-                            scope.len(),
-                            crate::MAX_SCOPE_LEN
-                        ))
-                    } else {
-                        None
-                    };
-                    if let Some(wrong) = wrong {
-                        return Err(self.finish(
-                        Outcome::Rejected,
-                        self.problem(ProblemKind::InvalidScope, format!(
-                                "the caller this request is scoped to {wrong}; nothing was stored"
-                            ))
-                            .into_response(),
-                    ));
-                    }
-                    scope
-                }
-            };
-        let key = KeyRef::new(scope, self.key.as_str().to_owned());
-        self.span.record("key_id", key.log_id());
-        Ok(key)
-    }
 }
 
 async fn prepare<S, DB>(request: Request, state: &S) -> Result<(Request, IdemRequest<DB>), Response>

@@ -11,8 +11,8 @@
 //!    - [`external`]: [`ExternalClaim::acquire`] commits a leased `started` row first;
 //!      [`ExternalClaim::complete`] stores the response under the claim's token afterwards.
 //! 3. The handler body runs between the two, within its `timeout` if it has one ([`within`]).
-//! 4. [`outcome`]: every answer the layer gives itself (a replay, 409, 422, a problem) and
-//!    how the request ended, recorded on its span.
+//! 4. [`answers`]: every answer the layer gives itself (a replay, 409, 422, a problem), each
+//!    ending the request ([`request`]) with an [`outcome`] recorded on its span.
 //!
 //! [`Settings::max_request_body`]: crate::Settings::max_request_body
 
@@ -21,9 +21,11 @@
     reason = "an early answer is an axum `Response`, as axum's own rejections are"
 )]
 
+mod answers;
 mod external;
 mod extract;
 mod outcome;
+mod request;
 mod transactional;
 
 use std::time::Duration;
@@ -33,8 +35,6 @@ use tokio::time::Instant;
 pub use external::ExternalClaim;
 pub use extract::Input;
 pub use transactional::{Acquired, Attempt, Claim};
-
-pub(crate) use outcome::attribute_duration;
 
 use crate::scope::IdempotencyScope;
 
@@ -50,21 +50,6 @@ pub enum Scope {
 /// The scope of the handler's scope parameter.
 pub fn scope_of<T: IdempotencyScope + ?Sized>(value: &T) -> Scope {
     Scope::Caller(value.idempotency_scope().into_owned())
-}
-
-/// The attribute's arguments, as the macro parsed them.
-#[derive(Debug, Clone, Copy)]
-pub struct Options {
-    /// How long a completed key is kept and replayed.
-    pub retention: Duration,
-    /// Whether a 5xx outcome is stored and replayed (its writes undone) or rolled back.
-    pub replay_5xx: bool,
-    /// External mode: how long a claim is exclusive before a retry may take it over.
-    pub lease: Duration,
-    /// How long the handler body may run before it is stopped (`None`: unbounded).
-    pub timeout: Option<Duration>,
-    /// The most a duplicate may wait for the first request's outcome (`None`: 409 at once).
-    pub wait: Option<Duration>,
 }
 
 /// Gives the handler body's future its declared output type, so `?` and `return` inside it

@@ -6,8 +6,9 @@ use sqlx::Transaction;
 
 use tokio::time::Instant;
 
-use super::{Limit, Options, Scope, extract::IdemRequest, outcome::Outcome};
+use super::{Limit, Scope, outcome::Outcome, request::IdemRequest};
 use crate::{
+    attribute::Options,
     backend::{Backend, Begun, Undone},
     checkout::{Checkout, Settle},
     context::IdempotencyContext,
