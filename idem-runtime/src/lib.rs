@@ -45,12 +45,17 @@
 //!
 //! ## Features
 //!
-//! No database is on by default; pick one (or both):
+//! No database is on by default; pick one (or several):
 //!
-//! - `postgres`: handlers on `Transaction<'_, sqlx::Postgres>` (PostgreSQL 13 or newer).
+//! - `postgres`: handlers on `Transaction<'_, sqlx::Postgres>` (PostgreSQL 13 or newer), and
+//!   `postgres::check_pooler`, which says at start what a connection pooler in front lets
+//!   through.
 //! - `sqlite`: handlers on `Transaction<'_, sqlx::Sqlite>` (SQLite 3.35 or newer, bundled), and
 //!   `sqlite::connect`, which opens a file the way idem expects. It pulls in no PostgreSQL
 //!   driver.
+//! - `mysql`: handlers on `Transaction<'_, sqlx::MySql>` on MariaDB 10.6 or newer (InnoDB;
+//!   Galera clusters too). MySQL 8 itself is not supported yet: the claim uses MariaDB's
+//!   per-statement lock wait.
 //! - `uuid`: [`IdempotencyScope`] for `uuid::Uuid`.
 //!
 //! ```toml

@@ -7,6 +7,7 @@
 
 mod contract;
 mod cross_instance;
+mod docs;
 mod e2e;
 mod events;
 mod events_partitions;
