@@ -19,6 +19,26 @@ use crate::{
 };
 
 impl<DB: Backend> IdemRequest<DB> {
+    /// Logs what a connection pooler that breaks sqlx's prepared statements is doing, and
+    /// what to do about it, when `error` is one it causes: once per process, since under load
+    /// every request would say it. Each failure is still logged where it happens.
+    pub(super) fn explain_store_error(&self, error: &crate::Error) {
+        if let crate::Error::Database(database) = error {
+            self.explain_database_error(database);
+        }
+    }
+
+    /// [`explain_store_error`](Self::explain_store_error) for sqlx's error.
+    pub(super) fn explain_database_error(&self, error: &sqlx::Error) {
+        #[cfg(feature = "postgres")]
+        if let Some(reason) = crate::postgres::pooler_refusal(error) {
+            static EXPLAINED: std::sync::Once = std::sync::Once::new();
+            EXPLAINED.call_once(|| tracing::error!(parent: &self.span, "{reason}"));
+        }
+        #[cfg(not(feature = "postgres"))]
+        let _ = error;
+    }
+
     /// A problem of `kind`, its `type` under the store's [`Settings::problem_type_base`].
     ///
     /// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
@@ -114,14 +134,7 @@ impl<DB: Backend> IdemRequest<DB> {
                 .into_response(),
             );
         } else {
-            #[cfg(feature = "postgres")]
-            if let crate::Error::Database(database) = error
-                && let Some(reason) = crate::postgres::pooler_refusal(database)
-            {
-                // Once per process: under load every request would say it.
-                static EXPLAINED: std::sync::Once = std::sync::Once::new();
-                EXPLAINED.call_once(|| tracing::error!(parent: &self.span, "{reason}"));
-            }
+            self.explain_store_error(error);
             tracing::error!(parent: &self.span, %error, "idempotency store failed");
             "the idempotency store failed; nothing was stored, retry with the same key"
         };
@@ -183,6 +196,7 @@ impl<DB: Backend> IdemRequest<DB> {
             tracing::warn!(parent: &self.span, %error, "the handler's commit lost a conflict with another transaction; nothing was stored");
             return self.conflict_lost(refusal.message());
         }
+        self.explain_database_error(error);
         tracing::error!(parent: &self.span, %error, "committing the handler's transaction failed");
         let problem = match error {
             sqlx::Error::Database(refusal) if !crate::is_transient(error) => self.problem(

@@ -215,6 +215,7 @@ impl<DB: Backend> ExternalClaim<DB> {
                     .finish(Outcome::NotStored, captured.into_response())
             }
             Err(error) => {
+                self.request.explain_store_error(&error);
                 tracing::error!(parent: &self.request.span, %error, "storing the outcome failed");
                 self.request
                     .finish(Outcome::NotStored, captured.into_response())
