@@ -14,14 +14,18 @@
 //! Output is a table for people, JSON with `--json`. A stored response's body is printed only
 //! with `inspect --body`. Exit codes: 0 done, 1 refused or not found, 2 the database failed.
 
-mod db;
-mod dialect;
 mod output;
 
 use std::{process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
-use db::{Db, Release};
+use idem_runtime::{
+    admin::{AnyStore, Released},
+    tasks::PurgeOptions,
+};
+
+/// An error to print.
+type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// idem's operator command.
 #[derive(Debug, Parser)]
@@ -90,8 +94,10 @@ async fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let work = async {
-        let db = Db::open(url).await?;
-        run(&db, cli.command, cli.json).await
+        // Two connections: the command runs one statement at a time, and the purge's
+        // batches leave room for nothing else.
+        let store = AnyStore::connect(url, 2).await?;
+        run(&store, cli.command, cli.json).await
     };
     match tokio::time::timeout(cli.timeout, work).await {
         Ok(Ok(code)) => code,
@@ -111,7 +117,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(db: &Db, command: Command, json: bool) -> Result<ExitCode, db::Error> {
+async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Error> {
     match command {
         Command::Stats => output::stats(&db.stats().await?, json),
         Command::Inspect { scope, key, body } => {
@@ -122,20 +128,20 @@ async fn run(db: &Db, command: Command, json: bool) -> Result<ExitCode, db::Erro
             output::key(&found, json);
         }
         Command::InFlight { older_than } => output::keys(&db.in_flight(older_than).await?, json),
-        Command::Release { scope, key } => match db.release(&scope, &key).await? {
-            Release::Done => output::message(json, "released", &scope, &key),
-            Release::Completed => {
+        Command::Release { scope, key } => match db.release_claim(&scope, &key).await? {
+            Released::Done => output::message(json, "released", &scope, &key),
+            Released::Completed => {
                 eprintln!(
                     "idem: key {key:?} in scope {scope:?} is completed: its response is stored \
                      and replayed; release only deletes a claim in flight"
                 );
                 return Ok(ExitCode::FAILURE);
             }
-            Release::Missing => {
+            Released::Missing => {
                 eprintln!("idem: no key {key:?} in scope {scope:?}");
                 return Ok(ExitCode::FAILURE);
             }
-            Release::Busy => {
+            Released::Busy => {
                 eprintln!(
                     "idem: key {key:?} in scope {scope:?} is being written by another \
                      transaction (a completion or a recovery): not released; run the command \
@@ -148,7 +154,7 @@ async fn run(db: &Db, command: Command, json: bool) -> Result<ExitCode, db::Erro
             let rows = if dry_run {
                 u64::try_from(db.stats().await?.expired).unwrap_or(0)
             } else {
-                db.purge().await?
+                db.purge_expired(PurgeOptions::default()).await?.rows
             };
             output::purged(rows, dry_run, json);
         }

@@ -3,7 +3,7 @@
 use comfy_table::Table;
 use serde_json::json;
 
-use crate::db::{Key, Stats};
+use idem_runtime::admin::{KeyInfo as Key, Stats};
 
 fn ago(ms: Option<i64>) -> String {
     ms.map_or_else(String::new, |ms| {

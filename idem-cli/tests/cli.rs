@@ -438,3 +438,17 @@ async fn a_database_that_does_not_answer_fails_the_command_at_its_timeout() {
 async fn a_mysql_server_that_does_not_answer_fails_the_command_at_its_timeout() {
     fails_at_its_timeout(|port| format!("mysql://root@127.0.0.1:{port}/idem")).await;
 }
+
+#[test]
+fn a_url_that_names_no_supported_database_is_refused_with_the_schemes_that_are() {
+    let output = idem("redis://127.0.0.1:6379", &["stats"]);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output.stderr));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("`redis` names no database")
+            && stderr.contains("postgres://")
+            && stderr.contains("mysql://")
+            && stderr.contains("sqlite:"),
+        "{stderr}"
+    );
+}

@@ -40,6 +40,13 @@ pub enum Error {
         /// The cause and the remedies.
         reason: String,
     },
+    /// A step of setting up was missed or got wrong: the key table does not exist, a URL
+    /// names no database this build supports. No retry fixes it; `reason` says what does.
+    #[error("{reason}")]
+    Setup {
+        /// What is missing, and what to do.
+        reason: String,
+    },
     /// A row of the key table breaks idem's invariants (written by something other than idem,
     /// or by an incompatible version of it).
     #[error("a row of idem_keys is not one idem wrote: {reason}")]

@@ -151,6 +151,7 @@
 //! client, operations (timeouts, metrics, the `idem` command), performance, limits, and a
 //! glossary.
 
+pub mod admin;
 pub mod policy;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -6,7 +6,7 @@ use std::{future::Future, pin::Pin, sync::Arc};
 use axum::{Router, body::Body, http::Request};
 use idem_runtime::{Settings, Store};
 use sqlx::{
-    MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool,
+    MySqlPool, PgPool, SqlitePool,
     mysql::{MySqlConnectOptions, MySqlPoolOptions},
     postgres::{PgConnectOptions, PgPoolOptions},
 };
@@ -44,16 +44,8 @@ pub enum Db {
     MySql(MySqlPool),
 }
 
-/// A store on one of the databases.
-#[derive(Clone, Debug)]
-pub enum AnyStore {
-    /// PostgreSQL.
-    Postgres(Store<Postgres>),
-    /// SQLite.
-    Sqlite(Store<Sqlite>),
-    /// MySQL (MariaDB).
-    MySql(Store<MySql>),
-}
+/// A store on one of the databases: the runtime's own, which the `idem` command uses too.
+pub use idem_runtime::admin::AnyStore;
 
 /// What an instance is built from: its store, and the counters and gate the test shares with
 /// its handlers.

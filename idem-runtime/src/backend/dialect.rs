@@ -117,6 +117,38 @@ pub(super) trait Dialect: sqlx::Database {
     /// `rows_affected`, and no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
 
+    /// The current time in Unix milliseconds, as an SQL expression: the
+    /// [`Inspection`](super::inspection::Inspection) statements report ages and time left in it.
+    const NOW_MS: &'static str;
+
+    /// `column`, a time, in Unix milliseconds.
+    fn ms(column: &str) -> String;
+
+    /// The `key` column as a statement names it (a reserved word on MySQL).
+    const KEY_COLUMN: &'static str = "key";
+
+    /// `scope` and `key` selected as text, under those names.
+    const SCOPE_AND_KEY: &'static str = "scope, key";
+
+    /// The type a `CAST` turns an integer into to read it as a 64-bit signed integer.
+    const BIGINT: &'static str = "BIGINT";
+
+    /// The type a `CAST` turns JSON into to read it as text.
+    const TEXT: &'static str = "TEXT";
+
+    /// The placeholder of the `n`th parameter, from 1.
+    fn param(n: usize) -> String {
+        format!("${n}")
+    }
+
+    /// Where a claim being written by another transaction at this instant must not be waited
+    /// for by an operator's release (MySQL, whose transactional claims are uncommitted rows):
+    /// a statement that locks the key's row without waiting and reads its `status` (`$1`
+    /// scope, `$2` key), skipping a row another transaction holds. `None` where a row an
+    /// operator can see is never held for long (PostgreSQL, SQLite): the release deletes
+    /// directly.
+    const LOCK_UNHELD_ROW: Option<&'static str> = None;
+
     /// Checks, before the migrations take their lock, that the connection can carry them
     /// (PostgreSQL: not through a pooler in transaction mode); by default, nothing.
     ///

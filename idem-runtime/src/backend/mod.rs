@@ -1,6 +1,7 @@
 //! The narrow traits each database backend implements: the whole of idem's SQL lives behind
 //! them. A backend supplies its [`Dialect`](dialect::Dialect), which gives it the statements
-//! every database shares ([`SharedStorage`]), and implements [`Storage`] for the rest.
+//! every database shares ([`SharedStorage`], and the operator's, [`Inspection`]), and implements
+//! [`Storage`] for the rest.
 
 use std::future::Future;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use crate::record::{Abandoned, KeyRecord, KeyRef, Start, Started};
 
+pub(crate) use inspection::Inspection;
 pub(crate) use shared::SharedStorage;
 
 /// What [`Storage::begin_claim`] found.
@@ -72,6 +74,7 @@ pub(crate) enum Undone {
 }
 
 mod dialect;
+mod inspection;
 mod shared;
 
 #[cfg(feature = "mysql")]
@@ -122,7 +125,7 @@ mod sealed {
 /// What every database does alike is its supertrait [`SharedStorage`], which a database gets
 /// from its [`Dialect`](dialect::Dialect); what each does its own way is here, implemented in
 /// the backend's module.
-pub(crate) trait Storage: SharedStorage {
+pub(crate) trait Storage: SharedStorage + Inspection {
     /// Whether the database admits one writing transaction at a time (SQLite). Writers of a
     /// process then queue in the process, not in the database while holding a connection.
     const SINGLE_WRITER: bool = false;

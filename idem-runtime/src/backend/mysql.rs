@@ -177,6 +177,34 @@ impl Dialect for MySql {
     const RECORD_STEPS: &'static str = RECORD_STEPS;
     const RECORDED_STEPS: &'static str = RECORDED_STEPS;
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/mysql");
+    const NOW_MS: &'static str =
+        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
+
+    /// `DATETIME(6)` in UTC, counted from the epoch as a naive time: no session time zone is
+    /// involved (`UNIX_TIMESTAMP` would read the column in the session's zone).
+    fn ms(column: &str) -> String {
+        format!("(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {column}) DIV 1000)")
+    }
+
+    const KEY_COLUMN: &'static str = "`key`";
+
+    /// `scope` and `key` are `VARBINARY`, which sqlx decodes only as bytes.
+    const SCOPE_AND_KEY: &'static str =
+        "CONVERT(scope USING utf8mb4) AS scope, CONVERT(`key` USING utf8mb4) AS `key`";
+
+    const BIGINT: &'static str = "SIGNED";
+
+    const TEXT: &'static str = "CHAR";
+
+    fn param(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    /// A key a transaction holds (a transactional claim's uncommitted row, or a row being
+    /// completed or renewed) is skipped rather than waited for, so that a release neither
+    /// blocks on it nor deletes what a handler is writing.
+    const LOCK_UNHELD_ROW: Option<&'static str> =
+        Some("SELECT status FROM idem_keys WHERE scope = ? AND `key` = ? FOR UPDATE SKIP LOCKED");
 
     /// HTTP statuses are held in a `SMALLINT`.
     type Status = i16;

@@ -98,6 +98,11 @@ impl Dialect for Postgres {
     const FINISH: &'static str = FINISH;
     const LAPSE: &'static str = LAPSE;
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
+    const NOW_MS: &'static str = "(EXTRACT(EPOCH FROM now()) * 1000)::bigint";
+
+    fn ms(column: &str) -> String {
+        format!("(EXTRACT(EPOCH FROM {column}) * 1000)::bigint")
+    }
 
     /// HTTP statuses are held in a `smallint`.
     type Status = i16;

@@ -113,6 +113,12 @@ impl Dialect for Sqlite {
     const FINISH: &'static str = FINISH;
     const LAPSE: &'static str = LAPSE;
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
+    const NOW_MS: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+    /// SQLite stores Unix milliseconds already.
+    fn ms(column: &str) -> String {
+        column.to_owned()
+    }
 
     /// HTTP statuses are held in an `INTEGER`.
     type Status = i64;

@@ -1,0 +1,280 @@
+//! What an operator reads and does in the key table, for a command or an admin endpoint:
+//! counts ([`Store::stats`]), one key ([`Store::inspect`]), the claims in flight
+//! ([`Store::in_flight`]), and releasing a stuck claim ([`Store::release_claim`]); the purge is
+//! [`Store::purge_expired`]. [`AnyStore`] is a store on whichever database a URL names, for a
+//! tool that serves them all (the `idem` command).
+//!
+//! Times are reported as milliseconds (ages, time left), computed by the database from its own
+//! clock, so that a report is the same on every database and needs no clock of the caller's.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::{Backend, Store, tasks::PurgeOptions, tasks::PurgeReport};
+
+/// The counts of the key table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Keys with a stored response.
+    pub completed: i64,
+    /// Claims in flight: `started` rows with a lease (external mode; a transactional claim is
+    /// never visible outside its transaction).
+    pub started: i64,
+    /// The age of the oldest claim in flight, in milliseconds.
+    pub oldest_started_ms: Option<i64>,
+    /// Rows past their expiry that the purge has not deleted yet.
+    pub expired: i64,
+}
+
+/// One key's row, as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct KeyInfo {
+    /// The scope (the caller).
+    pub scope: String,
+    /// The `Idempotency-Key`.
+    pub key: String,
+    /// `started` or `completed`.
+    pub status: String,
+    /// The first request's method.
+    pub method: String,
+    /// The first request's path and query.
+    pub path: String,
+    /// The stored response's status.
+    pub response_status: Option<i64>,
+    /// Since the row was written, in milliseconds.
+    pub age_ms: i64,
+    /// Until it expires (negative: expired), in milliseconds.
+    pub expires_in_ms: i64,
+    /// Since the claim was taken, in milliseconds.
+    pub claimed_ms: Option<i64>,
+    /// Until the claim's lease ends (negative: ended), in milliseconds.
+    pub lease_left_ms: Option<i64>,
+    /// The recorded steps (recovery points), as JSON.
+    pub steps: Option<String>,
+    /// The stored response's body, only when asked for.
+    #[serde(skip)]
+    pub response_body: Option<Vec<u8>>,
+}
+
+/// What [`Store::release_claim`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The claim in flight was deleted: the next retry runs the handler again.
+    Done,
+    /// The key has a stored response, which retries replay: not released.
+    Completed,
+    /// No such key.
+    Missing,
+    /// Another transaction is writing the key's row this instant (a completion, a renewal, a
+    /// transactional claim on MySQL): not released; ask again to see where it stands.
+    Busy,
+}
+
+impl<DB: Backend> Store<DB> {
+    /// The counts of the key table: completed keys, claims in flight and the oldest one's age,
+    /// expired rows not purged yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`](crate::Error::Database) when a statement fails (a database without
+    /// the key table: [`Error::is_missing_key_table`](crate::Error::is_missing_key_table)).
+    pub async fn stats(&self) -> Result<Stats, crate::Error> {
+        DB::stats(self.pool()).await
+    }
+
+    /// The key `key` of `scope`; its stored body only when `with_body`.
+    ///
+    /// # Errors
+    ///
+    /// As [`stats`](Store::stats).
+    pub async fn inspect(
+        &self,
+        scope: &str,
+        key: &str,
+        with_body: bool,
+    ) -> Result<Option<KeyInfo>, crate::Error> {
+        DB::inspect(self.pool(), scope, key, with_body).await
+    }
+
+    /// The claims in flight (external mode) taken at least `older_than` ago, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// As [`stats`](Store::stats).
+    pub async fn in_flight(&self, older_than: Duration) -> Result<Vec<KeyInfo>, crate::Error> {
+        DB::in_flight(self.pool(), older_than).await
+    }
+
+    /// Deletes the claim in flight of `key` in `scope`, so that the next retry runs the handler
+    /// again; never a completed key, nor a row another transaction is writing.
+    ///
+    /// # Errors
+    ///
+    /// As [`stats`](Store::stats).
+    pub async fn release_claim(&self, scope: &str, key: &str) -> Result<Released, crate::Error> {
+        DB::release_claim(self.pool(), scope, key).await
+    }
+}
+
+/// A [`Store`] on whichever database a URL names: for a tool that serves every database idem
+/// supports (the `idem` command), where the database is known only when it runs. A service
+/// knows its database and uses `Store<DB>`.
+///
+/// One variant per database whose feature is on; a match on it names each (a database added
+/// to idem is a new variant, and a new release).
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    /// PostgreSQL.
+    #[cfg(feature = "postgres")]
+    Postgres(Store<sqlx::Postgres>),
+    /// SQLite.
+    #[cfg(feature = "sqlite")]
+    Sqlite(Store<sqlx::Sqlite>),
+    /// MySQL or MariaDB.
+    #[cfg(feature = "mysql")]
+    MySql(Store<sqlx::MySql>),
+}
+
+/// `$body` with `$store` bound to the store, whatever its database.
+macro_rules! on_store {
+    ($any:expr, $store:ident => $body:expr) => {
+        match $any {
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres($store) => $body,
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite($store) => $body,
+            #[cfg(feature = "mysql")]
+            AnyStore::MySql($store) => $body,
+        }
+    };
+}
+
+impl AnyStore {
+    /// Connects to `url` with a pool of at most `max_connections`: `sqlite:<path>` (an existing
+    /// file), `mysql://…` (MySQL or MariaDB), `postgres://…` or `postgresql://…`; and checks
+    /// that idem's key table is there.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Setup`](crate::Error::Setup) when the URL names a database whose feature is
+    /// off or none at all, or the database has no key table (it names
+    /// [`migrate`](crate::migrate)); [`Error::Database`](crate::Error::Database) when the URL
+    /// does not parse or the database cannot be reached.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, crate::Error> {
+        let scheme = url.split(':').next().unwrap_or_default();
+        let store = match scheme {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => {
+                use std::str::FromStr as _;
+                let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
+                    .create_if_missing(false)
+                    .busy_timeout(Duration::from_secs(30));
+                let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(max_connections)
+                    .connect_with(options)
+                    .await?;
+                Self::Sqlite(Store::new(pool))
+            }
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => Self::MySql(Store::new(
+                sqlx::mysql::MySqlPoolOptions::new()
+                    .max_connections(max_connections)
+                    .connect(url)
+                    .await?,
+            )),
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => Self::Postgres(Store::new(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(max_connections)
+                    .connect(url)
+                    .await?,
+            )),
+            other => {
+                return Err(crate::Error::Setup {
+                    reason: format!(
+                        "the URL's scheme `{other}` names no database this build of idem \
+                         supports ({})",
+                        supported_schemes()
+                    ),
+                });
+            }
+        };
+        match store.stats().await {
+            Err(error) if error.is_missing_key_table() => Err(crate::Error::Setup {
+                reason: "the database has no idem_keys table: is it the service's database, \
+                         and has the service run `idem_runtime::migrate` on it?"
+                    .to_owned(),
+            }),
+            Err(error) => Err(error),
+            Ok(_) => Ok(store),
+        }
+    }
+
+    /// As [`Store::stats`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::stats`].
+    pub async fn stats(&self) -> Result<Stats, crate::Error> {
+        on_store!(self, store => store.stats().await)
+    }
+
+    /// As [`Store::inspect`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::inspect`].
+    pub async fn inspect(
+        &self,
+        scope: &str,
+        key: &str,
+        with_body: bool,
+    ) -> Result<Option<KeyInfo>, crate::Error> {
+        on_store!(self, store => store.inspect(scope, key, with_body).await)
+    }
+
+    /// As [`Store::in_flight`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::in_flight`].
+    pub async fn in_flight(&self, older_than: Duration) -> Result<Vec<KeyInfo>, crate::Error> {
+        on_store!(self, store => store.in_flight(older_than).await)
+    }
+
+    /// As [`Store::release_claim`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::release_claim`].
+    pub async fn release_claim(&self, scope: &str, key: &str) -> Result<Released, crate::Error> {
+        on_store!(self, store => store.release_claim(scope, key).await)
+    }
+
+    /// As [`Store::purge_expired`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::purge_expired`].
+    pub async fn purge_expired(&self, options: PurgeOptions) -> Result<PurgeReport, crate::Error> {
+        on_store!(self, store => store.purge_expired(options).await)
+    }
+}
+
+/// The URL schemes of the databases whose features are on.
+fn supported_schemes() -> String {
+    let schemes = [
+        (cfg!(feature = "postgres"), "postgres://"),
+        (cfg!(feature = "mysql"), "mysql://"),
+        (cfg!(feature = "sqlite"), "sqlite:"),
+    ];
+    let on: Vec<&str> = schemes
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, s)| *s)
+        .collect();
+    on.join(", ")
+}

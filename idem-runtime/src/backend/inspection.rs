@@ -1,0 +1,290 @@
+//! The operator's statements ([`crate::admin`]), written once over [`Dialect`]: counts, one
+//! key, the claims in flight, and releasing a claim by its key.
+
+use std::{future::Future, time::Duration};
+
+use sqlx::{
+    ColumnIndex, Decode, Encode, Executor, IntoArguments, Pool, Row, Type, pool::PoolConnection,
+};
+
+use super::dialect::Dialect;
+use crate::admin::{KeyInfo, Released, Stats};
+
+/// Claims in flight: `started` rows with a lease (external mode). A transactional claim is
+/// never one: on PostgreSQL and SQLite it has no row, on MySQL its row is uncommitted (nobody
+/// else sees it), and the committed `started` row a handler that ran `COMMIT` itself leaves
+/// behind has no lease and is already expired, so it counts as expired, and the purge takes it.
+const IN_FLIGHT: &str = "status = 'started' AND lease_until IS NOT NULL";
+
+/// What [`crate::admin`] runs on a database: implemented once, below, for every database with
+/// a [`Dialect`].
+pub(crate) trait Inspection: sqlx::Database + Sized {
+    /// See [`Store::stats`](crate::Store::stats).
+    fn stats(pool: &Pool<Self>) -> impl Future<Output = Result<Stats, crate::Error>> + Send + '_;
+
+    /// See [`Store::inspect`](crate::Store::inspect).
+    fn inspect<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        key: &'a str,
+        with_body: bool,
+    ) -> impl Future<Output = Result<Option<KeyInfo>, crate::Error>> + Send + 'a;
+
+    /// See [`Store::in_flight`](crate::Store::in_flight).
+    fn in_flight(
+        pool: &Pool<Self>,
+        older_than: Duration,
+    ) -> impl Future<Output = Result<Vec<KeyInfo>, crate::Error>> + Send + '_;
+
+    /// See [`Store::release_claim`](crate::Store::release_claim).
+    fn release_claim<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        key: &'a str,
+    ) -> impl Future<Output = Result<Released, crate::Error>> + Send + 'a;
+}
+
+/// The columns of a [`KeyInfo`]; the stored body only `with_body`.
+fn key_columns<DB: Dialect>(with_body: bool) -> String {
+    format!(
+        "{scope_and_key}, status, method, path, \
+         CAST(response_status AS {bigint}) AS response_status, \
+         {now} - {created} AS age_ms, {expires} - {now} AS expires_in_ms, \
+         {now} - {locked} AS claimed_ms, {lease} - {now} AS lease_left_ms, \
+         CAST(steps AS {text}) AS steps, {body} AS response_body",
+        scope_and_key = DB::SCOPE_AND_KEY,
+        bigint = DB::BIGINT,
+        text = DB::TEXT,
+        now = DB::NOW_MS,
+        created = DB::ms("created_at"),
+        expires = DB::ms("expires_at"),
+        locked = DB::ms("locked_at"),
+        lease = DB::ms("lease_until"),
+        body = if with_body { "response_body" } else { "NULL" },
+    )
+}
+
+/// `scope = $1 AND key = $2`, as the database spells it.
+fn this_key<DB: Dialect>() -> String {
+    format!(
+        "scope = {} AND {} = {}",
+        DB::param(1),
+        DB::KEY_COLUMN,
+        DB::param(2)
+    )
+}
+
+impl<DB> Inspection for DB
+where
+    DB: Dialect,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    &'static str: ColumnIndex<DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+    Vec<u8>: for<'r> Decode<'r, DB> + Type<DB>,
+{
+    async fn stats(pool: &Pool<DB>) -> Result<Stats, crate::Error> {
+        let mut conn = pool.acquire().await?;
+        let count = |condition: &str| format!("SELECT COUNT(*) FROM idem_keys WHERE {condition}");
+        let now = DB::NOW_MS;
+        Ok(Stats {
+            completed: scalar(&mut conn, count("status = 'completed'"))
+                .await?
+                .unwrap_or(0),
+            started: scalar(&mut conn, count(IN_FLIGHT)).await?.unwrap_or(0),
+            oldest_started_ms: scalar(
+                &mut conn,
+                format!(
+                    "SELECT MAX({now} - {}) FROM idem_keys WHERE {IN_FLIGHT}",
+                    DB::ms("locked_at")
+                ),
+            )
+            .await?,
+            expired: scalar(
+                &mut conn,
+                count(&format!("{} <= {now}", DB::ms("expires_at"))),
+            )
+            .await?
+            .unwrap_or(0),
+        })
+    }
+
+    async fn inspect(
+        pool: &Pool<DB>,
+        scope: &str,
+        key: &str,
+        with_body: bool,
+    ) -> Result<Option<KeyInfo>, crate::Error> {
+        let sql = format!(
+            "SELECT {} FROM idem_keys WHERE {}",
+            key_columns::<DB>(with_body),
+            this_key::<DB>(),
+        );
+        let mut conn = pool.acquire().await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.as_ref().map(key_info::<DB>).transpose()
+    }
+
+    async fn in_flight(
+        pool: &Pool<DB>,
+        older_than: Duration,
+    ) -> Result<Vec<KeyInfo>, crate::Error> {
+        let sql = format!(
+            "SELECT {} FROM idem_keys WHERE {IN_FLIGHT} AND {} - {} >= {} ORDER BY locked_at",
+            key_columns::<DB>(false),
+            DB::NOW_MS,
+            DB::ms("locked_at"),
+            DB::param(1),
+        );
+        let older = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let mut conn = pool.acquire().await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(older)
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.iter().map(key_info::<DB>).collect()
+    }
+
+    async fn release_claim(
+        pool: &Pool<DB>,
+        scope: &str,
+        key: &str,
+    ) -> Result<Released, crate::Error> {
+        let delete = format!(
+            "DELETE FROM idem_keys WHERE {} AND status = 'started'",
+            this_key::<DB>()
+        );
+        let mut conn = pool.acquire().await?;
+        if let Some(lock) = DB::LOCK_UNHELD_ROW {
+            return release_unheld::<DB>(&mut conn, lock, &delete, scope, key).await;
+        }
+        let deleted = sqlx::query(sqlx::AssertSqlSafe(delete))
+            .bind(scope)
+            .bind(key)
+            .execute(&mut *conn)
+            .await?;
+        if DB::rows_affected(&deleted) == 1 {
+            return Ok(Released::Done);
+        }
+        Ok(match exists::<DB>(&mut conn, scope, key).await? {
+            true => Released::Completed,
+            false => Released::Missing,
+        })
+    }
+}
+
+/// Runs a statement that reads one integer, or none.
+async fn scalar<DB>(conn: &mut PoolConnection<DB>, sql: String) -> Result<Option<i64>, crate::Error>
+where
+    DB: sqlx::Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    i64: for<'r> Decode<'r, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+{
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_one(&mut **conn)
+        .await?;
+    Ok(row.try_get::<Option<i64>, _>(0)?)
+}
+
+/// Whether `key` of `scope` has a row another transaction can see.
+async fn exists<DB>(
+    conn: &mut PoolConnection<DB>,
+    scope: &str,
+    key: &str,
+) -> Result<bool, crate::Error>
+where
+    DB: Dialect,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+{
+    let sql = format!("SELECT 1 FROM idem_keys WHERE {}", this_key::<DB>());
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&mut **conn)
+        .await?;
+    Ok(row.is_some())
+}
+
+/// The release where a row may be held by a transaction for as long as a handler runs
+/// ([`Dialect::LOCK_UNHELD_ROW`]): the row is locked without waiting, and deleted only if it is
+/// a claim in flight; a row that cannot be locked is reported [`Released::Busy`].
+async fn release_unheld<DB>(
+    conn: &mut PoolConnection<DB>,
+    lock: &'static str,
+    delete: &str,
+    scope: &str,
+    key: &str,
+) -> Result<Released, crate::Error>
+where
+    DB: Dialect,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    &'static str: ColumnIndex<DB::Row>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+{
+    let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+    let row = sqlx::query(lock)
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let status = row
+        .map(|row| row.try_get::<String, _>("status"))
+        .transpose()?;
+    let released = match status.as_deref() {
+        Some("started") => {
+            sqlx::query(sqlx::AssertSqlSafe(delete.to_owned()))
+                .bind(scope)
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+            Released::Done
+        }
+        Some(_) => Released::Completed,
+        // Not there, or held by a transaction: a plain read tells which (an uncommitted claim
+        // is invisible to it, as on the other databases).
+        None => Released::Missing,
+    };
+    tx.commit().await?;
+    if released == Released::Missing && exists::<DB>(conn, scope, key).await? {
+        return Ok(Released::Busy);
+    }
+    Ok(released)
+}
+
+/// A [`KeyInfo`] from a row of [`key_columns`].
+fn key_info<DB>(row: &DB::Row) -> Result<KeyInfo, crate::Error>
+where
+    DB: sqlx::Database,
+    &'static str: ColumnIndex<DB::Row>,
+    i64: for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+    Vec<u8>: for<'r> Decode<'r, DB> + Type<DB>,
+{
+    Ok(KeyInfo {
+        scope: row.try_get("scope")?,
+        key: row.try_get("key")?,
+        status: row.try_get("status")?,
+        method: row.try_get("method")?,
+        path: row.try_get("path")?,
+        response_status: row.try_get("response_status")?,
+        age_ms: row.try_get("age_ms")?,
+        expires_in_ms: row.try_get("expires_in_ms")?,
+        claimed_ms: row.try_get("claimed_ms")?,
+        lease_left_ms: row.try_get("lease_left_ms")?,
+        steps: row.try_get("steps")?,
+        response_body: row.try_get("response_body")?,
+    })
+}
