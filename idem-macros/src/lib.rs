@@ -11,6 +11,8 @@ use proc_macro::TokenStream;
 mod args;
 mod duration;
 mod expand;
+#[cfg(test)]
+mod expansion_tests;
 mod handler;
 
 /// Makes an Axum handler safe to retry with the `Idempotency-Key` header.

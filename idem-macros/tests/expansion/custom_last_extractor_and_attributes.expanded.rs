@@ -1,0 +1,96 @@
+/// Creates a payment.
+#[allow(unused_variables)]
+pub(crate) async fn create(
+    _: ::idem_runtime::__private::StateIs<AppState>,
+    tenant: Tenant,
+    #[allow(unused)]
+    ::idem_runtime::__private::Input {
+        value: caller,
+        request: __idem_request,
+    }: ::idem_runtime::__private::Input<Caller, Postgres>,
+) -> ::idem_runtime::__private::Response {
+    let _ = || {
+        ::idem_runtime::__private::state_provides_store::<AppState, Postgres>();
+        ::idem_runtime::__private::reads_only_parts::<Tenant, AppState>();
+    };
+    static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(
+        "create",
+        ::core::module_path!(),
+        ::idem_runtime::__private::KeyScope::Parameter("tenant"),
+        ::idem_runtime::__private::Mode::Transactional,
+        86400u64,
+        false,
+        30u64,
+        ::core::option::Option::None,
+        ::core::option::Option::None,
+    );
+    ::idem_runtime::__private::inventory::submit! {
+        ::idem_runtime::__private::Registered(& __IDEM_POLICY)
+    }
+    let __idem_span = __idem_request.span();
+    ::idem_runtime::__private::Instrument::instrument(
+            async move {
+                let __idem_scope = ::idem_runtime::__private::scope_of(&tenant);
+                let __idem_options = __IDEM_POLICY.__options();
+                let mut __idem_attempt = ::idem_runtime::__private::Attempt::from(
+                    __idem_request,
+                );
+                loop {
+                    let mut __idem_slot = ::core::option::Option::None;
+                    #[allow(unused_mut)]
+                    let mut __idem_claim = match ::idem_runtime::__private::Claim::<
+                        Postgres,
+                    >::acquire(
+                            &mut __idem_slot,
+                            __idem_attempt,
+                            &__idem_scope,
+                            __idem_options,
+                        )
+                        .await
+                    {
+                        ::idem_runtime::__private::Acquired::Claimed(__idem_claim) => {
+                            __idem_claim
+                        }
+                        ::idem_runtime::__private::Acquired::Again(__idem_again) => {
+                            __idem_attempt = __idem_again;
+                            continue;
+                        }
+                        ::idem_runtime::__private::Acquired::Answer(__idem_answer) => {
+                            return __idem_answer;
+                        }
+                    };
+                    fn __idem_into_response(
+                        __idem_output: StatusCode,
+                    ) -> ::idem_runtime::__private::Response {
+                        ::idem_runtime::__private::IntoResponse::into_response(
+                            __idem_output,
+                        )
+                    }
+                    let __idem_limit = __idem_claim.limit();
+                    let __idem_output = {
+                        let tx: &mut Transaction<'_, Postgres> = __idem_claim
+                            .transaction();
+                        ::idem_runtime::__private::within(
+                                __idem_limit,
+                                ::idem_runtime::__private::hint::<
+                                    StatusCode,
+                                    _,
+                                >(async move { StatusCode::CREATED }),
+                            )
+                            .await
+                    };
+                    let __idem_response = match __idem_output {
+                        ::core::option::Option::Some(__idem_value) => {
+                            __idem_into_response(__idem_value)
+                        }
+                        ::core::option::Option::None => {
+                            return __idem_claim.stopped(__idem_limit).await;
+                        }
+                    };
+                    return __idem_claim.complete(__idem_response).await;
+                }
+            },
+            __idem_span,
+        )
+        .await
+}

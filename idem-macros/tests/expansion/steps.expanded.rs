@@ -1,0 +1,74 @@
+async fn create_order(
+    Path(tenant): Path<String>,
+    ::idem_runtime::__private::Input {
+        value: Json(quantity),
+        request: __idem_request,
+    }: ::idem_runtime::__private::Input<Json<i64>, Postgres>,
+) -> ::idem_runtime::__private::Response {
+    static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(
+        "create_order",
+        ::core::module_path!(),
+        ::idem_runtime::__private::KeyScope::Parameter("tenant"),
+        ::idem_runtime::__private::Mode::Steps,
+        86400u64,
+        false,
+        5u64,
+        ::core::option::Option::None,
+        ::core::option::Option::None,
+    );
+    ::idem_runtime::__private::inventory::submit! {
+        ::idem_runtime::__private::Registered(& __IDEM_POLICY)
+    }
+    let __idem_span = __idem_request.span();
+    ::idem_runtime::__private::Instrument::instrument(
+            async move {
+                let __idem_scope = ::idem_runtime::__private::scope_of(&tenant);
+                let __idem_options = __IDEM_POLICY.__options();
+                #[allow(unused_mut)]
+                let mut __idem_claim = match ::idem_runtime::__private::ExternalClaim::<
+                    Postgres,
+                >::acquire(__idem_request, __idem_scope, __idem_options)
+                    .await
+                {
+                    ::core::result::Result::Ok(__idem_claim) => __idem_claim,
+                    ::core::result::Result::Err(__idem_answer) => return __idem_answer,
+                };
+                fn __idem_into_response(
+                    __idem_output: Result<(StatusCode, String), OrderError>,
+                ) -> ::idem_runtime::__private::Response {
+                    ::idem_runtime::__private::IntoResponse::into_response(__idem_output)
+                }
+                let __idem_limit = __idem_claim.limit();
+                let __idem_output = {
+                    let steps: Steps<Postgres> = __idem_claim.steps();
+                    ::idem_runtime::__private::within(
+                            __idem_limit,
+                            ::idem_runtime::__private::hint::<
+                                Result<(StatusCode, String), OrderError>,
+                                _,
+                            >(async move {
+                                let reserved: i64 = steps
+                                    .step("reserve", async |tx| Ok(quantity))
+                                    .await?;
+                                let charge: String = steps
+                                    .call("charge", async |key| charge(key, reserved).await)
+                                    .await?;
+                                Ok((StatusCode::CREATED, format!("{tenant} {charge}")))
+                            }),
+                        )
+                        .await
+                };
+                let __idem_response = match __idem_output {
+                    ::core::option::Option::Some(__idem_value) => {
+                        __idem_into_response(__idem_value)
+                    }
+                    ::core::option::Option::None => {
+                        return __idem_claim.stopped(__idem_limit).await;
+                    }
+                };
+                __idem_claim.complete(__idem_response).await
+            },
+            __idem_span,
+        )
+        .await
+}
