@@ -327,7 +327,7 @@ fn layer_problems(policy: &HandlerPolicy) -> Vec<LayerProblem> {
     if matches!(policy.scope(), KeyScope::Parameter(_)) {
         bad_request.push(ProblemKind::InvalidScope);
     }
-    let mut failed = vec![ProblemKind::ResponseTooLarge];
+    let mut failed = vec![ProblemKind::ResponseTooLarge, ProblemKind::StoreNotSetUp];
     if transactional {
         failed.push(ProblemKind::CommitRefused);
     }

@@ -53,6 +53,10 @@ pub enum ProblemKind {
     InvalidScope,
     /// 503: the idempotency store could not be reached or failed; nothing was stored.
     StoreUnavailable,
+    /// 500: the idempotency store is not set up: its key table does not exist (the service did
+    /// not run [`migrate`](crate::migrate) on its database). Nothing ran and nothing was
+    /// stored; no retry succeeds until the service is fixed, so it carries no `Retry-After`.
+    StoreNotSetUp,
     /// 500: the database refused to commit the handler's writes (a deferred constraint), or the
     /// handler ended its transaction itself; nothing was stored.
     CommitRefused,
@@ -77,9 +81,10 @@ impl ProblemKind {
             Self::InProgress => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ResponseTooLarge | Self::CommitRefused | Self::StepFailed => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            Self::ResponseTooLarge
+            | Self::StoreNotSetUp
+            | Self::CommitRefused
+            | Self::StepFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Self::StoreUnavailable | Self::OutcomeUnknown | Self::HandlerTimedOut => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -114,6 +119,7 @@ impl ProblemKind {
             Self::ResponseTooLarge => "responsetoolarge",
             Self::InvalidScope => "invalidscope",
             Self::StoreUnavailable => "storeunavailable",
+            Self::StoreNotSetUp => "storenotsetup",
             Self::CommitRefused => "commitrefused",
             Self::OutcomeUnknown => "outcomeunknown",
             Self::HandlerTimedOut => "handlertimedout",
@@ -139,6 +145,7 @@ impl ProblemKind {
             Self::ResponseTooLarge => "Response too large to store",
             Self::InvalidScope => "Idempotency scope is invalid",
             Self::StoreUnavailable => "Idempotency store unavailable",
+            Self::StoreNotSetUp => "Idempotency store not set up",
             Self::CommitRefused => "The handler's writes could not be committed",
             Self::OutcomeUnknown => "The outcome of the commit is unknown",
             Self::HandlerTimedOut => "The handler did not finish in time",
@@ -267,7 +274,8 @@ mod tests {
             Some(KeyReused) => Some(BodyTooLarge),
             Some(BodyTooLarge) => Some(ResponseTooLarge),
             Some(ResponseTooLarge) => Some(StoreUnavailable),
-            Some(StoreUnavailable) => Some(CommitRefused),
+            Some(StoreUnavailable) => Some(StoreNotSetUp),
+            Some(StoreNotSetUp) => Some(CommitRefused),
             Some(CommitRefused) => Some(OutcomeUnknown),
             Some(OutcomeUnknown) => Some(HandlerTimedOut),
             Some(HandlerTimedOut) => Some(StepFailed),

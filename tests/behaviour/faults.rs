@@ -441,7 +441,8 @@ async fn a_store_never_migrated_on_mysql_says_to_run_migrate_in_its_answer_and_i
 }
 
 /// Sends a transactional and an external request to the test app over `store`, whose
-/// database has no key table, and checks that each 503 and the errors logged name
+/// database has no key table, and checks that each is a 500 `StoreNotSetUp` without
+/// `Retry-After`, and that the answers and the errors logged name
 /// `idem_runtime::migrate`.
 async fn not_migrated(store: AnyStore) {
     let log = idem_tests::CapturedLog::default();
@@ -454,8 +455,12 @@ async fn not_migrated(store: AnyStore) {
         let path = request.uri().path().to_owned();
         let reply = send_to_test_app(store.clone(), request).await;
         assert_eq!(
-            reply.problem(StatusCode::SERVICE_UNAVAILABLE),
-            ProblemKind::StoreUnavailable.type_uri()
+            reply.problem(StatusCode::INTERNAL_SERVER_ERROR),
+            ProblemKind::StoreNotSetUp.type_uri()
+        );
+        assert!(
+            reply.header("retry-after").is_none(),
+            "{path}: a setup error invites no retry"
         );
         let detail = reply.json()["detail"].as_str().unwrap().to_owned();
         assert!(detail.contains("idem_runtime::migrate"), "{path}: {detail}");

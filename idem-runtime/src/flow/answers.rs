@@ -112,11 +112,20 @@ impl<DB: Backend> IdemRequest<DB> {
     }
 
     pub(super) fn store_failed(&self, error: &crate::Error) -> Response {
-        let detail = if let Some(hint) = error.setup_hint() {
+        if let Some(hint) = error.setup_hint() {
             tracing::error!(parent: &self.span, %error, "{hint}");
-            "the idempotency store is not set up (its key table is missing: the service must \
-             run `idem_runtime::migrate`); nothing was stored, retry with the same key later"
-        } else if matches!(error, crate::Error::ReadOnly) {
+            return self.finish(
+                Outcome::Failed,
+                self.problem(
+                    ProblemKind::StoreNotSetUp,
+                    "the service's idempotency store is not set up (its key table is missing: \
+                     the service must run `idem_runtime::migrate` on its database); nothing ran \
+                     and nothing was stored, and no retry succeeds until the service is fixed",
+                )
+                .into_response(),
+            );
+        }
+        let detail = if matches!(error, crate::Error::ReadOnly) {
             tracing::warn!(parent: &self.span, %error, "the idempotency store's database takes no writes; answered 503 to retry");
             "the database is read-only (a standby, or a primary a failover demoted); nothing was \
              run, retry with the same key"
