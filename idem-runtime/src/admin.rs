@@ -1,7 +1,7 @@
 //! What an operator reads and does in the key table, for a command or an admin endpoint:
 //! counts ([`Store::stats`]), one key ([`Store::inspect`]), the claims in flight
 //! ([`Store::in_flight`]), and releasing a stuck claim ([`Store::release_claim`]); the purge is
-//! [`Store::purge_expired`]. [`AnyStore`] is a store on whichever database a URL names, for a
+//! [`Store::purge_expired`]. `AnyStore` (with a database feature on) is a store on whichever database a URL names, for a
 //! tool that serves them all (the `idem` command).
 //!
 //! Times are reported as milliseconds (ages, time left), computed by the database from its own
@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::{Backend, Store, tasks::PurgeOptions, tasks::PurgeReport};
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+use crate::tasks::{PurgeOptions, PurgeReport};
+use crate::{Backend, Store};
 
 /// The counts of the key table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -125,6 +127,7 @@ impl<DB: Backend> Store<DB> {
 ///
 /// One variant per database whose feature is on; a match on it names each (a database added
 /// to idem is a new variant, and a new release).
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 #[derive(Debug, Clone)]
 pub enum AnyStore {
     /// PostgreSQL.
@@ -139,6 +142,7 @@ pub enum AnyStore {
 }
 
 /// `$body` with `$store` bound to the store, whatever its database.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 macro_rules! on_store {
     ($any:expr, $store:ident => $body:expr) => {
         match $any {
@@ -152,6 +156,7 @@ macro_rules! on_store {
     };
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 impl AnyStore {
     /// Connects to `url` with a pool of at most `max_connections`: `sqlite:<path>` (an existing
     /// file), `mysql://…` (MySQL or MariaDB), `postgres://…` or `postgresql://…`; and checks
@@ -265,6 +270,7 @@ impl AnyStore {
 }
 
 /// The URL schemes of the databases whose features are on.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 fn supported_schemes() -> String {
     let schemes = [
         (cfg!(feature = "postgres"), "postgres://"),
