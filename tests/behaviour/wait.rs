@@ -421,21 +421,16 @@ backend_tests! {
         let first = spawn_post(&base, "/wait", "k1", None);
         wait_until("the first body to start", || async { probe.started() == 1 }).await;
         let waiter = spawn_post(&other_base, "/wait", "k1", Some("wait=5"));
-        if !app.is_single_writer() {
-            // PostgreSQL, MySQL: the other instance looks again now and then, holding no
-            // connection.
-            wait_until("the duplicate to wait", || async { waiting(&other) == 1 }).await;
-        }
-        // (SQLite: the other instance waits for the file's write lock.)
+        // PostgreSQL, MySQL: the other instance looks again now and then, holding no
+        // connection. SQLite: it waits inside the database, for the file's write lock.
+        wait_until("the duplicate to wait", || async { waiting(&other) == 1 }).await;
         probe.open(1);
         assert_eq!(first.await.expect("first").status, StatusCode::CREATED);
         let waiter = waiter.await.expect("the waiter");
         assert_eq!(waiter.status, StatusCode::CREATED, "{}", waiter.body);
         assert!(waiter.replayed());
         assert_eq!(waiter.body, "call 1");
-        if !app.is_single_writer() {
-            assert_eq!(waiter.header("preference-applied"), Some("wait=5"));
-        }
+        assert_eq!(waiter.header("preference-applied"), Some("wait=5"));
         assert_eq!(probe.started(), 1);
     }
 

@@ -63,20 +63,50 @@ impl<DB: Backend> IdemRequest<DB> {
         if let Some(waiting) = &self.waiting {
             return (now < waiting.until).then_some(waiting.until);
         }
+        self.start_waiting(allowed, now)
+    }
+
+    /// The wait this request may make: the smaller of the client's `Prefer: wait` and the
+    /// handler's `allowed`; `None` when either is absent or zero.
+    pub(super) fn wait_allowed(
+        &self,
+        allowed: Option<std::time::Duration>,
+    ) -> Option<std::time::Duration> {
         let wait = self.prefer_wait?.min(allowed?);
-        if wait.is_zero() {
-            return None;
+        (!wait.is_zero()).then_some(wait)
+    }
+
+    /// Records that this request has waited since `since` for a duplicate in flight, without
+    /// having asked [`may_wait`](Self::may_wait) first: on a single-writer database (SQLite) a
+    /// duplicate in another process waits for the file's write lock inside the database, and
+    /// learns only afterwards, finding the outcome stored, that it waited for one. Its replay
+    /// then says so (`Preference-Applied`) and its wait is measured, as any waiter's.
+    pub(super) fn waited_since(
+        &mut self,
+        allowed: Option<std::time::Duration>,
+        since: tokio::time::Instant,
+    ) {
+        if self.waiting.is_none() {
+            self.start_waiting(allowed, since);
         }
+    }
+
+    fn start_waiting(
+        &mut self,
+        allowed: Option<std::time::Duration>,
+        since: tokio::time::Instant,
+    ) -> Option<tokio::time::Instant> {
+        let wait = self.wait_allowed(allowed)?;
         self.waiting = Some(Waiting {
-            until: now + wait,
+            until: since + wait,
             seconds: wait.as_secs(),
-            since: now,
+            since,
             polls: idem_task::Backoff::new(
                 std::time::Duration::from_millis(25),
                 std::time::Duration::from_millis(500),
             ),
         });
-        Some(now + wait)
+        Some(since + wait)
     }
 
     /// Pauses before the next look at a key that another process holds, until `until` at the

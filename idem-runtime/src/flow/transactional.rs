@@ -125,10 +125,17 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         // at the latest: the handler, not one of its statements, is stopped first, and the
         // rollback does not wait on a statement for ever.
         let statement_timeout = options.timeout.map(|limit| limit * 2);
+        // On a single-writer database a duplicate in another process waits for the first
+        // inside the database, for its write lock: a request that may wait counts as waiting
+        // meanwhile, and its replay says that it waited.
+        let waits_in_database = DB::SINGLE_WRITER && request.wait_allowed(options.wait).is_some();
+        let asked = tokio::time::Instant::now();
+        let counted = waits_in_database.then(|| request.store.wait_counted());
         let claimed = request
             .store
             .begin_claim(slot, &key, statement_timeout, deadline, options.replay_5xx)
             .await;
+        drop(counted);
         match claimed {
             Ok((Begun::Acquired(mut tx, mark), settle)) => {
                 held.running();
@@ -166,7 +173,12 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 }
                 None => Acquired::Answer(request.in_progress(None)),
             },
-            Ok((Begun::Live(record), _)) => Acquired::Answer(request.answer_existing(record, None)),
+            Ok((Begun::Live(record), _)) => {
+                if waits_in_database && record.status == KeyStatus::Completed {
+                    request.waited_since(options.wait, asked);
+                }
+                Acquired::Answer(request.answer_existing(record, None))
+            }
             Err(error) => Acquired::Answer(request.failed_to_claim(&error)),
         }
     }
