@@ -1,0 +1,56 @@
+//! With `state = S`: checks, at the handler, what Axum would otherwise report only at
+//! `.route(...)` as an unsatisfied `Handler`: that `S` provides the store, and that every
+//! argument but the last reads only the request's parts. Each error lands on the type at fault.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::Type;
+
+use super::{leading_extractors, names_generic_params, ty_span};
+use crate::{args::Args, handler::Handler};
+
+/// The checks sit in a closure that is never called, in the handler's body, where its type
+/// parameters are in scope and an associated function is no obstacle. Nothing without
+/// `state = S`.
+pub fn checks(
+    args: &Args,
+    handler: &Handler,
+    private: &TokenStream,
+    db: &TokenStream,
+) -> Option<TokenStream> {
+    let state = args.state.as_ref()?;
+    let store = provides_store(state, private, db, &handler.item.sig.generics);
+    let parts = leading_extractors(handler)
+        .iter()
+        .map(|arg| reads_only_parts(state, arg, private));
+    Some(quote! {
+        let _ = || {
+            #store
+            #(#parts)*
+        };
+    })
+}
+
+/// `S` provides `Store<DB>`, at the state's type. When the database is one of the handler's
+/// type parameters, whether `S` provides its store is a question for each instantiation,
+/// which `.route(...)` answers.
+fn provides_store(
+    state: &Type,
+    private: &TokenStream,
+    db: &TokenStream,
+    generics: &syn::Generics,
+) -> Option<TokenStream> {
+    (!names_generic_params(db.clone(), generics)).then(|| {
+        quote_spanned! {syn::spanned::Spanned::span(state)=>
+            #private::state_provides_store::<#state, #db>();
+        }
+    })
+}
+
+/// An argument that is not the last reads only the request's parts, at its type.
+fn reads_only_parts(state: &Type, arg: &syn::PatType, private: &TokenStream) -> TokenStream {
+    let ty = &arg.ty;
+    quote_spanned! {ty_span(arg)=>
+        #private::reads_only_parts::<#ty, #state>();
+    }
+}
