@@ -90,16 +90,52 @@ fn names_generic_params(tokens: TokenStream, generics: &syn::Generics) -> bool {
 
 /// `::idem_runtime::__private`, under whatever name the user's crate gives `idem-runtime`.
 fn runtime_private() -> TokenStream {
+    let runtime = runtime();
+    quote!(#runtime::__private)
+}
+
+/// `::idem_runtime`, under whatever name the user's crate gives `idem-runtime`: the path of
+/// what the generated code names where an error may show it (the public traits).
+fn runtime() -> TokenStream {
     use proc_macro_crate::{FoundCrate, crate_name};
     match crate_name("idem-runtime") {
         Ok(FoundCrate::Name(name)) => {
             let name = syn::Ident::new(&name, proc_macro2::Span::call_site());
-            quote!(::#name::__private)
+            quote!(::#name)
         }
         // `Itself` (idem-runtime's own doc tests) and a manifest that cannot be read both
         // mean the usual name.
-        Ok(FoundCrate::Itself) | Err(_) => quote!(::idem_runtime::__private),
+        Ok(FoundCrate::Itself) | Err(_) => quote!(::idem_runtime),
     }
+}
+
+/// `::axum`, under whatever name the user's crate gives it, if it depends on it.
+fn axum() -> Option<TokenStream> {
+    use proc_macro_crate::{FoundCrate, crate_name};
+    match crate_name("axum") {
+        Ok(FoundCrate::Name(name)) => {
+            let name = syn::Ident::new(&name, proc_macro2::Span::call_site());
+            Some(quote!(::#name))
+        }
+        Ok(FoundCrate::Itself) | Err(_) => None,
+    }
+}
+
+/// `tokens`, each at `span`.
+fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let proc_macro2::TokenTree::Group(group) = &token {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                inner.set_span(span);
+                token = proc_macro2::TokenTree::Group(inner);
+            }
+            token.set_span(span);
+            token
+        })
+        .collect()
 }
 
 /// The span of a parameter's type, where errors about it are reported.

@@ -7,10 +7,12 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::{ReturnType, Type, visit_mut::VisitMut};
 
-use super::names_generic_params;
+use super::{names_generic_params, runtime};
 use crate::handler::{Handler, Scope};
 
-/// The value of `__idem_scope`: global, or the scope parameter's, through `IdempotencyScope`.
+/// The value of `__idem_scope`: global, or the caller's, read from the scope parameter through
+/// `IdempotencyScope`, called by its public path so that a type without the trait is reported
+/// against that trait alone (no helper of the runtime in the error).
 pub fn scope(handler: &Handler, private: &TokenStream) -> TokenStream {
     match &handler.scope {
         Scope::Global => quote!(#private::Scope::Global),
@@ -19,7 +21,12 @@ pub fn scope(handler: &Handler, private: &TokenStream) -> TokenStream {
             // is underlined on the type alone.
             let mut ident = ident.clone();
             ident.set_span(*span);
-            quote_spanned!(*span=> #private::scope_of(&#ident))
+            let runtime = runtime();
+            quote_spanned! {*span=>
+                #private::Scope::Caller(::std::borrow::Cow::into_owned(
+                    #runtime::IdempotencyScope::idempotency_scope(&#ident),
+                ))
+            }
         }
     }
 }

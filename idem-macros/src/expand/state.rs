@@ -6,7 +6,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::Type;
 
-use super::{leading_extractors, names_generic_params, ty_span};
+use super::{axum, leading_extractors, names_generic_params, respan, runtime, ty_span};
 use crate::{args::Args, handler::Handler};
 
 /// The checks sit in a closure that is never called, in the handler's body, where its type
@@ -34,17 +34,32 @@ pub fn checks(
 /// `S` provides `Store<DB>`, at the state's type. When the database is one of the handler's
 /// type parameters, whether `S` provides its store is a question for each instantiation,
 /// which `.route(...)` answers.
+///
+/// The check names Axum's `FromRef` itself when the user's crate depends on Axum, so that the
+/// error is the missing `FromRef` impl alone, with no helper of the runtime in it; otherwise
+/// it goes through the runtime's helper.
 fn provides_store(
     state: &Type,
     private: &TokenStream,
     db: &TokenStream,
     generics: &syn::Generics,
 ) -> Option<TokenStream> {
-    (!names_generic_params(db.clone(), generics)).then(|| {
-        quote_spanned! {syn::spanned::Spanned::span(state)=>
+    if names_generic_params(db.clone(), generics) {
+        return None;
+    }
+    let span = syn::spanned::Spanned::span(state);
+    let Some(axum) = axum() else {
+        return Some(quote_spanned! {span=>
             #private::state_provides_store::<#state, #db>();
-        }
-    })
+        });
+    };
+    // Every token at the state's type, the crates' paths too, so that the error is underlined
+    // there rather than on the whole attribute.
+    let runtime = runtime();
+    let check = quote! {
+        let _ = <#runtime::Store<#db> as #axum::extract::FromRef<#state>>::from_ref;
+    };
+    Some(respan(check, span))
 }
 
 /// An argument that is not the last reads only the request's parts, at its type.
