@@ -84,44 +84,10 @@ struct Raw {
 /// Parses the arguments, collecting every error; the values that could be read are returned
 /// beside the errors, so that the signature can still be checked against them.
 pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
-    let mut raw = Raw::default();
-    let mut errors: Vec<syn::Error> = Vec::new();
-    let parser = syn::meta::parser(|meta| {
-        if let Err(error) = parse_one(&meta, &mut raw) {
-            errors.push(error);
-            skip_value(&meta)?;
-        }
-        Ok(())
-    });
-    if let Err(error) = parser.parse2(attr) {
-        errors.push(error);
-    }
-    if let (Some(_), Some(global)) = (&raw.scope, raw.global) {
-        errors.push(syn::Error::new(
-            global,
-            "`global` and `scope` cannot be used together: keys are either shared by all callers or kept per caller",
-        ));
-    }
-    let scope = match (raw.scope, raw.global) {
-        (Some(lit), _) => Some(ScopeArg::Param(lit)),
-        (None, Some(_)) => Some(ScopeArg::Global),
-        (None, None) if raw.scope_attempted => None,
-        (None, None) => {
-            errors.push(syn::Error::new(
-                Span::call_site(),
-                "missing `scope`: name the parameter that identifies the caller, e.g. `#[idempotent(scope = \"tenant\")]`, or write `#[idempotent(global)]` to share keys between all callers",
-            ));
-            None
-        }
-    };
-    if let Some((lease, span)) = raw.lease
-        && lease > raw.retention.unwrap_or(DEFAULT_RETENTION)
-    {
-        errors.push(syn::Error::new(
-            span,
-            "`lease` is longer than `retention`: a claim would expire before its lease ends; shorten the lease",
-        ));
-    }
+    let (raw, mut errors) = parse_raw(attr);
+    errors.extend(check_scope_or_global(&raw));
+    let scope = scope(&raw, &mut errors);
+    errors.extend(check_lease_within_retention(&raw));
     let args = Args {
         scope,
         retention_secs: raw.retention.unwrap_or(DEFAULT_RETENTION),
@@ -135,6 +101,62 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
         state: raw.state,
     };
     (args, errors)
+}
+
+/// Each argument read on its own; after an error the next one is still read.
+fn parse_raw(attr: TokenStream) -> (Raw, Vec<syn::Error>) {
+    let mut raw = Raw::default();
+    let mut errors: Vec<syn::Error> = Vec::new();
+    let parser = syn::meta::parser(|meta| {
+        if let Err(error) = parse_one(&meta, &mut raw) {
+            errors.push(error);
+            skip_value(&meta)?;
+        }
+        Ok(())
+    });
+    if let Err(error) = parser.parse2(attr) {
+        errors.push(error);
+    }
+    (raw, errors)
+}
+
+/// Keys are per caller (`scope`) or shared (`global`), not both.
+fn check_scope_or_global(raw: &Raw) -> Option<syn::Error> {
+    let (Some(_), Some(global)) = (&raw.scope, raw.global) else {
+        return None;
+    };
+    Some(syn::Error::new(
+        global,
+        "`global` and `scope` cannot be used together: keys are either shared by all callers or kept per caller",
+    ))
+}
+
+/// Whose keys these are: `None` when `scope` or `global` was written with an error (reported
+/// already), or when neither was (reported here).
+fn scope(raw: &Raw, errors: &mut Vec<syn::Error>) -> Option<ScopeArg> {
+    match (&raw.scope, raw.global) {
+        (Some(lit), _) => Some(ScopeArg::Param(lit.clone())),
+        (None, Some(_)) => Some(ScopeArg::Global),
+        (None, None) if raw.scope_attempted => None,
+        (None, None) => {
+            errors.push(syn::Error::new(
+                Span::call_site(),
+                "missing `scope`: name the parameter that identifies the caller, e.g. `#[idempotent(scope = \"tenant\")]`, or write `#[idempotent(global)]` to share keys between all callers",
+            ));
+            None
+        }
+    }
+}
+
+/// A claim cannot outlive its record: the lease is at most the retention.
+fn check_lease_within_retention(raw: &Raw) -> Option<syn::Error> {
+    let (lease, span) = raw.lease?;
+    (lease > raw.retention.unwrap_or(DEFAULT_RETENTION)).then(|| {
+        syn::Error::new(
+            span,
+            "`lease` is longer than `retention`: a claim would expire before its lease ends; shorten the lease",
+        )
+    })
 }
 
 /// Folds errors into one, so that each is reported at its own span.

@@ -3,10 +3,11 @@
 /// The longest duration accepted: 100 years of 365 days.
 const MAX_SECONDS: u64 = 100 * 365 * 86_400;
 
-/// Parses a duration into whole seconds.
+/// How to write a duration, for the errors.
+const HINT: &str = "write a number followed by `s`, `m`, `h` or `d`, e.g. \"90m\", \"24h\", \"7d\"";
+
+/// Parses a duration into whole seconds: groups of digits each followed by its unit, summed.
 pub fn parse_seconds(text: &str) -> Result<u64, String> {
-    const HINT: &str =
-        "write a number followed by `s`, `m`, `h` or `d`, e.g. \"90m\", \"24h\", \"7d\"";
     if text.is_empty() {
         return Err(format!("empty duration; {HINT}"));
     }
@@ -17,22 +18,7 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
             digits.push(c);
             continue;
         }
-        if c == '.' {
-            return Err(format!(
-                "invalid duration `{text}`: fractions are not supported; use a smaller unit, e.g. \"90m\" for 1.5 hours"
-            ));
-        }
-        let unit = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            'd' => 86_400,
-            _ => {
-                return Err(format!(
-                    "invalid duration `{text}`: unknown unit `{c}`; {HINT}"
-                ));
-            }
-        };
+        let unit = unit_seconds(text, c)?;
         if digits.is_empty() {
             return Err(format!(
                 "invalid duration `{text}`: `{c}` has no number before it; {HINT}"
@@ -52,6 +38,27 @@ pub fn parse_seconds(text: &str) -> Result<u64, String> {
             "invalid duration `{text}`: `{digits}` has no unit; {HINT}"
         ));
     }
+    check_total(text, total)
+}
+
+/// The seconds in the unit `c` of `text`, or why `c` is not a unit.
+fn unit_seconds(text: &str, c: char) -> Result<u64, String> {
+    match c {
+        's' => Ok(1),
+        'm' => Ok(60),
+        'h' => Ok(3600),
+        'd' => Ok(86_400),
+        '.' => Err(format!(
+            "invalid duration `{text}`: fractions are not supported; use a smaller unit, e.g. \"90m\" for 1.5 hours"
+        )),
+        _ => Err(format!(
+            "invalid duration `{text}`: unknown unit `{c}`; {HINT}"
+        )),
+    }
+}
+
+/// `total` seconds, if longer than zero and at most [`MAX_SECONDS`].
+fn check_total(text: &str, total: u64) -> Result<u64, String> {
     if total == 0 {
         return Err(format!(
             "invalid duration `{text}`: must be longer than zero"

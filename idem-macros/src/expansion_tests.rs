@@ -287,13 +287,10 @@ fn split_attribute(source: &str) -> (TokenStream, TokenStream) {
     (args, tokens.collect())
 }
 
-/// What the attribute emits for the case, as `lib.rs` calls it, pretty-printed.
+/// What the attribute emits for the case, pretty-printed.
 fn expanded(source: &str) -> String {
     let (args, item) = split_attribute(source);
-    let tokens = match crate::expand::idempotent(args, item.clone()) {
-        Ok(tokens) => tokens,
-        Err(errors) => crate::expand::after_errors(item, &errors),
-    };
+    let tokens = crate::expand_or_refuse(args, item);
     let file: syn::File = syn::parse2(tokens.clone())
         .unwrap_or_else(|error| panic!("the expansion does not parse ({error}):\n{tokens}"));
     prettyplease::unparse(&file)

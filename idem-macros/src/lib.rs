@@ -1,10 +1,13 @@
 //! The `#[idempotent]` attribute. Use it through `idem-runtime`, which re-exports it and holds
 //! everything the generated code calls.
 //!
-//! The pipeline is parse (`args.rs`), validate (`handler.rs`), expand (`expand.rs`); every error of
-//! the first two stages is collected and reported at once, spanned on the offending token, next
-//! to the unchanged function (renamed) and a stand-in handler of the original name, so that the
-//! rest of the crate still type-checks and `.route(...)` adds no error of its own.
+//! The pipeline is parse (`args.rs`), validate (`handler.rs`, one check a function, under
+//! `handler/`), expand (`expand.rs`, one generated part a function, under `expand/`), read in
+//! `expand_or_refuse`: every error of the first two stages is collected and reported at once,
+//! spanned on the offending token, next to the unchanged function (renamed) and a stand-in
+//! handler of the original name, so that the rest of the crate still type-checks and
+//! `.route(...)` adds no error of its own. The output of each kind of handler is recorded
+//! under `tests/expansion/` (see `expansion_tests.rs`).
 
 use proc_macro::TokenStream;
 
@@ -79,9 +82,40 @@ mod handler;
 /// must provide `idem_runtime::Store<DB>` through `FromRef`.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let original: proc_macro2::TokenStream = item.clone().into();
-    match expand::idempotent(attr.into(), item.into()) {
-        Ok(tokens) => tokens.into(),
-        Err(errors) => expand::after_errors(original, &errors).into(),
+    expand_or_refuse(attr.into(), item.into()).into()
+}
+
+/// The handler rewritten, or, when it is refused, the errors beside it.
+fn expand_or_refuse(
+    attr: proc_macro2::TokenStream,
+    item: proc_macro2::TokenStream,
+) -> proc_macro2::TokenStream {
+    match parse_and_validate(attr, item.clone()) {
+        Ok((args, handler)) => expand::handler(&args, &handler),
+        Err(errors) => expand::after_errors(item, &errors),
+    }
+}
+
+/// The arguments and the handler, each checked; the errors of both at once when either is
+/// wrong (the signature is still checked against the arguments that could be read).
+fn parse_and_validate(
+    attr: proc_macro2::TokenStream,
+    item: proc_macro2::TokenStream,
+) -> Result<(args::Args, handler::Handler), syn::Error> {
+    let (args, mut errors) = args::parse(attr);
+    let validated = match syn::parse2::<syn::ItemFn>(item) {
+        Ok(item) => handler::analyse(item, &args),
+        Err(error) => Err(syn::Error::new(
+            error.span(),
+            "`#[idempotent]` applies to an `async fn` handler",
+        )),
+    };
+    match validated {
+        Ok(handler) if errors.is_empty() => Ok((args, handler)),
+        Ok(_) => Err(args::combine(errors).expect("one error at least")),
+        Err(more) => {
+            errors.push(more);
+            Err(args::combine(errors).expect("one error at least"))
+        }
     }
 }

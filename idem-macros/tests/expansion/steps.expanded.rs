@@ -22,7 +22,11 @@ async fn create_order(
     let __idem_span = __idem_request.span();
     ::idem_runtime::__private::Instrument::instrument(
             async move {
-                let __idem_scope = ::idem_runtime::__private::scope_of(&tenant);
+                let __idem_scope = ::idem_runtime::__private::Scope::Caller(
+                    ::std::borrow::Cow::into_owned(
+                        ::idem_runtime::IdempotencyScope::idempotency_scope(&tenant),
+                    ),
+                );
                 let __idem_options = __IDEM_POLICY.__options();
                 #[allow(unused_mut)]
                 let mut __idem_claim = match ::idem_runtime::__private::ExternalClaim::<

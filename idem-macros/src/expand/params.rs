@@ -1,0 +1,50 @@
+//! The rewritten handler's parameters: the state pin (with `state = S`), the extractors but the
+//! last, unchanged, and the last one wrapped in `Input`, which takes the key and the body
+//! first.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+
+use super::{leading_extractors, ty_span};
+use crate::{args::Args, handler::Handler};
+
+/// The parameter list, between the parentheses.
+pub fn params(
+    args: &Args,
+    handler: &Handler,
+    private: &TokenStream,
+    db: &TokenStream,
+) -> TokenStream {
+    let state_pin = args.state.as_ref().map(|state| state_pin(state, private));
+    let extractors = leading_extractors(handler).iter().map(|arg| quote!(#arg));
+    let input = input(handler, private, db);
+    quote!(#state_pin #(#extractors,)* #input)
+}
+
+/// With `state = S`, the handler is an Axum handler for that state only, so that a router
+/// built with it is not inferred to have another state (the store's) when `S` lacks the store:
+/// the one error is then the missing `FromRef`, at the attribute.
+fn state_pin(state: &syn::Type, private: &TokenStream) -> TokenStream {
+    quote_spanned! {syn::spanned::Spanned::span(state)=>
+        _: #private::StateIs<#state>,
+    }
+}
+
+/// The last extractor wrapped in `Input`, which takes the key and the body first and hands
+/// over the request (`__idem_request`); `Input<()>` when the handler has no extractor.
+fn input(handler: &Handler, private: &TokenStream, db: &TokenStream) -> TokenStream {
+    match handler.extractors.last() {
+        Some(last) => {
+            let attrs = &last.attrs;
+            let pat = &last.pat;
+            let ty = &last.ty;
+            quote_spanned! {ty_span(last)=>
+                #(#attrs)*
+                #private::Input { value: #pat, request: __idem_request }: #private::Input<#ty, #db>
+            }
+        }
+        None => quote! {
+            #private::Input { value: (), request: __idem_request }: #private::Input<(), #db>
+        },
+    }
+}
