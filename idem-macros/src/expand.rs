@@ -109,18 +109,6 @@ fn runtime() -> TokenStream {
     }
 }
 
-/// `::axum`, under whatever name the user's crate gives it, if it depends on it.
-fn axum() -> Option<TokenStream> {
-    use proc_macro_crate::{FoundCrate, crate_name};
-    match crate_name("axum") {
-        Ok(FoundCrate::Name(name)) => {
-            let name = syn::Ident::new(&name, proc_macro2::Span::call_site());
-            Some(quote!(::#name))
-        }
-        Ok(FoundCrate::Itself) | Err(_) => None,
-    }
-}
-
 /// `tokens`, each at `span`.
 fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
     tokens

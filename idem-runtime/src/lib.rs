@@ -211,7 +211,7 @@ pub use sqlx;
 pub mod __private {
     pub use crate::checkout::Checkout;
     pub use crate::flow::{
-        Acquired, Attempt, Claim, ExternalClaim, Input, Limit, Scope, hint, scope_of, within,
+        Acquired, Attempt, Claim, ExternalClaim, Input, Limit, Scope, hint, within,
     };
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use inventory;
@@ -230,15 +230,9 @@ pub mod __private {
     pub use axum::response::{IntoResponse, Response};
     pub use tracing::Instrument;
 
-    /// `#[idempotent(state = S)]`: the router state `S` provides the store. A trait bound on
-    /// `S` (rather than a `where` on `Store`), so that the compiler's error points at the state
-    /// type; it names `Store<DB>` and `FromRef<S>`.
-    pub trait ProvidesStore<DB: crate::Backend> {}
-    impl<S, DB: crate::Backend> ProvidesStore<DB> for S where crate::Store<DB>: axum::extract::FromRef<S>
-    {}
-
-    /// Compiles only when `S` provides `Store<DB>`.
-    pub fn state_provides_store<S: ProvidesStore<DB>, DB: crate::Backend>() {}
+    /// `#[idempotent(state = S)]`: the check that `S` provides the store names Axum's own
+    /// trait, so that its error is the missing `FromRef` impl alone.
+    pub use axum::extract::FromRef;
 
     /// `#[idempotent(state = S)]`: an extractor of nothing, for state `S` only, that makes the
     /// handler an Axum handler of that one state.

@@ -6,7 +6,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::Type;
 
-use super::{axum, leading_extractors, names_generic_params, respan, runtime, ty_span};
+use super::{leading_extractors, names_generic_params, respan, runtime, ty_span};
 use crate::{args::Args, handler::Handler};
 
 /// The checks sit in a closure that is never called, in the handler's body, where its type
@@ -35,9 +35,9 @@ pub fn checks(
 /// type parameters, whether `S` provides its store is a question for each instantiation,
 /// which `.route(...)` answers.
 ///
-/// The check names Axum's `FromRef` itself when the user's crate depends on Axum, so that the
-/// error is the missing `FromRef` impl alone, with no helper of the runtime in it; otherwise
-/// it goes through the runtime's helper.
+/// The check names Axum's `FromRef` itself (through the runtime, which depends on the Axum its
+/// handlers are for), so that the error is the missing `FromRef` impl alone, with no helper of
+/// the runtime in it.
 fn provides_store(
     state: &Type,
     private: &TokenStream,
@@ -47,19 +47,13 @@ fn provides_store(
     if names_generic_params(db.clone(), generics) {
         return None;
     }
-    let span = syn::spanned::Spanned::span(state);
-    let Some(axum) = axum() else {
-        return Some(quote_spanned! {span=>
-            #private::state_provides_store::<#state, #db>();
-        });
-    };
     // Every token at the state's type, the crates' paths too, so that the error is underlined
     // there rather than on the whole attribute.
     let runtime = runtime();
     let check = quote! {
-        let _ = <#runtime::Store<#db> as #axum::extract::FromRef<#state>>::from_ref;
+        let _ = <#runtime::Store<#db> as #private::FromRef<#state>>::from_ref;
     };
-    Some(respan(check, span))
+    Some(respan(check, syn::spanned::Spanned::span(state)))
 }
 
 /// An argument that is not the last reads only the request's parts, at its type.

@@ -10,7 +10,9 @@ pub(crate) async fn create(
     }: ::idem_runtime::__private::Input<Caller, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     let _ = || {
-        ::idem_runtime::__private::state_provides_store::<AppState, Postgres>();
+        let _ = <::idem_runtime::Store<
+            Postgres,
+        > as ::idem_runtime::__private::FromRef<AppState>>::from_ref;
         ::idem_runtime::__private::reads_only_parts::<Tenant, AppState>();
     };
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(

@@ -8,7 +8,9 @@ async fn create_payment(
     }: ::idem_runtime::__private::Input<Json<NewPayment>, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     let _ = || {
-        ::idem_runtime::__private::state_provides_store::<AppState, Postgres>();
+        let _ = <::idem_runtime::Store<
+            Postgres,
+        > as ::idem_runtime::__private::FromRef<AppState>>::from_ref;
         ::idem_runtime::__private::reads_only_parts::<State<AppState>, AppState>();
         ::idem_runtime::__private::reads_only_parts::<Tenant, AppState>();
     };

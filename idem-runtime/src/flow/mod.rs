@@ -36,8 +36,6 @@ pub use external::ExternalClaim;
 pub use extract::Input;
 pub use transactional::{Acquired, Attempt, Claim};
 
-use crate::scope::IdempotencyScope;
-
 /// Whose key it is: a caller's, or everyone's (`#[idempotent(global)]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
@@ -45,11 +43,6 @@ pub enum Scope {
     Global,
     /// Keys of one caller.
     Caller(String),
-}
-
-/// The scope of the handler's scope parameter.
-pub fn scope_of<T: IdempotencyScope + ?Sized>(value: &T) -> Scope {
-    Scope::Caller(value.idempotency_scope().into_owned())
 }
 
 /// Gives the handler body's future its declared output type, so `?` and `return` inside it

@@ -1,3 +1,4 @@
+use axum::extract::State;
 use idem_runtime::idempotent;
 use sqlx::{Postgres, Transaction};
 
@@ -7,8 +8,12 @@ struct AppState {
 }
 
 #[idempotent(scope = "tenant", state = AppState)]
-async fn create(tenant: String, tx: &mut Transaction<'_, Postgres>) {
-    let _ = (tenant, tx);
+async fn create(
+    State(state): State<AppState>,
+    tenant: String,
+    tx: &mut Transaction<'_, Postgres>,
+) {
+    let _ = (state, tenant, tx);
 }
 
 fn main() {
