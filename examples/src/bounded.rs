@@ -9,34 +9,34 @@
 //! statement was sent on is closed rather than returned to the pool, where sqlx would ping it
 //! (a ping that waits as long as the database does) before another request could use it.
 
-use idem_runtime::Settings;
+use idem_runtime::StoreOptions;
 use sqlx::{Database, Pool};
 use tokio::time::{Instant, timeout_at};
 
 use crate::error::ApiError;
 
 /// Runs `query` on a connection of its own from `pool`, the wait for that connection included,
-/// within `settings`' [`database_timeout`](Settings::database_timeout), as the layer bounds a
+/// within `options`' [`database_timeout`](StoreOptions::database_timeout), as the layer bounds a
 /// request's own.
 ///
 /// # Errors
 ///
-/// [`ApiError::DatabaseUnavailable`] (503, `Retry-After` from `settings`) past the deadline or
+/// [`ApiError::DatabaseUnavailable`] (503, `Retry-After` from `options`) past the deadline or
 /// when no connection could be had, the connection (if one was had) closed; what `query`
 /// returns otherwise.
 pub async fn within_deadline<DB, T>(
     pool: &Pool<DB>,
-    settings: &Settings,
+    options: &StoreOptions,
     query: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, sqlx::Error>,
 ) -> Result<T, ApiError>
 where
     DB: Database,
 {
-    let limit = settings.database_timeout();
+    let limit = options.database_timeout();
     let deadline = Instant::now() + limit;
     let unavailable = |detail: String| ApiError::DatabaseUnavailable {
         detail,
-        retry_after: settings.retry_after(),
+        retry_after: options.retry_after(),
     };
     let mut conn = match timeout_at(deadline, pool.acquire()).await {
         Ok(Ok(conn)) => conn,

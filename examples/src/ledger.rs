@@ -10,7 +10,7 @@ use idem_events::{Backend, EventHandler, Message};
 use serde::{Deserialize, Serialize};
 use sqlx::{MySql, MySqlConnection, Pool, Postgres, Sqlite, Transaction};
 
-use idem_runtime::Settings;
+use idem_runtime::StoreOptions;
 
 use crate::{auth::Tenant, bounded, error::ApiError};
 
@@ -266,30 +266,30 @@ impl<DB: LedgerSql> EventHandler<DB> for Ledger {
     }
 }
 
-/// What `GET /v1/ledger` reads from: the pool, and the settings of idem that bound its work
+/// What `GET /v1/ledger` reads from: the pool, and the options of idem's store that bound its work
 /// ([`bounded::within_deadline`]).
 #[derive(Debug)]
 pub struct LedgerState<DB: sqlx::Database> {
     pool: Pool<DB>,
-    settings: Arc<Settings>,
+    options: Arc<StoreOptions>,
 }
 
 impl<DB: sqlx::Database> Clone for LedgerState<DB> {
     fn clone(&self) -> Self {
         Self {
             pool: self.pool.clone(),
-            settings: Arc::clone(&self.settings),
+            options: Arc::clone(&self.options),
         }
     }
 }
 
-/// `GET /v1/ledger` over `pool`, its reads bounded as `settings` say.
-pub fn router<DB: LedgerSql>(pool: Pool<DB>, settings: Settings) -> Router {
+/// `GET /v1/ledger` over `pool`, its reads bounded as `options` say.
+pub fn router<DB: LedgerSql>(pool: Pool<DB>, options: StoreOptions) -> Router {
     Router::new()
         .route("/v1/ledger", get(balance::<DB>))
         .with_state(LedgerState {
             pool,
-            settings: Arc::new(settings),
+            options: Arc::new(options),
         })
 }
 
@@ -301,7 +301,7 @@ pub async fn balance<DB: LedgerSql>(
     tenant: Tenant,
     State(state): State<LedgerState<DB>>,
 ) -> Result<Json<Balance>, ApiError> {
-    let balance = bounded::within_deadline(&state.pool, &state.settings, async |conn| {
+    let balance = bounded::within_deadline(&state.pool, &state.options, async |conn| {
         DB::balance(conn, &tenant.0).await
     })
     .await?;

@@ -69,7 +69,7 @@ impl<DB: Backend> AppState<DB> {
         &self,
         query: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, sqlx::Error>,
     ) -> Result<T, ApiError> {
-        bounded::within_deadline(self.store.pool(), self.store.settings(), query).await
+        bounded::within_deadline(self.store.pool(), self.store.options(), query).await
     }
 }
 

@@ -226,7 +226,7 @@ pub fn broker() -> Result<Option<Broker>, Error> {
                 std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
             let mut broker = Nats::new(&url, &stream).map_err(|e| format!("NATS_URL: {e}"))?;
             if let Some(replicas) = nats_replicas(std::env::var("NATS_REPLICAS").ok())? {
-                broker = broker.replicas(replicas);
+                broker = broker.with_replicas(replicas);
             }
             Ok(Some(Broker::Nats(broker)))
         }

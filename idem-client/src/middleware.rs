@@ -108,7 +108,7 @@ impl IdempotentRetry {
     }
 
     /// [`IdempotentRetry::with_store`] with a store the caller keeps a handle on, to forget an
-    /// action's key itself (see [`IdempotentRetry::forget_on_final`]).
+    /// action's key itself (see [`IdempotentRetry::with_forget_on_final`]).
     #[must_use]
     pub fn with_shared_store(mut self, store: Arc<dyn KeyStore>) -> Self {
         self.store = Some(store);
@@ -119,7 +119,7 @@ impl IdempotentRetry {
     /// `true`). Turn it off to forget it yourself once the answer's body is read, so that a
     /// connection cut in the middle of the body leaves the key for the next run.
     #[must_use]
-    pub fn forget_on_final(mut self, forget: bool) -> Self {
+    pub fn with_forget_on_final(mut self, forget: bool) -> Self {
         self.forget_on_final = forget;
         self
     }

@@ -64,7 +64,7 @@ pub trait Subscriber: Send + Sync + 'static {
 /// An open subscription: the messages, one delivery at a time. Dropping it leaves the
 /// unacknowledged ones to the broker: RabbitMQ delivers them again at once, Redis once they
 /// are claimed (by the same consumer name subscribing again, or by another after
-/// `redis::RedisSubscriber::claim_idle`).
+/// `redis::RedisSubscriber::with_claim_idle`).
 pub trait Subscription: Send + 'static {
     /// One received message, to settle once.
     type Delivery: Delivery;

@@ -22,14 +22,14 @@
 //! subjects `<prefix>.<topic>` and the stream, named after the prefix with its dots made
 //! underscores (`idem_events`), which holds `<prefix>.>`. The stream is created when missing,
 //! by the publisher or a subscriber, with as many replicas as the cluster has servers, at most
-//! 3 (see [`Nats::replicas`]). A message's id is its `Nats-Msg-Id` header, its payload the
+//! 3 (see [`Nats::with_replicas`]). A message's id is its `Nats-Msg-Id` header, its payload the
 //! event's JSON.
 //!
 //! The consumer `name` is a durable pull consumer of the stream that starts at its first
 //! message, so events published before the consumer first ran are delivered too. A message
 //! given back for another attempt is negatively acknowledged (delivered again at once); one
 //! left unsettled (its consumer died, or dropped it) is delivered again after the consumer's
-//! [`NatsSubscriber::ack_wait`]. A delivery reports itself redelivered from JetStream's count of
+//! [`NatsSubscriber::with_ack_wait`]. A delivery reports itself redelivered from JetStream's count of
 //! its deliveries. One that failed for good is published to `<prefix>.dead.<topic>`, with the headers
 //! `Idem-Event-Id`, `Idem-Consumer` and `Idem-Error`, and then terminated: JetStream does not
 //! deliver it to that consumer again. The dead letters are in the same stream, and the
@@ -62,7 +62,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long JetStream may take to answer a request or acknowledge a publish.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The most replicas the stream is given without [`Nats::replicas`].
+/// The most replicas the stream is given without [`Nats::with_replicas`].
 const MAX_REPLICAS: usize = 3;
 
 /// The header that carries the event id of a dead letter.
@@ -125,7 +125,7 @@ impl Nats {
     /// the cluster has servers (those the connected server is routed to then), at most 3. A
     /// stream that exists is left as it is.
     #[must_use]
-    pub fn replicas(mut self, replicas: usize) -> Self {
+    pub fn with_replicas(mut self, replicas: usize) -> Self {
         self.replicas = Some(replicas.max(1));
         self
     }
@@ -134,7 +134,7 @@ impl Nats {
     /// 2 minutes, JetStream's own), when this creates the stream. Make it longer than the
     /// relay can take to publish an event again.
     #[must_use]
-    pub fn duplicate_window(mut self, window: Duration) -> Self {
+    pub fn with_duplicate_window(mut self, window: Duration) -> Self {
         self.duplicate_window = window;
         self
     }
@@ -164,7 +164,7 @@ impl Nats {
 
     /// A [`Subscriber`] for the consumer `name` (its durable consumer; letters, digits, `-`
     /// and `_`), which takes 16 messages at a time and has 30 s to settle each
-    /// ([`NatsSubscriber::ack_wait`]).
+    /// ([`NatsSubscriber::with_ack_wait`]).
     pub fn subscriber(&self, name: &str) -> NatsSubscriber {
         NatsSubscriber {
             broker: self.clone(),
@@ -424,14 +424,14 @@ impl NatsSubscriber {
     /// (default 30 s): the delay before the message of a consumer that died comes back, when
     /// this creates the consumer. Make it longer than a message takes to process.
     #[must_use]
-    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+    pub fn with_ack_wait(mut self, ack_wait: Duration) -> Self {
         self.ack_wait = ack_wait.max(Duration::from_millis(1));
         self
     }
 
     /// How many messages are pulled at a time, and may wait unsettled (default 16).
     #[must_use]
-    pub fn batch(mut self, batch: usize) -> Self {
+    pub fn with_batch(mut self, batch: usize) -> Self {
         self.batch = batch.max(1);
         self
     }
@@ -559,7 +559,7 @@ impl Subscription for NatsSubscription {
 }
 
 /// A message pulled through the durable consumer. Dropped unsettled, it is delivered again
-/// once the consumer's [`NatsSubscriber::ack_wait`] is over, as the message of a process that
+/// once the consumer's [`NatsSubscriber::with_ack_wait`] is over, as the message of a process that
 /// died. (Not negatively acknowledged on the way out: a JetStream server of the 2.9 line that
 /// redelivers it to a pull request whose client is leaving counts that delivery back, and
 /// reports the next one as a first delivery; the consumer would then not count the attempt of a

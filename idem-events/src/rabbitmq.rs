@@ -252,7 +252,7 @@ impl RabbitMqSubscriber {
 
     /// How many unacknowledged messages the broker sends ahead (default 16).
     #[must_use]
-    pub fn prefetch(mut self, prefetch: u16) -> Self {
+    pub fn with_prefetch(mut self, prefetch: u16) -> Self {
         self.prefetch = prefetch.max(1);
         self
     }

@@ -19,12 +19,12 @@
 //! An entry holds the fields `id` (the event id), `topic` and `payload`. The consumer `name`
 //! is the consumer group; the group starts at the stream's first entry, so events published
 //! before the consumer first ran are delivered too. Within the group, a process reads as the
-//! consumer `name` unless [`RedisSubscriber::consumer`] names it otherwise (give each process
+//! consumer `name` unless [`RedisSubscriber::with_consumer`] names it otherwise (give each process
 //! of a group its own name). On subscribing it first reads what is still pending for its
 //! name (what it had received before it stopped), then new entries.
 //!
 //! A message given back for another attempt stays pending and is claimed again after
-//! [`RedisSubscriber::claim_idle`], as are the messages of a consumer that stopped for good;
+//! [`RedisSubscriber::with_claim_idle`], as are the messages of a consumer that stopped for good;
 //! one that failed for good is appended, with `group` and `error` fields, to `<stream>.dead`
 //! and acknowledged in one `MULTI`. Streams are not trimmed.
 
@@ -80,7 +80,7 @@ impl RedisStreams {
 
     /// A [`Subscriber`] for the consumer `name` (its consumer group), reading as the consumer
     /// `name` within the group; messages pending for 30 s (see
-    /// [`RedisSubscriber::claim_idle`]) are taken over.
+    /// [`RedisSubscriber::with_claim_idle`]) are taken over.
     pub fn subscriber(&self, name: &str) -> RedisSubscriber {
         RedisSubscriber {
             broker: self.clone(),
@@ -176,7 +176,7 @@ impl RedisSubscriber {
     /// died, is delivered again (default 30 s). Make it longer than a message takes to
     /// process.
     #[must_use]
-    pub fn claim_idle(mut self, claim_idle: Duration) -> Self {
+    pub fn with_claim_idle(mut self, claim_idle: Duration) -> Self {
         self.claim_idle = claim_idle.max(Duration::from_millis(1));
         self
     }
@@ -185,7 +185,7 @@ impl RedisSubscriber {
     /// group should have its own, kept across restarts: a process that starts again reads what
     /// is still pending for its name at once.
     #[must_use]
-    pub fn consumer(mut self, consumer: &str) -> Self {
+    pub fn with_consumer(mut self, consumer: &str) -> Self {
         consumer.clone_into(&mut self.consumer);
         self
     }

@@ -16,7 +16,7 @@ pub enum Error {
     #[error("migrating idem's tables failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// The database did not answer within the store's
-    /// [`database_timeout`](crate::Settings::database_timeout): the operation was abandoned and
+    /// [`database_timeout`](crate::StoreOptions::database_timeout): the operation was abandoned and
     /// its connection closed.
     #[error("the idempotency store's database did not answer within {}", crate::attribute::attribute_duration(*.after))]
     TimedOut {

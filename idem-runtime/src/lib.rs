@@ -192,7 +192,7 @@ pub use problem::{DEFAULT_PROBLEM_TYPE_BASE, PROBLEM_JSON, Problem, ProblemKind}
 pub use record::RecordedStep;
 pub use scope::IdempotencyScope;
 pub use steps::{StepError, Steps};
-pub use store::{Settings, Store};
+pub use store::{Store, StoreOptions};
 pub use transient::is_transient;
 
 /// The longest scope value keys can be stored under, in bytes; a longer one is answered 400

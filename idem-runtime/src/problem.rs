@@ -10,7 +10,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// Where the problem types of idem's own answers are documented: the repository's
 /// `docs/problems.md` as of the tag `v0.1.0`, one section per kind; a kind's `type` is this
-/// base and the kind's fixed slug (`…#keyreused`). [`Settings::with_problem_type_base`] replaces
+/// base and the kind's fixed slug (`…#keyreused`). [`StoreOptions::with_problem_type_base`] replaces
 /// it.
 ///
 /// The base names a tag, not a branch: a problem `type` is an identifier that clients compare
@@ -20,7 +20,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// the set of kinds keep the URIs. A release that adds a kind (its section is not at the old
 /// tag) moves the base to its own tag, which changes every URI: a breaking release.
 ///
-/// [`Settings::with_problem_type_base`]: crate::Settings::with_problem_type_base
+/// [`StoreOptions::with_problem_type_base`]: crate::StoreOptions::with_problem_type_base
 pub const DEFAULT_PROBLEM_TYPE_BASE: &str =
     "https://github.com/idem-rs/idem/blob/v0.1.0/docs/problems.md#";
 
@@ -97,10 +97,10 @@ impl ProblemKind {
         self.type_uri_under(DEFAULT_PROBLEM_TYPE_BASE)
     }
 
-    /// The `type` URI of this kind under `base` (see [`Settings::problem_type_base`]): the base
+    /// The `type` URI of this kind under `base` (see [`StoreOptions::problem_type_base`]): the base
     /// and the kind's slug.
     ///
-    /// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
+    /// [`StoreOptions::problem_type_base`]: crate::StoreOptions::problem_type_base
     pub fn type_uri_under(self, base: &str) -> String {
         format!("{base}{}", self.slug())
     }
@@ -162,7 +162,7 @@ impl ProblemKind {
 
 /// Marks a response as a problem of the layer made where the store's settings cannot be seen
 /// (a [`StepError`](crate::StepError) the handler returns): the request flow answers it with
-/// its `type` under the store's [`Settings::problem_type_base`](crate::Settings).
+/// its `type` under the store's [`StoreOptions::problem_type_base`](crate::StoreOptions).
 #[derive(Debug, Clone)]
 pub(crate) struct Rebasable {
     pub(crate) kind: ProblemKind,

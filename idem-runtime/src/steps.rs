@@ -194,7 +194,7 @@ impl<DB: Backend> Steps<DB> {
         if settled {
             conn.settle();
         }
-        let timeout = store.settings().database_timeout();
+        let timeout = store.options().database_timeout();
         let (output, steps) = ran.unwrap_or_else(|_| {
             Err(StepError::store(name, crate::Error::TimedOut { after: timeout }).into())
         })?;

@@ -1,4 +1,4 @@
-//! The store handed to idempotent handlers through router state: a pool and its settings.
+//! The store handed to idempotent handlers through router state: a pool and its options.
 
 use std::{
     collections::HashMap,
@@ -23,16 +23,16 @@ use crate::{
     record::{Completion, KeyRecord, KeyRef, RecordedStep, Start, Started},
 };
 
-/// Limits and answers of the idempotency layer, given to [`Store::with_settings`].
+/// Limits and answers of the idempotency layer, given to [`Store::with_options`].
 ///
 /// ```
-/// use idem_runtime::Settings;
+/// use idem_runtime::StoreOptions;
 ///
-/// let settings = Settings::default().with_max_request_body(64 * 1024);
-/// assert_eq!(settings.max_request_body(), 64 * 1024);
+/// let options = StoreOptions::default().with_max_request_body(64 * 1024);
+/// assert_eq!(options.max_request_body(), 64 * 1024);
 /// ```
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct StoreOptions {
     max_request_body: usize,
     max_response_body: usize,
     retry_after: Duration,
@@ -41,7 +41,7 @@ pub struct Settings {
     problem_type_base: String,
 }
 
-impl Default for Settings {
+impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             max_request_body: 1 << 20,
@@ -54,43 +54,43 @@ impl Default for Settings {
     }
 }
 
-impl Settings {
-    /// Sets [`Settings::max_request_body`].
+impl StoreOptions {
+    /// Sets [`StoreOptions::max_request_body`].
     #[must_use]
     pub fn with_max_request_body(mut self, bytes: usize) -> Self {
         self.max_request_body = bytes;
         self
     }
 
-    /// Sets [`Settings::max_response_body`].
+    /// Sets [`StoreOptions::max_response_body`].
     #[must_use]
     pub fn with_max_response_body(mut self, bytes: usize) -> Self {
         self.max_response_body = bytes;
         self
     }
 
-    /// Sets [`Settings::retry_after`].
+    /// Sets [`StoreOptions::retry_after`].
     #[must_use]
     pub fn with_retry_after(mut self, after: Duration) -> Self {
         self.retry_after = after;
         self
     }
 
-    /// Sets [`Settings::acquire_timeout`].
+    /// Sets [`StoreOptions::acquire_timeout`].
     #[must_use]
     pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
         self
     }
 
-    /// Sets [`Settings::database_timeout`].
+    /// Sets [`StoreOptions::database_timeout`].
     #[must_use]
     pub fn with_database_timeout(mut self, timeout: Duration) -> Self {
         self.database_timeout = timeout;
         self
     }
 
-    /// Sets [`Settings::problem_type_base`].
+    /// Sets [`StoreOptions::problem_type_base`].
     #[must_use]
     pub fn with_problem_type_base(mut self, base: impl Into<String>) -> Self {
         self.problem_type_base = base.into();
@@ -157,26 +157,26 @@ impl Settings {
 }
 
 /// The idempotency store: the database pool the handlers' transactions come from, and the
-/// [`Settings`] of the layer. Put it in your router state and implement
+/// [`StoreOptions`] of the layer. Put it in your router state and implement
 /// [`FromRef`](axum::extract::FromRef) for it (or use the store itself as the state).
 ///
-/// Cloning is cheap: the pool and the settings are shared.
+/// Cloning is cheap: the pool and the options are shared.
 ///
 /// # Examples
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_runtime::{Settings, Store};
+/// use idem_runtime::{StoreOptions, Store};
 /// use sqlx::PgPool;
 ///
 /// let pool = PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
 /// idem_runtime::migrate(&pool).await?;
-/// let store = Store::new(pool).with_settings(Settings::default().with_max_request_body(64 * 1024));
+/// let store = Store::new(pool).with_options(StoreOptions::default().with_max_request_body(64 * 1024));
 /// # Ok(()) }
 /// ```
 pub struct Store<DB: Backend> {
     pool: Pool<DB>,
-    settings: Arc<Settings>,
+    options: Arc<StoreOptions>,
     held: Arc<HeldKeys>,
     writers: Arc<tokio::sync::Semaphore>,
     queued_writers: Arc<AtomicUsize>,
@@ -187,7 +187,7 @@ impl<DB: Backend> Clone for Store<DB> {
     fn clone(&self) -> Self {
         Self {
             pool: self.pool.clone(),
-            settings: Arc::clone(&self.settings),
+            options: Arc::clone(&self.options),
             held: Arc::clone(&self.held),
             writers: Arc::clone(&self.writers),
             queued_writers: Arc::clone(&self.queued_writers),
@@ -283,17 +283,17 @@ impl<DB: Backend> std::fmt::Debug for Store<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
             .field("backend", &<DB as sqlx::Database>::NAME)
-            .field("settings", &self.settings)
+            .field("options", &self.options)
             .finish_non_exhaustive()
     }
 }
 
 impl<DB: Backend> Store<DB> {
-    /// A store over `pool` with default [`Settings`].
+    /// A store over `pool` with default [`StoreOptions`].
     pub fn new(pool: Pool<DB>) -> Self {
         Self {
             pool,
-            settings: Arc::new(Settings::default()),
+            options: Arc::new(StoreOptions::default()),
             held: Arc::default(),
             writers: Arc::new(tokio::sync::Semaphore::new(1)),
             queued_writers: Arc::default(),
@@ -301,10 +301,10 @@ impl<DB: Backend> Store<DB> {
         }
     }
 
-    /// The same store with `settings` in place of its own.
+    /// The same store with `options` in place of its own.
     #[must_use]
-    pub fn with_settings(mut self, settings: Settings) -> Self {
-        self.settings = Arc::new(settings);
+    pub fn with_options(mut self, options: StoreOptions) -> Self {
+        self.options = Arc::new(options);
         self
     }
 
@@ -313,9 +313,9 @@ impl<DB: Backend> Store<DB> {
         &self.pool
     }
 
-    /// The layer's settings.
-    pub fn settings(&self) -> &Settings {
-        &self.settings
+    /// The layer's options.
+    pub fn options(&self) -> &StoreOptions {
+        &self.options
     }
 
     /// How many keys this process's transactional handlers hold right now (in flight). For
@@ -391,9 +391,9 @@ impl<DB: Backend> Store<DB> {
     }
 
     /// When work on the database that starts now must be done: now plus
-    /// [`Settings::database_timeout`].
+    /// [`StoreOptions::database_timeout`].
     pub(crate) fn deadline(&self) -> Instant {
-        Instant::now() + self.settings.database_timeout
+        Instant::now() + self.options.database_timeout
     }
 
     /// Awaits `work` until `deadline` (see [`checkout::by`]).
@@ -402,17 +402,17 @@ impl<DB: Backend> Store<DB> {
         deadline: Instant,
         work: impl Future<Output = Result<T, crate::Error>>,
     ) -> Result<T, crate::Error> {
-        checkout::by(deadline, self.settings.database_timeout, work).await
+        checkout::by(deadline, self.options.database_timeout, work).await
     }
 
-    /// A pooled connection, waited for at most [`Settings::acquire_timeout`] and until
+    /// A pooled connection, waited for at most [`StoreOptions::acquire_timeout`] and until
     /// `deadline`.
     pub(crate) async fn checkout(&self, deadline: Instant) -> Result<Checkout<DB>, crate::Error> {
-        let limit = Instant::now() + self.settings.acquire_timeout;
+        let limit = Instant::now() + self.options.acquire_timeout;
         match tokio::time::timeout_at(limit.min(deadline), self.pool.acquire()).await {
             Ok(acquired) => Ok(Checkout::new(acquired?)),
             Err(_) if deadline <= limit => Err(crate::Error::TimedOut {
-                after: self.settings.database_timeout,
+                after: self.options.database_timeout,
             }),
             Err(_) => Err(sqlx::Error::PoolTimedOut.into()),
         }
@@ -461,7 +461,7 @@ impl<DB: Backend> Store<DB> {
         let started = std::time::Instant::now();
         let checkout = slot.insert(self.checkout(deadline).await?);
         let (conn, mut settle) = checkout.parts();
-        let session_timeout = self.settings.database_timeout;
+        let session_timeout = self.options.database_timeout;
         let begun = self
             .by(
                 deadline,

@@ -3,7 +3,7 @@
 //! (`#[sqlx::test]`) and a fresh SQLite file.
 
 use axum::http::StatusCode;
-use idem_runtime::{ProblemKind, Settings};
+use idem_runtime::{ProblemKind, StoreOptions};
 use idem_tests::{
     App, Options, Req, StatementLog, TestDb, backend_tests, entry, until_called,
     until_queued_writers, wait_until,
@@ -546,9 +546,9 @@ backend_tests! {
     }
 
     async fn bodies_over_the_limit_are_413_and_store_nothing(db) {
-        let settings = Settings::default().with_max_request_body(64);
+        let settings = StoreOptions::default().with_max_request_body(64);
         let options = Options {
-            settings,
+            store_options: settings,
             ..Options::default()
         };
         let app = App::build(db, options).await;
@@ -566,9 +566,9 @@ backend_tests! {
     }
 
     async fn responses_over_the_limit_roll_back_the_writes(db) {
-        let settings = Settings::default().with_max_response_body(16);
+        let settings = StoreOptions::default().with_max_response_body(16);
         let options = Options {
-            settings,
+            store_options: settings,
             ..Options::default()
         };
         let app = App::build(db, options).await;

@@ -1324,7 +1324,7 @@ async fn cluster_the_stream_is_created_with_three_replicas_on_three_servers() {
         let broker = TestBroker::at(BrokerKind::Nats, &cluster.node_url("n1"));
         let mut nats = events::nats::Nats::new(cluster.url(), broker.name()).expect("the URLs");
         if let Some(replicas) = replicas {
-            nats = nats.replicas(replicas);
+            nats = nats.with_replicas(replicas);
         }
         nats.subscriber(CONSUMER)
             .declare()
@@ -1358,7 +1358,7 @@ async fn cluster_a_node_killed_while_events_flow_loses_and_repeats_nothing<DB: E
     }
     let broker = TestBroker::at(BrokerKind::Nats, &cluster.node_url("n1")).used_by(CONSUMER);
     let nats = events::nats::Nats::new(cluster.url(), broker.name()).expect("the URLs");
-    let subscriber = nats.subscriber(CONSUMER).ack_wait(CLUSTER_ACK_WAIT);
+    let subscriber = nats.subscriber(CONSUMER).with_ack_wait(CLUSTER_ACK_WAIT);
     subscriber.declare().await.expect("declare");
     let shutdown = CancellationToken::new();
     let relay = Relay::new(

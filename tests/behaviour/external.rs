@@ -4,7 +4,7 @@
 
 use axum::http::StatusCode;
 use idem_runtime::ProblemKind;
-use idem_runtime::{IdempotencyContext, Settings};
+use idem_runtime::{IdempotencyContext, StoreOptions};
 use idem_tests::{
     App, Downstream, Options, Req, TestApp, backend_tests, entry, unreachable_url, until_called,
     wait_until,
@@ -127,8 +127,8 @@ backend_tests! {
     async fn a_duplicate_within_the_lease_gets_409_with_the_lease_left(db) {
         let downstream = Downstream::gated().await;
         // A default Retry-After far from the lease: a value within the lease must come from it.
-        let settings = Settings::default().with_retry_after(std::time::Duration::from_secs(30));
-        let options = Options { settings, ..Options::default() };
+        let settings = StoreOptions::default().with_retry_after(std::time::Duration::from_secs(30));
+        let options = Options { store_options: settings, ..Options::default() };
         let app = App::serving(db, options, TestApp::downstream(&downstream.url)).await;
         let entry = entry_of(&app, "t1").await;
         let first = spawn_transfer(&app, entry).await;

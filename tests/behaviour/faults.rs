@@ -218,8 +218,8 @@ backend_tests! {
     }
 
     async fn problem_types_follow_the_stores_base(db) {
-        let settings = idem_runtime::Settings::default().with_problem_type_base("https://api.example.com/problems#".to_owned());
-        let app = App::build(db, Options { settings, ..Options::default() }).await;
+        let settings = idem_runtime::StoreOptions::default().with_problem_type_base("https://api.example.com/problems#".to_owned());
+        let app = App::build(db, Options { store_options: settings, ..Options::default() }).await;
         let missing = app
             .send(Req::post("/test/entries").tenant("t1").json(&entry(100, "n1")).build())
             .await;
@@ -341,7 +341,7 @@ async fn a_request_dropped_during_its_claim_leaves_the_key_free(
 
 /// Nothing listens where the pool points, and sqlx keeps retrying the connection until the
 /// pool's acquire timeout (an hour here): the answer is a 503 at the store's own
-/// `Settings::acquire_timeout` (5 s), well within the test's deadline.
+/// `StoreOptions::acquire_timeout` (5 s), well within the test's deadline.
 #[tokio::test]
 async fn an_unreachable_postgres_is_503_store_unavailable_without_waiting_for_the_pool() {
     let port = idem_tests::reserve_port();

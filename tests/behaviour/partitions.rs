@@ -1,5 +1,5 @@
 //! A database that stops answering (a partition: packets dropped, connections open, nothing
-//! refused) and the store's database deadline (`Settings::database_timeout`): a request in
+//! refused) and the store's database deadline (`StoreOptions::database_timeout`): a request in
 //! flight is answered 503 with `Retry-After` within the deadline, wherever it was frozen (before
 //! its claim, in its handler, around its COMMIT), its connection is closed rather than pooled,
 //! and once the database answers again a retry with the same key completes it exactly once.
@@ -12,7 +12,7 @@
 use std::{future::Future, sync::atomic::Ordering, time::Duration};
 
 use axum::http::StatusCode;
-use idem_runtime::{ProblemKind, Settings};
+use idem_runtime::{ProblemKind, StoreOptions};
 use idem_tests::{
     App, Cue, Db, Options, PartitionProxy, Reply, Req, TestDb, entry, until_called, wait_within,
 };
@@ -31,8 +31,8 @@ const MARGIN: Duration = Duration::from_secs(10);
 const TEST_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The store's settings: the defaults, with a short database deadline.
-fn settings() -> Settings {
-    Settings::default().with_database_timeout(DATABASE_TIMEOUT)
+fn options() -> StoreOptions {
+    StoreOptions::default().with_database_timeout(DATABASE_TIMEOUT)
 }
 
 /// Runs a test's body within [`TEST_DEADLINE`].
@@ -87,12 +87,12 @@ fn post(key: &str) -> Req {
         .json(&entry(100, "n1"))
 }
 
-/// The test app with [`settings`] and a pool of `connections` (default 10), on the test's
+/// The test app with [`options`] and a pool of `connections` (default 10), on the test's
 /// PostgreSQL database behind a partition proxy.
 async fn partitioned(connect: PgConnectOptions, connections: Option<u32>) -> (PartitionProxy, App) {
     let (proxy, through_proxy) = behind_a_partition_proxy(connect).await;
     let options = Options {
-        settings: settings(),
+        store_options: options(),
         connections,
     };
     let app = App::build(TestDb::Postgres(Box::new(through_proxy)), options).await;
@@ -425,7 +425,7 @@ async fn a_request_behind_a_stalled_sqlite_lock_holder_is_503_store_unavailable_
  {
     within_test_deadline(async {
         let options = Options {
-            settings: settings(),
+            store_options: options(),
             connections: None,
         };
         let app = App::build(TestDb::sqlite(), options).await;
@@ -472,7 +472,7 @@ async fn two_instances_one_behind_a_proxy(connect: PgConnectOptions) -> (App, Pa
     let direct = App::new(TestDb::Postgres(Box::new(connect.clone()))).await;
     let (proxy, through_proxy) = behind_a_partition_proxy(connect).await;
     let options = Options {
-        settings: Settings::default().with_database_timeout(TEST_DEADLINE),
+        store_options: StoreOptions::default().with_database_timeout(TEST_DEADLINE),
         connections: None,
     };
     let app = App::build(TestDb::Postgres(Box::new(through_proxy)), options).await;

@@ -21,7 +21,7 @@ use axum::{
     http::{Request, StatusCode},
     routing::post,
 };
-use idem_runtime::{IdempotencyContext, ProblemKind, Settings, Store, idempotent};
+use idem_runtime::{IdempotencyContext, ProblemKind, Store, StoreOptions, idempotent};
 use idem_tests::{App, Db, Param, Reply, Req, Tenant, TestBackend, backend_tests, run, run_on};
 use sqlx::Transaction;
 use tower::ServiceExt;
@@ -109,28 +109,28 @@ async fn stuck_external<DB: TestBackend>(
 
 /// The test routes over `app`'s pool, and how many keys their store's handlers hold.
 fn routes(app: &App, probe: &Arc<Probe>) -> (Router, Box<dyn Fn() -> usize>) {
-    routes_with(app, probe, Settings::default())
+    routes_with(app, probe, StoreOptions::default())
 }
 
 /// [`routes`] with a store of `settings`.
 fn routes_with(
     app: &App,
     probe: &Arc<Probe>,
-    settings: Settings,
+    settings: StoreOptions,
 ) -> (Router, Box<dyn Fn() -> usize>) {
     match &app.db {
         Db::Postgres(pool) => {
-            let store = Store::new(pool.clone()).with_settings(settings);
+            let store = Store::new(pool.clone()).with_options(settings);
             let router = stuck_routes(probe).with_state(store.clone());
             (router, Box::new(move || store.keys_in_flight()))
         }
         Db::Sqlite(pool) => {
-            let store = Store::new(pool.clone()).with_settings(settings);
+            let store = Store::new(pool.clone()).with_options(settings);
             let router = stuck_routes(probe).with_state(store.clone());
             (router, Box::new(move || store.keys_in_flight()))
         }
         Db::MySql(pool) => {
-            let store = Store::new(pool.clone()).with_settings(settings);
+            let store = Store::new(pool.clone()).with_options(settings);
             let router = stuck_routes(probe).with_state(store.clone());
             (router, Box::new(move || store.keys_in_flight()))
         }
@@ -247,7 +247,7 @@ backend_tests! {
         .await;
         let probe = Probe::new();
         // The deadline (1 s) comes before the handler's own timeout (3 s).
-        let settings = Settings::default().with_database_timeout(Duration::from_secs(1));
+        let settings = StoreOptions::default().with_database_timeout(Duration::from_secs(1));
         let (router, in_flight) = routes_with(&app, &probe, settings);
         let request = || Req::post("/stuck").tenant("t1").key("k1").build();
 

@@ -4,7 +4,7 @@
 use std::{future::Future, pin::Pin, sync::Arc};
 
 use axum::{Router, body::Body, http::Request};
-use idem_runtime::{Settings, Store};
+use idem_runtime::{Store, StoreOptions};
 use sqlx::{
     MySqlPool, PgPool, SqlitePool,
     mysql::{MySqlConnectOptions, MySqlPoolOptions},
@@ -71,8 +71,8 @@ pub trait Service: Send + Sync + 'static {
 /// How to build the app under test.
 #[derive(Debug, Default)]
 pub struct Options {
-    /// The store's settings.
-    pub settings: Settings,
+    /// The store's options.
+    pub store_options: StoreOptions,
     /// Pool size (default 10).
     pub connections: Option<u32>,
 }
@@ -137,12 +137,12 @@ impl App {
                     .connect_with(*connect)
                     .await
                     .expect("connect to the test database");
-                Self::build_on(Db::Postgres(pool), options.settings, service, None).await
+                Self::build_on(Db::Postgres(pool), options.store_options, service, None).await
             }
             TestDb::Sqlite(dir) => {
                 let pool = sqlite_pool(&dir, connections).await;
                 let dir = Some(Arc::new(dir));
-                Self::build_on(Db::Sqlite(pool), options.settings, service, dir).await
+                Self::build_on(Db::Sqlite(pool), options.store_options, service, dir).await
             }
             TestDb::MySql(database) => {
                 let pool = MySqlPoolOptions::new()
@@ -150,7 +150,7 @@ impl App {
                     .connect_with(database.options().clone())
                     .await
                     .expect("connect to the test database");
-                Self::build_on(Db::MySql(pool), options.settings, service, None).await
+                Self::build_on(Db::MySql(pool), options.store_options, service, None).await
             }
         }
     }
@@ -192,7 +192,7 @@ impl App {
                     .expect("connect to the test database"),
             ),
         };
-        Self::build_on(db, options.settings, service, self.dir.clone()).await
+        Self::build_on(db, options.store_options, service, self.dir.clone()).await
     }
 
     /// Another instance of the same service on the same MySQL database, at the server
@@ -206,7 +206,7 @@ impl App {
             .expect("connect to the test database at another server");
         Self::build_on(
             Db::MySql(pool),
-            Settings::default(),
+            StoreOptions::default(),
             Arc::clone(&self.service),
             None,
         )
@@ -215,16 +215,16 @@ impl App {
 
     async fn build_on(
         db: Db,
-        settings: Settings,
+        settings: StoreOptions,
         service: Arc<dyn Service>,
         dir: Option<Arc<tempfile::TempDir>>,
     ) -> Self {
         let store = match &db {
             Db::Postgres(pool) => {
-                AnyStore::Postgres(Store::new(pool.clone()).with_settings(settings))
+                AnyStore::Postgres(Store::new(pool.clone()).with_options(settings))
             }
-            Db::Sqlite(pool) => AnyStore::Sqlite(Store::new(pool.clone()).with_settings(settings)),
-            Db::MySql(pool) => AnyStore::MySql(Store::new(pool.clone()).with_settings(settings)),
+            Db::Sqlite(pool) => AnyStore::Sqlite(Store::new(pool.clone()).with_options(settings)),
+            Db::MySql(pool) => AnyStore::MySql(Store::new(pool.clone()).with_options(settings)),
         };
         let calls = Arc::new(Calls::default());
         let gate = Arc::new(tokio::sync::Semaphore::new(0));

@@ -285,7 +285,7 @@ impl TestBroker {
             BrokerKind::Redis => AnySubscriber::Redis(
                 self.redis()
                     .subscriber(consumer)
-                    .claim_idle(REDIS_CLAIM_IDLE),
+                    .with_claim_idle(REDIS_CLAIM_IDLE),
             ),
             BrokerKind::Nats => AnySubscriber::Nats(self.nats_subscriber(consumer)),
         }
@@ -316,7 +316,9 @@ impl TestBroker {
     /// The NATS subscriber of `consumer`, with the tests' short ack wait (`NATS_ACK_WAIT`).
     pub fn nats_subscriber(&self, consumer: &str) -> NatsSubscriber {
         self.note(consumer);
-        self.nats().subscriber(consumer).ack_wait(NATS_ACK_WAIT)
+        self.nats()
+            .subscriber(consumer)
+            .with_ack_wait(NATS_ACK_WAIT)
     }
 
     /// The NATS names: the subject prefix is [`TestBroker::name`], the stream named after it.

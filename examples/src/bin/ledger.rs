@@ -98,14 +98,14 @@ async fn serve<DB: LedgerSql>(
         Broker::Nats(broker) => {
             tracing::info!(stream = %broker.stream(), "consuming from NATS JetStream");
             consumer
-                .with_subscriber(broker.subscriber(CONSUMER).ack_wait(ack_wait))
+                .with_subscriber(broker.subscriber(CONSUMER).with_ack_wait(ack_wait))
                 .spawn(stop.clone())
         }
     };
     tracing::info!(addr = %listener.local_addr()?, "ledger listening");
     setup::serve(
         listener,
-        ledger::router(pool, idem_runtime::Settings::default())
+        ledger::router(pool, idem_runtime::StoreOptions::default())
             .merge(telemetry::router(metrics))
             .merge(api_doc::ledger_router()?),
         stop,

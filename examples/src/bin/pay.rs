@@ -48,7 +48,7 @@ async fn main() -> ExitCode {
     let mut retry = IdempotentRetry::new(
         RetryPolicy::default().with_budget(Duration::from_secs(args.budget_secs)),
     )
-    .forget_on_final(false);
+    .with_forget_on_final(false);
     let store: Option<Arc<dyn KeyStore>> = args
         .key_file
         .as_ref()

@@ -39,14 +39,14 @@ impl<DB: Backend> IdemRequest<DB> {
         let _ = error;
     }
 
-    /// A problem of `kind`, its `type` under the store's [`Settings::problem_type_base`].
+    /// A problem of `kind`, its `type` under the store's [`StoreOptions::problem_type_base`].
     ///
-    /// [`Settings::problem_type_base`]: crate::Settings::problem_type_base
+    /// [`StoreOptions::problem_type_base`]: crate::StoreOptions::problem_type_base
     ///
     /// A 503 tells the client when to retry: `Retry-After` is the store's
-    /// [`Settings::retry_after`](crate::Settings::retry_after).
+    /// [`StoreOptions::retry_after`](crate::StoreOptions::retry_after).
     pub(super) fn problem(&self, kind: ProblemKind, detail: impl Into<String>) -> Problem {
-        let problem = kind.problem_under(self.store.settings().problem_type_base(), detail);
+        let problem = kind.problem_under(self.store.options().problem_type_base(), detail);
         if kind.status() == http::StatusCode::SERVICE_UNAVAILABLE {
             problem.with_retry_after(self.retry_after_secs())
         } else {
@@ -56,7 +56,7 @@ impl<DB: Backend> IdemRequest<DB> {
 
     /// The store's `retry_after` in whole seconds, at least one.
     fn retry_after_secs(&self) -> u64 {
-        let after = self.store.settings().retry_after();
+        let after = self.store.options().retry_after();
         after.as_secs_f64().ceil().max(1.0) as u64
     }
 
@@ -64,7 +64,7 @@ impl<DB: Backend> IdemRequest<DB> {
     /// store's settings (a `StepError`) given the store's problem type base. Status and
     /// headers stay; only the body's `type` changes.
     pub(super) fn rebase(&self, response: Response) -> Response {
-        let base = self.store.settings().problem_type_base();
+        let base = self.store.options().problem_type_base();
         let Some(marked) = response.extensions().get::<Rebasable>().cloned() else {
             return response;
         };
@@ -300,7 +300,7 @@ impl<DB: Backend> IdemRequest<DB> {
 
     /// Reads the handler's response for storage.
     pub(super) async fn capture(&self, response: Response) -> Result<Captured, Response> {
-        let limit = self.store.settings().max_response_body();
+        let limit = self.store.options().max_response_body();
         match Captured::read(response, limit).await {
             Ok(captured) => Ok(captured),
             Err(error @ CaptureError::TooLarge { .. }) => Err(self.finish(

@@ -69,17 +69,17 @@ where
     let key = match idem_key::parse_key(&parts.headers) {
         Ok(key) => key,
         Err(error) => {
-            let problem = key_problem(&error, store.settings().problem_type_base());
+            let problem = key_problem(&error, store.options().problem_type_base());
             return Err(finish(&span, &route, Outcome::Rejected, problem));
         }
     };
-    let limit = store.settings().max_request_body();
+    let limit = store.options().max_request_body();
     let bytes = match http_body_util::Limited::new(body, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) => {
             let problem = if error.is::<http_body_util::LengthLimitError>() {
                 ProblemKind::BodyTooLarge.problem_under(
-                    store.settings().problem_type_base(),
+                    store.options().problem_type_base(),
                     format!("the request body is larger than {limit} bytes; nothing was stored"),
                 )
             } else {

@@ -2,7 +2,7 @@
 //!
 //! 1. [`extract`]: [`Input`] wraps the handler's last extractor. It validates the
 //!    `Idempotency-Key` header (400), buffers the body up to
-//!    [`Settings::max_request_body`] (413), fingerprints the request, then runs the wrapped
+//!    [`StoreOptions::max_request_body`] (413), fingerprints the request, then runs the wrapped
 //!    extractor on the buffered request.
 //! 2. The claim, in one of two modes:
 //!    - [`transactional`]: [`Claim::acquire`] holds the key in the process, begins the
@@ -14,7 +14,7 @@
 //! 4. [`answers`]: every answer the layer gives itself (a replay, 409, 422, a problem), each
 //!    ending the request ([`request`]) with an [`outcome`] recorded on its span.
 //!
-//! [`Settings::max_request_body`]: crate::Settings::max_request_body
+//! [`StoreOptions::max_request_body`]: crate::StoreOptions::max_request_body
 
 #![allow(
     clippy::result_large_err,

@@ -280,7 +280,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                         &key,
                         mark.as_deref(),
                         options.timeout.map(|limit| limit * 2),
-                        store.settings().database_timeout(),
+                        store.options().database_timeout(),
                     ),
                 )
                 .await;
@@ -341,7 +341,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             }
             Ok(Err(error)) => return request.commit_failed(&error),
             // The COMMIT was sent and not answered: it may have committed or not.
-            Err(_) => return request.commit_unanswered(store.settings().database_timeout()),
+            Err(_) => return request.commit_unanswered(store.options().database_timeout()),
         }
         request.finish(Outcome::Executed, captured.into_response())
     }
@@ -363,7 +363,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             // Nothing is waited on past the deadline: dropping the transaction with the
             // connection unsettled closes it, and the server rolls back.
             drop(tx);
-            let timeout = request.store.settings().database_timeout();
+            let timeout = request.store.options().database_timeout();
             return request.store_failed(&crate::Error::TimedOut { after: timeout });
         }
         // Rolled back here rather than on drop, so that the connection is back in the pool

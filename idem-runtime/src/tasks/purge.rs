@@ -157,7 +157,7 @@ impl<DB: Backend> Store<DB> {
     ///
     /// [`Error::Database`](crate::Error::Database) on the first database error, or
     /// [`Error::TimedOut`](crate::Error::TimedOut) when a batch is not done within the store's
-    /// [`database_timeout`](crate::Settings::database_timeout); the batches before it stay
+    /// [`database_timeout`](crate::StoreOptions::database_timeout); the batches before it stay
     /// deleted.
     pub async fn purge_expired(&self, options: PurgeOptions) -> Result<PurgeReport, crate::Error> {
         let started = Instant::now();
