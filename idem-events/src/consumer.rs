@@ -8,7 +8,7 @@ use sqlx::{Pool, Transaction};
 use tokio_util::sync::CancellationToken;
 
 use super::{BrokerError, Delivery, Message, Subscriber, Subscription};
-use crate::{Backend, error::within};
+use crate::{Backend, error::bounded};
 
 /// How many times a message may fail before it goes to the dead-letter place, unless
 /// [`ConsumerOptions::max_attempts`] says otherwise.
@@ -363,7 +363,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
         // delivery is not counted ahead: the common path writes nothing more.
         let redelivered = delivery.redelivered();
         if redelivered {
-            let attempts = match within(
+            let attempts = match bounded(
                 self.options.database_timeout,
                 DB::attempts(&self.pool, &self.name, id),
             )
@@ -377,7 +377,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
                     .dead_letter(delivery, attempts, "it failed too often before")
                     .await;
             }
-            if let Err(error) = within(
+            if let Err(error) = bounded(
                 self.options.database_timeout,
                 DB::count_failure(&self.pool, &self.name, id, UNFINISHED),
             )
@@ -403,7 +403,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
             Ok(false) => {
                 if redelivered {
                     // The attempt counted ahead was not one.
-                    if let Err(error) = within(
+                    if let Err(error) = bounded(
                         self.options.database_timeout,
                         DB::clear_failures_apart(&self.pool, &self.name, id),
                     )
@@ -419,13 +419,13 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
             Err(Failure::Handler(reason)) => reason,
         };
         let counted = if redelivered {
-            within(
+            bounded(
                 self.options.database_timeout,
                 DB::note_failure(&self.pool, &self.name, id, &failure),
             )
             .await
         } else {
-            within(
+            bounded(
                 self.options.database_timeout,
                 DB::count_failure(&self.pool, &self.name, id, &failure),
             )
@@ -457,7 +457,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
     async fn apply(&self, message: &Message, redelivered: bool) -> Result<bool, Failure> {
         let conn = self.pool.acquire().await.map_err(crate::Error::from)?;
         let mut tx = DB::begin_write(conn).await?;
-        if !DB::claim_message(&mut tx, &self.name, message.id()).await? {
+        if !DB::record_processed(&mut tx, &self.name, message.id()).await? {
             tx.rollback().await.map_err(crate::Error::from)?;
             return Ok(false);
         }
@@ -534,7 +534,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
     ///
     /// When the database failed.
     pub async fn purge(&self, limit: i64) -> Result<u64, crate::Error> {
-        within(
+        bounded(
             self.options.database_timeout,
             DB::purge_consumed(&self.pool, &self.name, self.options.retention, limit),
         )

@@ -29,13 +29,14 @@ pub enum Error {
     },
 }
 
-/// Awaits `work` for at most `timeout`: [`Error::TimedOut`] if it is not done by then, in which
-/// case `work` has been dropped (a transaction it held is rolled back).
-pub(crate) async fn within<T>(
+/// Awaits `work` for at most `timeout` ([`idem_task::Deadline`], as the runtime bounds its
+/// own): [`Error::TimedOut`] if it is not done by then, in which case `work` has been dropped (a
+/// transaction it held is rolled back).
+pub(crate) async fn bounded<T>(
     timeout: std::time::Duration,
     work: impl Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
-    tokio::time::timeout(timeout, work)
+    idem_task::Deadline::after(timeout)
+        .bound(work, |after| Error::TimedOut { after })
         .await
-        .unwrap_or(Err(Error::TimedOut { after: timeout }))
 }

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{BrokerError, Message, Publisher};
-use crate::{Backend, error::within};
+use crate::{Backend, error::bounded};
 
 /// How a [`Relay`] works; [`RelayOptions::default`] suits most services.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct RelayOptions {
     max_backoff: Duration,
     publish_timeout: Duration,
     database_timeout: Duration,
-    hold: Duration,
+    lease: Duration,
 }
 
 impl Default for RelayOptions {
@@ -38,7 +38,7 @@ impl Default for RelayOptions {
             max_backoff: Duration::from_secs(30),
             publish_timeout: Duration::from_secs(20),
             database_timeout: Duration::from_secs(10),
-            hold: Duration::from_secs(60),
+            lease: Duration::from_secs(60),
         }
     }
 }
@@ -93,17 +93,17 @@ impl RelayOptions {
         self
     }
 
-    /// Sets [`RelayOptions::hold`], which should be longer than
+    /// Sets [`RelayOptions::lease`], which should be longer than
     /// [`RelayOptions::publish_timeout`].
     #[must_use]
-    pub fn with_hold(mut self, hold: Duration) -> Self {
-        self.hold = hold;
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
         self
     }
 
     /// The relay's name (default: none, and the relay takes a random one). On SQLite a relay
     /// holds a topic under its name; one restarted under the same name takes its topics back at
-    /// once, where another waits for [`RelayOptions::hold`]. Give each relay process its own
+    /// once, where another waits for [`RelayOptions::lease`]. Give each relay process its own
     /// name, kept across restarts: two relays running under one name would publish the same
     /// topic together.
     pub fn name(&self) -> Option<&str> {
@@ -146,12 +146,12 @@ impl RelayOptions {
         self.database_timeout
     }
 
-    /// On SQLite, how long a relay's hold on a topic lasts if it stops without letting go:
+    /// On SQLite, how long a relay's lease on a topic lasts if it stops without letting go:
     /// another relay takes the topic over after it (default 60 s), a relay of the same
     /// [name](RelayOptions::name) at once. PostgreSQL and MySQL hold topics with row locks,
     /// which die with the relay's connection.
-    pub fn hold(&self) -> Duration {
-        self.hold
+    pub fn lease(&self) -> Duration {
+        self.lease
     }
 }
 
@@ -235,7 +235,7 @@ pub enum Pass {
         count: usize,
     },
     /// The topic it took had no event left: another relay published them in the meantime
-    /// (SQLite, after a relay's hold on the topic ran out).
+    /// (SQLite, after a relay's lease on the topic ran out).
     NotReady {
         /// The topic.
         topic: String,
@@ -305,7 +305,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             .map(|(topic, _)| topic.clone())
             .collect();
         let limit = self.options.database_timeout;
-        let Some(batch) = within(
+        let Some(batch) = bounded(
             limit,
             DB::take_batch(
                 &self.pool,
@@ -313,7 +313,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                 self.last_topic.as_deref(),
                 &skip,
                 i64::from(self.options.batch),
-                self.options.hold,
+                self.options.lease,
             ),
         )
         .await?
@@ -323,7 +323,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let topic = batch.topic.clone();
         self.last_topic = Some(topic.clone());
         if batch.messages.is_empty() {
-            within(limit, DB::abandon(&self.pool, &self.id, batch)).await?;
+            bounded(limit, DB::abandon(&self.pool, &self.id, batch)).await?;
             return Ok(Pass::NotReady { topic });
         }
         let published = tokio::time::timeout(
@@ -338,7 +338,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             )))
         });
         if let Err(error) = published {
-            if let Err(store) = within(limit, DB::abandon(&self.pool, &self.id, batch)).await {
+            if let Err(store) = bounded(limit, DB::abandon(&self.pool, &self.id, batch)).await {
                 tracing::debug!(error = %store, "letting go of an outbox topic failed");
             }
             return match error {
@@ -352,7 +352,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             observer(&batch.messages);
         }
         let count = batch.messages.len();
-        within(limit, DB::mark_published(&self.pool, &self.id, batch)).await?;
+        bounded(limit, DB::mark_published(&self.pool, &self.id, batch)).await?;
         metrics::counter!("idem_outbox_published_total", "topic" => topic.clone())
             .increment(count as u64);
         if self.refused.remove(&topic).is_some() {
@@ -422,7 +422,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// When the database failed.
     pub async fn waiting(&self) -> Result<Waiting, crate::Error> {
         let (events, oldest_ms) =
-            within(self.options.database_timeout, DB::waiting(&self.pool)).await?;
+            bounded(self.options.database_timeout, DB::waiting(&self.pool)).await?;
         Ok(Waiting {
             events: u64::try_from(events).unwrap_or(0),
             oldest: oldest_ms.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
@@ -435,7 +435,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     ///
     /// When the database failed.
     pub async fn purge(&self, limit: i64) -> Result<u64, crate::Error> {
-        within(
+        bounded(
             self.options.database_timeout,
             DB::purge_published(&self.pool, self.options.retention, limit),
         )

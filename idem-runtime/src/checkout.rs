@@ -1,10 +1,7 @@
 //! Connections taken from the store's pool for one piece of work, which go back to the pool
 //! only when that work ended with the connection in a known state.
 
-use std::time::Duration;
-
 use sqlx::{Database, pool::PoolConnection};
-use tokio::time::Instant;
 
 /// A pooled connection lent to one piece of the layer's work (a claim and its transaction, a
 /// lookup, a completion). The work marks it settled once it ended with
@@ -75,17 +72,4 @@ impl Settle<'_> {
     pub(crate) fn settle(&mut self) {
         *self.0 = true;
     }
-}
-
-/// Awaits `work` until `deadline`: [`Error::TimedOut`](crate::Error::TimedOut) (reporting
-/// `timeout`, the limit the deadline was set from) if it is not done by then, in which case
-/// `work` has been dropped.
-pub(crate) async fn by<T>(
-    deadline: Instant,
-    timeout: Duration,
-    work: impl Future<Output = Result<T, crate::Error>>,
-) -> Result<T, crate::Error> {
-    tokio::time::timeout_at(deadline, work)
-        .await
-        .unwrap_or(Err(crate::Error::TimedOut { after: timeout }))
 }

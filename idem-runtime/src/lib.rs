@@ -211,7 +211,7 @@ pub use sqlx;
 pub mod __private {
     pub use crate::checkout::Checkout;
     pub use crate::flow::{
-        Acquired, Attempt, Claim, ExternalClaim, Input, Limit, Scope, hint, within,
+        Acquired, Attempt, Claim, ExternalClaim, Input, Limit, Scope, hint, run_until,
     };
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use inventory;

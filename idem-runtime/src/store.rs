@@ -19,7 +19,7 @@ use tokio::{
 
 use crate::{
     backend::{Backend, Begun},
-    checkout::{self, Checkout, Settle},
+    checkout::{Checkout, Settle},
     record::{Completion, KeyRecord, KeyRef, RecordedStep, Start, Started},
 };
 
@@ -396,13 +396,17 @@ impl<DB: Backend> Store<DB> {
         Instant::now() + self.options.database_timeout
     }
 
-    /// Awaits `work` until `deadline` (see [`checkout::by`]).
+    /// Awaits `work` until `deadline`: [`Error::TimedOut`](crate::Error::TimedOut) (reporting
+    /// [`StoreOptions::database_timeout`]) if it is not done by then, in which case `work` has
+    /// been dropped.
     pub(crate) async fn by<T>(
         &self,
         deadline: Instant,
         work: impl Future<Output = Result<T, crate::Error>>,
     ) -> Result<T, crate::Error> {
-        checkout::by(deadline, self.options.database_timeout, work).await
+        idem_task::Deadline::new(deadline, self.options.database_timeout)
+            .bound(work, |after| crate::Error::TimedOut { after })
+            .await
     }
 
     /// A pooled connection, waited for at most [`StoreOptions::acquire_timeout`] and until

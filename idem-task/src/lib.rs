@@ -2,7 +2,7 @@
 //!
 //! The purge of expired keys, the recovery of abandoned claims (crate `idem-runtime`), the
 //! outbox relay and the consumers (crate `idem-events`) all run the same loop and hand back the
-//! same handle. This crate holds both, and nothing else: it depends on tokio, tokio-util and tracing only,
+//! same handle. This crate holds both, and the one way they bound database work in time: it depends on tokio, tokio-util and tracing only,
 //! so that the events crate does not compile the HTTP side, nor the reverse.
 //!
 //! - [`Work`] is one task's pass, plus the wording of its reports and an optional
@@ -12,6 +12,7 @@
 //!   [`Schedule::housekeeping`], until the token is cancelled. An outage gives one warning when
 //!   it starts and one line when it ends, not one per attempt.
 //! - [`spawn`] runs the loop in a task of its own and returns its [`TaskHandle`].
+//! - [`Deadline`] bounds database work in time, the one way both crates do it.
 //!
 //! ```
 //! use std::{convert::Infallible, time::Duration};
@@ -38,11 +39,13 @@
 //! ```
 
 mod backoff;
+mod deadline;
 mod handle;
 mod repeat;
 mod schedule;
 
 pub use backoff::Backoff;
+pub use deadline::Deadline;
 pub use handle::TaskHandle;
 pub use repeat::{Next, PassContext, Work, run, spawn};
 pub use schedule::Schedule;

@@ -44,7 +44,7 @@ pub(super) trait Dialect: sqlx::Database {
 
     /// Records that consumer `$1` processed message `$2`, now; touches no row (and writes
     /// nothing) when it was recorded before.
-    const CLAIM: &'static str;
+    const RECORD_PROCESSED: &'static str;
 
     /// The failure count (`i64`) of consumer `$1` on message `$2`; no row when it has none.
     const ATTEMPTS: &'static str;

@@ -82,7 +82,7 @@ const PURGE_PUBLISHED: &str = "DELETE FROM idem_outbox \
 // UPDATE` with a no-op cannot tell: sqlx connects with `CLIENT_FOUND_ROWS`, which counts the
 // untouched row as affected.) `IGNORE` also cuts an id longer than its column instead of
 // failing: the limits are documented with the table.
-const CLAIM: &str = "INSERT IGNORE INTO idem_consumed (consumer, message_id, processed_at) \
+const RECORD_PROCESSED: &str = "INSERT IGNORE INTO idem_consumed (consumer, message_id, processed_at) \
      VALUES (?, ?, UTC_TIMESTAMP(6))";
 
 const ATTEMPTS: &str = "SELECT CAST(attempts AS SIGNED) FROM idem_consumer_failures \
@@ -120,7 +120,7 @@ impl Dialect for MySql {
     const ENQUEUE: &'static str = ENQUEUE;
     const WAITING: &'static str = WAITING;
     const PURGE_PUBLISHED: &'static str = PURGE_PUBLISHED;
-    const CLAIM: &'static str = CLAIM;
+    const RECORD_PROCESSED: &'static str = RECORD_PROCESSED;
     const ATTEMPTS: &'static str = ATTEMPTS;
     const NOTE_FAILURE: &'static str = NOTE_FAILURE;
     const COUNT_FAILURE: &'static str = COUNT_FAILURE;

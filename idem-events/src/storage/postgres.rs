@@ -48,7 +48,7 @@ const PURGE_PUBLISHED: &str = "DELETE FROM idem_outbox WHERE id IN ( \
      SELECT id FROM idem_outbox \
      WHERE published_at < now() - $1 * interval '1 millisecond' LIMIT $2)";
 
-const CLAIM: &str = "INSERT INTO idem_consumed (consumer, message_id) VALUES ($1, $2) \
+const RECORD_PROCESSED: &str = "INSERT INTO idem_consumed (consumer, message_id) VALUES ($1, $2) \
      ON CONFLICT DO NOTHING";
 
 const ATTEMPTS: &str = "SELECT attempts::bigint FROM idem_consumer_failures \
@@ -78,7 +78,7 @@ impl Dialect for Postgres {
     const ENQUEUE: &'static str = ENQUEUE;
     const WAITING: &'static str = WAITING;
     const PURGE_PUBLISHED: &'static str = PURGE_PUBLISHED;
-    const CLAIM: &'static str = CLAIM;
+    const RECORD_PROCESSED: &'static str = RECORD_PROCESSED;
     const ATTEMPTS: &'static str = ATTEMPTS;
     const NOTE_FAILURE: &'static str = NOTE_FAILURE;
     const COUNT_FAILURE: &'static str = COUNT_FAILURE;

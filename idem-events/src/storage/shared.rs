@@ -33,7 +33,7 @@ pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
     /// Records that `consumer` processed `message_id`, in the transaction `conn` is in; `false`
     /// when it was recorded before (waiting, on PostgreSQL and MySQL, for a transaction that is
     /// recording it right now to end).
-    fn claim_message<'c>(
+    fn record_processed<'c>(
         conn: &'c mut Self::Connection,
         consumer: &'c str,
         message_id: &'c str,
@@ -145,12 +145,12 @@ where
         Ok(DB::rows_affected(&done))
     }
 
-    async fn claim_message(
+    async fn record_processed(
         conn: &mut DB::Connection,
         consumer: &str,
         message_id: &str,
     ) -> Result<bool, crate::Error> {
-        let done = sqlx::query(DB::CLAIM)
+        let done = sqlx::query(DB::RECORD_PROCESSED)
             .bind(consumer)
             .bind(message_id)
             .execute(conn)

@@ -66,7 +66,7 @@ const WAITING: &str = "SELECT COUNT(*), \
 const PURGE_PUBLISHED: &str = "DELETE FROM idem_outbox WHERE id IN ( \
      SELECT id FROM idem_outbox WHERE published_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1 LIMIT $2)";
 
-const CLAIM: &str = "INSERT INTO idem_consumed (consumer, message_id, processed_at) \
+const RECORD_PROCESSED: &str = "INSERT INTO idem_consumed (consumer, message_id, processed_at) \
      VALUES ($1, $2, CAST(unixepoch('subsec') * 1000 AS INTEGER)) ON CONFLICT DO NOTHING";
 
 const ATTEMPTS: &str =
@@ -100,7 +100,7 @@ impl Dialect for Sqlite {
     const ENQUEUE: &'static str = ENQUEUE;
     const WAITING: &'static str = WAITING;
     const PURGE_PUBLISHED: &'static str = PURGE_PUBLISHED;
-    const CLAIM: &'static str = CLAIM;
+    const RECORD_PROCESSED: &'static str = RECORD_PROCESSED;
     const ATTEMPTS: &'static str = ATTEMPTS;
     const NOTE_FAILURE: &'static str = NOTE_FAILURE;
     const COUNT_FAILURE: &'static str = COUNT_FAILURE;

@@ -117,7 +117,7 @@ fn run(handler: &Handler, private: &TokenStream) -> TokenStream {
         let __idem_limit = __idem_claim.limit();
         let __idem_output = {
             #bindings
-            #private::within(__idem_limit, #body).await
+            #private::run_until(__idem_limit, #body).await
         };
         let __idem_response = match __idem_output {
             ::core::option::Option::Some(__idem_value) => __idem_into_response(__idem_value),

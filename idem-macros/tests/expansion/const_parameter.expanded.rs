@@ -65,7 +65,7 @@ async fn headers<const N: usize>(
                     let __idem_output = {
                         let tx: &mut Transaction<'_, Postgres> = __idem_claim
                             .transaction();
-                        ::idem_runtime::__private::within(
+                        ::idem_runtime::__private::run_until(
                                 __idem_limit,
                                 ::idem_runtime::__private::hint::<
                                     (StatusCode, [(HeaderName, &'static str); N]),

@@ -62,7 +62,7 @@ async fn charge(
                         let ctx: IdempotencyContext = __idem_claim.context();
                         let tx: &mut sqlx::Transaction<'_, Postgres> = __idem_claim
                             .transaction();
-                        ::idem_runtime::__private::within(
+                        ::idem_runtime::__private::run_until(
                                 __idem_limit,
                                 ::idem_runtime::__private::hint::<
                                     String,

@@ -46,7 +46,7 @@ async fn ping(
                 }
                 let __idem_limit = __idem_claim.limit();
                 let __idem_output = {
-                    ::idem_runtime::__private::within(
+                    ::idem_runtime::__private::run_until(
                             __idem_limit,
                             ::idem_runtime::__private::hint::<
                                 String,

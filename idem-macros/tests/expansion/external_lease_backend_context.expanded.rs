@@ -45,7 +45,7 @@ async fn send_email(
                 let __idem_limit = __idem_claim.limit();
                 let __idem_output = {
                     let ctx: IdempotencyContext = __idem_claim.context();
-                    ::idem_runtime::__private::within(
+                    ::idem_runtime::__private::run_until(
                             __idem_limit,
                             ::idem_runtime::__private::hint::<
                                 (StatusCode, String),

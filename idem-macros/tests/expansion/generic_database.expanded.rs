@@ -64,7 +64,7 @@ async fn named<DB: Backend>(
                     let __idem_limit = __idem_claim.limit();
                     let __idem_output = {
                         let tx: &mut Transaction<'_, DB> = __idem_claim.transaction();
-                        ::idem_runtime::__private::within(
+                        ::idem_runtime::__private::run_until(
                                 __idem_limit,
                                 ::idem_runtime::__private::hint::<
                                     Named<DB>,

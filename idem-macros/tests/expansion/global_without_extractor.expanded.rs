@@ -61,7 +61,7 @@ async fn rotate(
                     let __idem_output = {
                         let tx: &mut Transaction<'_, Postgres> = __idem_claim
                             .transaction();
-                        ::idem_runtime::__private::within(
+                        ::idem_runtime::__private::run_until(
                                 __idem_limit,
                                 ::idem_runtime::__private::hint::<
                                     (),

@@ -45,7 +45,7 @@ async fn create_order(
                 let __idem_limit = __idem_claim.limit();
                 let __idem_output = {
                     let steps: Steps<Postgres> = __idem_claim.steps();
-                    ::idem_runtime::__private::within(
+                    ::idem_runtime::__private::run_until(
                             __idem_limit,
                             ::idem_runtime::__private::hint::<
                                 Result<(StatusCode, String), OrderError>,

@@ -88,7 +88,7 @@ impl Limit {
 
 /// Runs the handler body until `limit`: `None` when it ran longer, in which case the body's
 /// future has been dropped (and with it whatever it borrowed, such as the transaction).
-pub async fn within<F: std::future::Future>(limit: Limit, body: F) -> Option<F::Output> {
+pub async fn run_until<F: std::future::Future>(limit: Limit, body: F) -> Option<F::Output> {
     match limit.at {
         Some(at) => tokio::time::timeout_at(at, body).await.ok(),
         None => Some(body.await),
@@ -102,8 +102,8 @@ mod tests {
     #[tokio::test]
     async fn within_drops_a_body_that_runs_past_its_limit() {
         let limit = Limit::of(Some(Duration::from_millis(10)), None);
-        assert_eq!(within(limit, async { 7 }).await, Some(7));
-        assert_eq!(within(limit, std::future::pending::<()>()).await, None);
+        assert_eq!(run_until(limit, async { 7 }).await, Some(7));
+        assert_eq!(run_until(limit, std::future::pending::<()>()).await, None);
     }
 
     #[tokio::test]
@@ -115,6 +115,6 @@ mod tests {
         assert!(Limit::of(None, Some(late)).is_deadline());
         let unbounded = Limit::of(None, None);
         assert!(!unbounded.is_deadline());
-        assert_eq!(within(unbounded, async { 7 }).await, Some(7));
+        assert_eq!(run_until(unbounded, async { 7 }).await, Some(7));
     }
 }

@@ -25,12 +25,12 @@ pub struct IdemRequest<DB: Backend> {
     /// How long the client would rather wait than get a 409 (`Prefer: wait=<seconds>`).
     pub(super) prefer_wait: Option<std::time::Duration>,
     /// Once this request waits for a duplicate in flight: until when, and how.
-    pub(super) waiting: Option<Waiting>,
+    pub(super) waiting: Option<DuplicateWait>,
 }
 
 /// A request waiting for the outcome of a duplicate in flight.
 #[derive(Debug)]
-pub(super) struct Waiting {
+pub(super) struct DuplicateWait {
     /// When the wait ends, with a 409.
     pub(super) until: tokio::time::Instant,
     /// The wait applied, in seconds (`Preference-Applied: wait=<seconds>`).
@@ -97,7 +97,7 @@ impl<DB: Backend> IdemRequest<DB> {
         since: tokio::time::Instant,
     ) -> Option<tokio::time::Instant> {
         let wait = self.wait_allowed(allowed)?;
-        self.waiting = Some(Waiting {
+        self.waiting = Some(DuplicateWait {
             until: since + wait,
             seconds: wait.as_secs(),
             since,
