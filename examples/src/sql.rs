@@ -15,6 +15,7 @@ use crate::{
 };
 
 mod mysql;
+pub mod spelling;
 
 /// A database the payments API runs on.
 pub trait Sql: Tables {

@@ -325,7 +325,7 @@ fn positional_query<'a>(
 
 impl TestBackend for MySql {
     fn spelled(sql: &str) -> String {
-        crate::mysql::spelled(sql)
+        crate::spelled(sql)
     }
 
     async fn create_tables(pool: &Pool<Self>) -> Result<(), sqlx::Error> {

@@ -4,43 +4,12 @@
 
 use sqlx::{MySql, MySqlConnection, Row, Transaction, mysql::MySqlRow};
 
-use super::Sql;
+use super::{Sql, spelling::in_order};
 use crate::{
     orders::{Order, STOCK_PER_SKU},
     payments::Transfer,
     refunds::Refund,
 };
-
-/// `sql`, written with PostgreSQL's numbered parameters (`$1`, `$2`, …, each once and in
-/// that order, as all of the example's shared statements are), with MySQL's positional `?`.
-///
-/// # Panics
-///
-/// In debug builds, when the numbers are not `1, 2, …` in the order they appear: binding in
-/// order would then give a parameter another's value.
-pub(crate) fn positional(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut next = 1;
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '$' {
-            out.push(c);
-            continue;
-        }
-        let mut number = String::new();
-        while let Some(digit) = chars.next_if(char::is_ascii_digit) {
-            number.push(digit);
-        }
-        debug_assert_eq!(
-            number.parse::<usize>().ok(),
-            Some(next),
-            "the parameters of {sql:?} are not $1, $2, … in order"
-        );
-        next += 1;
-        out.push('?');
-    }
-    out
-}
 
 /// The text of `column`, stored as bytes (`VARBINARY`).
 fn text(row: &MySqlRow, column: &str) -> Result<String, sqlx::Error> {
@@ -58,7 +27,7 @@ impl Sql for MySql {
         transfer: &'a Transfer,
         tenant: &'a str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(sqlx::AssertSqlSafe(positional(sql)))
+        sqlx::query(sqlx::AssertSqlSafe(in_order(sql)))
             .bind(&transfer.id)
             .bind(tenant)
             .bind(transfer.amount)
@@ -75,7 +44,7 @@ impl Sql for MySql {
         id: &'a str,
         status: &'a str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(sqlx::AssertSqlSafe(positional(sql)))
+        sqlx::query(sqlx::AssertSqlSafe(in_order(sql)))
             .bind(status)
             .bind(id)
             .execute(&mut **tx)
@@ -89,7 +58,7 @@ impl Sql for MySql {
         tenant: &'a str,
         ids: &'a [&'a str],
     ) -> Result<Vec<Transfer>, sqlx::Error> {
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(positional(&sql))).bind(tenant);
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(in_order(&sql))).bind(tenant);
         for id in ids {
             query = query.bind(*id);
         }
@@ -144,7 +113,7 @@ impl Sql for MySql {
         tenant: &'a str,
         ids: &'a [&'a str],
     ) -> Result<Vec<Refund>, sqlx::Error> {
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(positional(&sql))).bind(tenant);
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(in_order(&sql))).bind(tenant);
         for id in ids {
             query = query.bind(*id);
         }
@@ -228,7 +197,7 @@ impl Sql for MySql {
         tenant: &'a str,
         ids: &'a [&'a str],
     ) -> Result<Vec<Order>, sqlx::Error> {
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(positional(&sql))).bind(tenant);
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(in_order(&sql))).bind(tenant);
         for id in ids {
             query = query.bind(*id);
         }
@@ -256,26 +225,5 @@ impl Sql for MySql {
             .bind(sku)
             .fetch_optional(&mut *conn)
             .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::positional;
-
-    #[test]
-    fn numbered_parameters_become_question_marks() {
-        assert_eq!(
-            positional("UPDATE t SET a = $1 WHERE b = $2 AND c = $3"),
-            "UPDATE t SET a = ? WHERE b = ? AND c = ?"
-        );
-        assert_eq!(positional("SELECT 1"), "SELECT 1");
-    }
-
-    #[test]
-    #[should_panic(expected = "not $1, $2")]
-    #[cfg(debug_assertions)]
-    fn parameters_out_of_order_are_refused() {
-        positional("UPDATE t SET a = $2 WHERE b = $1");
     }
 }
