@@ -30,7 +30,29 @@ pub fn spelled(sql: &str) -> String {
 ///
 /// When a `$` is not followed by a parameter number.
 pub fn positional(sql: &str) -> (String, Vec<usize>) {
-    let sql = spelled(sql);
+    numbered(&spelled(sql))
+}
+
+/// `sql`, whose numbered parameters appear once each and in order (`$1`, `$2`, …, as all of the
+/// example's shared statements do), with MySQL's positional ones: the values are bound in the
+/// same order. Clauses are left as they are.
+///
+/// # Panics
+///
+/// When a `$` is not followed by a parameter number; in debug builds, when the numbers are not
+/// `1, 2, …` in the order they appear: binding in order would then give a parameter another's
+/// value.
+pub fn in_order(sql: &str) -> String {
+    let (out, order) = numbered(sql);
+    debug_assert!(
+        order.iter().copied().eq(0..order.len()),
+        "the parameters of {sql:?} are not $1, $2, … in order"
+    );
+    out
+}
+
+/// `sql` with each `$<n>` made `?`, and the `n - 1` of each in the order they appear.
+fn numbered(sql: &str) -> (String, Vec<usize>) {
     let mut out = String::with_capacity(sql.len());
     let mut order = Vec::new();
     let mut chars = sql.chars().peekable();
@@ -50,38 +72,6 @@ pub fn positional(sql: &str) -> (String, Vec<usize>) {
         out.push('?');
     }
     (out, order)
-}
-
-/// `sql`, whose numbered parameters appear once each and in order (`$1`, `$2`, …, as all of the
-/// example's shared statements do), with MySQL's positional ones: the values are bound in the
-/// same order. Clauses are left as they are.
-///
-/// # Panics
-///
-/// In debug builds, when the numbers are not `1, 2, …` in the order they appear: binding in
-/// order would then give a parameter another's value.
-pub fn in_order(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut next = 1;
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '$' {
-            out.push(c);
-            continue;
-        }
-        let mut number = String::new();
-        while let Some(digit) = chars.next_if(char::is_ascii_digit) {
-            number.push(digit);
-        }
-        debug_assert_eq!(
-            number.parse::<usize>().ok(),
-            Some(next),
-            "the parameters of {sql:?} are not $1, $2, … in order"
-        );
-        next += 1;
-        out.push('?');
-    }
-    out
 }
 
 #[cfg(test)]
