@@ -31,8 +31,9 @@ pub fn handler(args: &Args, handler: &Handler) -> TokenStream {
     } = &handler.item;
     let ident = &sig.ident;
     let (generics, _, where_clause) = sig.generics.split_for_impl();
-    let params = params::params(args, handler, &private, &db);
-    let state_checks = state::checks(args, handler, &private, &db);
+    let signature = runtime_signature();
+    let params = params::params(args, handler, &signature, &db);
+    let state_checks = state::checks(args, handler, &signature, &db);
     let policy = policy::policy(args, handler, &private);
     let scope = claim::scope(handler, &private);
     let claim_and_run = claim::claim_and_run(handler, &private, &db);
@@ -92,6 +93,13 @@ fn names_generic_params(tokens: TokenStream, generics: &syn::Generics) -> bool {
 fn runtime_private() -> TokenStream {
     let runtime = runtime();
     quote!(#runtime::__private)
+}
+
+/// `::idem_runtime::signature`: what the generated signature and checks name, which the
+/// compiler's errors about a handler show (never `__private`).
+fn runtime_signature() -> TokenStream {
+    let runtime = runtime();
+    quote!(#runtime::signature)
 }
 
 /// `::idem_runtime`, under whatever name the user's crate gives `idem-runtime`: the path of

@@ -164,6 +164,7 @@ pub mod admin;
 pub mod policy;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod signature;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -210,9 +211,7 @@ pub use sqlx;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::checkout::Checkout;
-    pub use crate::flow::{
-        Acquired, Attempt, Claim, ExternalClaim, Input, Limit, Scope, hint, run_until,
-    };
+    pub use crate::flow::{Acquired, Attempt, Claim, ExternalClaim, Limit, Scope, hint, run_until};
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use inventory;
     /// The backend of `external` handlers that name none, when only one database feature is
@@ -229,35 +228,4 @@ pub mod __private {
     pub type DefaultBackend = sqlx::MySql;
     pub use axum::response::{IntoResponse, Response};
     pub use tracing::Instrument;
-
-    /// `#[idempotent(state = S)]`: the check that `S` provides the store names Axum's own
-    /// trait, so that its error is the missing `FromRef` impl alone.
-    pub use axum::extract::FromRef;
-
-    /// `#[idempotent(state = S)]`: an extractor of nothing, for state `S` only, that makes the
-    /// handler an Axum handler of that one state.
-    pub struct StateIs<S>(::core::marker::PhantomData<fn() -> S>);
-
-    impl<S: Send + Sync> axum::extract::FromRequestParts<S> for StateIs<S> {
-        type Rejection = ::core::convert::Infallible;
-
-        async fn from_request_parts(
-            _: &mut http::request::Parts,
-            _: &S,
-        ) -> Result<Self, Self::Rejection> {
-            Ok(Self(::core::marker::PhantomData))
-        }
-    }
-
-    /// `#[idempotent(state = S)]`: every argument but the last reads only the request's parts.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` is not the last argument, but it is not an extractor of the request's parts",
-        label = "only the last argument may read the request body; move this one last",
-        note = "every argument but the last must implement `axum::extract::FromRequestParts<{S}>`"
-    )]
-    pub trait PartsExtractor<S> {}
-    impl<S, T: axum::extract::FromRequestParts<S>> PartsExtractor<S> for T {}
-
-    /// Compiles only when `T` is an extractor of the request's parts for state `S`.
-    pub fn reads_only_parts<T: PartsExtractor<S>, S>() {}
 }

@@ -12,27 +12,27 @@ use crate::{args::Args, handler::Handler};
 pub fn params(
     args: &Args,
     handler: &Handler,
-    private: &TokenStream,
+    signature: &TokenStream,
     db: &TokenStream,
 ) -> TokenStream {
-    let state_pin = args.state.as_ref().map(|state| state_pin(state, private));
+    let state_pin = args.state.as_ref().map(|state| state_pin(state, signature));
     let extractors = leading_extractors(handler).iter().map(|arg| quote!(#arg));
-    let input = input(handler, private, db);
+    let input = input(handler, signature, db);
     quote!(#state_pin #(#extractors,)* #input)
 }
 
 /// With `state = S`, the handler is an Axum handler for that state only, so that a router
 /// built with it is not inferred to have another state (the store's) when `S` lacks the store:
 /// the one error is then the missing `FromRef`, at the attribute.
-fn state_pin(state: &syn::Type, private: &TokenStream) -> TokenStream {
+fn state_pin(state: &syn::Type, signature: &TokenStream) -> TokenStream {
     quote_spanned! {syn::spanned::Spanned::span(state)=>
-        _: #private::StateIs<#state>,
+        _: #signature::StateIs<#state>,
     }
 }
 
 /// The last extractor wrapped in `Input`, which takes the key and the body first and hands
 /// over the request (`__idem_request`); `Input<()>` when the handler has no extractor.
-fn input(handler: &Handler, private: &TokenStream, db: &TokenStream) -> TokenStream {
+fn input(handler: &Handler, signature: &TokenStream, db: &TokenStream) -> TokenStream {
     match handler.extractors.last() {
         Some(last) => {
             let attrs = &last.attrs;
@@ -40,11 +40,11 @@ fn input(handler: &Handler, private: &TokenStream, db: &TokenStream) -> TokenStr
             let ty = &last.ty;
             quote_spanned! {ty_span(last)=>
                 #(#attrs)*
-                #private::Input { value: #pat, request: __idem_request }: #private::Input<#ty, #db>
+                #signature::Input { value: #pat, request: __idem_request }: #signature::Input<#ty, #db>
             }
         }
         None => quote! {
-            #private::Input { value: (), request: __idem_request }: #private::Input<(), #db>
+            #signature::Input { value: (), request: __idem_request }: #signature::Input<(), #db>
         },
     }
 }

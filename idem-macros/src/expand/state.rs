@@ -15,14 +15,14 @@ use crate::{args::Args, handler::Handler};
 pub fn checks(
     args: &Args,
     handler: &Handler,
-    private: &TokenStream,
+    signature: &TokenStream,
     db: &TokenStream,
 ) -> Option<TokenStream> {
     let state = args.state.as_ref()?;
-    let store = provides_store(state, private, db, &handler.item.sig.generics);
+    let store = provides_store(state, signature, db, &handler.item.sig.generics);
     let parts = leading_extractors(handler)
         .iter()
-        .map(|arg| reads_only_parts(state, arg, private));
+        .map(|arg| reads_only_parts(state, arg, signature));
     Some(quote! {
         let _ = || {
             #store
@@ -40,7 +40,7 @@ pub fn checks(
 /// the runtime in it.
 fn provides_store(
     state: &Type,
-    private: &TokenStream,
+    signature: &TokenStream,
     db: &TokenStream,
     generics: &syn::Generics,
 ) -> Option<TokenStream> {
@@ -51,15 +51,15 @@ fn provides_store(
     // there rather than on the whole attribute.
     let runtime = runtime();
     let check = quote! {
-        let _ = <#runtime::Store<#db> as #private::FromRef<#state>>::from_ref;
+        let _ = <#runtime::Store<#db> as #signature::FromRef<#state>>::from_ref;
     };
     Some(respan(check, syn::spanned::Spanned::span(state)))
 }
 
 /// An argument that is not the last reads only the request's parts, at its type.
-fn reads_only_parts(state: &Type, arg: &syn::PatType, private: &TokenStream) -> TokenStream {
+fn reads_only_parts(state: &Type, arg: &syn::PatType, signature: &TokenStream) -> TokenStream {
     let ty = &arg.ty;
     quote_spanned! {ty_span(arg)=>
-        #private::reads_only_parts::<#ty, #state>();
+        #signature::reads_only_parts::<#ty, #state>();
     }
 }

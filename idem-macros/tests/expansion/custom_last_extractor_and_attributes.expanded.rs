@@ -1,19 +1,19 @@
 /// Creates a payment.
 #[allow(unused_variables)]
 pub(crate) async fn create(
-    _: ::idem_runtime::__private::StateIs<AppState>,
+    _: ::idem_runtime::signature::StateIs<AppState>,
     tenant: Tenant,
     #[allow(unused)]
-    ::idem_runtime::__private::Input {
+    ::idem_runtime::signature::Input {
         value: caller,
         request: __idem_request,
-    }: ::idem_runtime::__private::Input<Caller, Postgres>,
+    }: ::idem_runtime::signature::Input<Caller, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     let _ = || {
         let _ = <::idem_runtime::Store<
             Postgres,
-        > as ::idem_runtime::__private::FromRef<AppState>>::from_ref;
-        ::idem_runtime::__private::reads_only_parts::<Tenant, AppState>();
+        > as ::idem_runtime::signature::FromRef<AppState>>::from_ref;
+        ::idem_runtime::signature::reads_only_parts::<Tenant, AppState>();
     };
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(
         "create",

@@ -1,8 +1,8 @@
 async fn ping(
-    ::idem_runtime::__private::Input {
+    ::idem_runtime::signature::Input {
         value: Path(account),
         request: __idem_request,
-    }: ::idem_runtime::__private::Input<
+    }: ::idem_runtime::signature::Input<
         Path<String>,
         ::idem_runtime::__private::DefaultBackend,
     >,

@@ -1,9 +1,9 @@
 async fn checked<DB>(
-    _: ::idem_runtime::__private::StateIs<Store<DB>>,
-    ::idem_runtime::__private::Input {
+    _: ::idem_runtime::signature::StateIs<Store<DB>>,
+    ::idem_runtime::signature::Input {
         value: tenant,
         request: __idem_request,
-    }: ::idem_runtime::__private::Input<String, DB>,
+    }: ::idem_runtime::signature::Input<String, DB>,
 ) -> ::idem_runtime::__private::Response
 where
     DB: Backend,

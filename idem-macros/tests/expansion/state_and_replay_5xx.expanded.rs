@@ -1,18 +1,18 @@
 async fn create_payment(
-    _: ::idem_runtime::__private::StateIs<AppState>,
+    _: ::idem_runtime::signature::StateIs<AppState>,
     State(state): State<AppState>,
     tenant: Tenant,
-    ::idem_runtime::__private::Input {
+    ::idem_runtime::signature::Input {
         value: Json(body),
         request: __idem_request,
-    }: ::idem_runtime::__private::Input<Json<NewPayment>, Postgres>,
+    }: ::idem_runtime::signature::Input<Json<NewPayment>, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     let _ = || {
         let _ = <::idem_runtime::Store<
             Postgres,
-        > as ::idem_runtime::__private::FromRef<AppState>>::from_ref;
-        ::idem_runtime::__private::reads_only_parts::<State<AppState>, AppState>();
-        ::idem_runtime::__private::reads_only_parts::<Tenant, AppState>();
+        > as ::idem_runtime::signature::FromRef<AppState>>::from_ref;
+        ::idem_runtime::signature::reads_only_parts::<State<AppState>, AppState>();
+        ::idem_runtime::signature::reads_only_parts::<Tenant, AppState>();
     };
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(
         "create_payment",
