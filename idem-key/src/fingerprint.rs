@@ -29,15 +29,45 @@ impl Fingerprint {
     /// assert_eq!(a, b);
     /// ```
     pub fn of(method: &Method, path_and_query: &str, headers: &HeaderMap, body: &[u8]) -> Self {
+        Self::of_fields(method, path_and_query, headers, body, BodyFields::All)
+    }
+
+    /// Fingerprints a request whose JSON body counts only in part: only the fields `fields`
+    /// names, or all but those (see [`BodyFields`]). The method and the path with its query
+    /// always count; a body that is not JSON (or holds a number beyond 2^53) counts whole, byte
+    /// for byte, as in [`Fingerprint::of`]. [`BodyFields::All`] is [`Fingerprint::of`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use http::{HeaderMap, Method, header::CONTENT_TYPE};
+    /// use idem_key::{BodyFields, Fingerprint};
+    ///
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert(CONTENT_TYPE, "application/json".parse().unwrap());
+    /// let fields = BodyFields::Except(&["/sent_at"]);
+    /// let of = |body: &[u8]| Fingerprint::of_fields(&Method::POST, "/v1/payments", &headers, body, fields);
+    /// assert_eq!(of(br#"{"amount":5,"sent_at":"10:00"}"#), of(br#"{"amount":5,"sent_at":"10:01"}"#));
+    /// assert_ne!(of(br#"{"amount":5,"sent_at":"10:00"}"#), of(br#"{"amount":6,"sent_at":"10:00"}"#));
+    /// ```
+    pub fn of_fields(
+        method: &Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+        fields: BodyFields,
+    ) -> Self {
         let mut hasher = Sha256::new();
         // Length prefixes keep the fields apart: no (method, path) pair can alias another.
         for field in [method.as_str().as_bytes(), path_and_query.as_bytes()] {
             hasher.update((field.len() as u64).to_be_bytes());
             hasher.update(field);
         }
-        match canonical_json(headers, body) {
+        match json_body(headers, body).and_then(|value| fields.canonical(value)) {
+            // Each selection has its own tag, so that no two selections (nor the whole body)
+            // can give the same input for different bodies.
             Some(canonical) => {
-                hasher.update(b"json");
+                hasher.update(fields.tag());
                 hasher.update(&canonical);
             }
             None => {
@@ -86,17 +116,91 @@ fn is_json(headers: &HeaderMap) -> bool {
             || subtype.len() > 5 && subtype[subtype.len() - 5..].eq_ignore_ascii_case("+json"))
 }
 
-fn canonical_json(headers: &HeaderMap, body: &[u8]) -> Option<Vec<u8>> {
+/// The body as JSON, when its `Content-Type` says it is and it parses, with every number
+/// within 2^53 of zero. JCS writes numbers as IEEE doubles; a number beyond 2^53 would lose
+/// digits and two different amounts could look the same, so such bodies are compared byte for
+/// byte instead.
+fn json_body(headers: &HeaderMap, body: &[u8]) -> Option<serde_json::Value> {
     if !is_json(headers) {
         return None;
     }
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    // JCS writes numbers as IEEE doubles; a number beyond 2^53 would lose digits and two
-    // different amounts could look the same. Such bodies are compared byte for byte instead.
-    if !numbers_fit_f64(&value) {
-        return None;
+    numbers_fit_f64(&value).then_some(value)
+}
+
+/// Which parts of a JSON request body count in its [`Fingerprint`]: the whole body (the
+/// default), only the fields named, or all but them. Fields are named by JSON Pointer (RFC 6901:
+/// `/amount`, `/payer/id`, `/items/0`, `~1` for a `/` and `~0` for a `~` in a name).
+///
+/// For clients that put something in the body that changes from one retry to the next (a
+/// timestamp, a trace id): the fields that count still make a retry with other values of them
+/// another request (422).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BodyFields {
+    /// The whole body.
+    #[default]
+    All,
+    /// Only these fields. A field the body lacks counts as absent, which differs from `null`.
+    Only(&'static [&'static str]),
+    /// All but these fields. A field named in an array is counted as `null`, so that the
+    /// elements after it keep their places.
+    Except(&'static [&'static str]),
+}
+
+impl BodyFields {
+    /// What the hash takes before the canonical JSON.
+    fn tag(self) -> &'static [u8] {
+        match self {
+            Self::All => b"json",
+            Self::Only(_) => b"json-only",
+            Self::Except(_) => b"json-except",
+        }
     }
-    serde_json_canonicalizer::to_vec(&value).ok()
+
+    /// The part of `value` that counts, canonicalised (RFC 8785).
+    fn canonical(self, mut value: serde_json::Value) -> Option<Vec<u8>> {
+        match self {
+            Self::All => serde_json_canonicalizer::to_vec(&value).ok(),
+            Self::Only(pointers) => {
+                // `[pointer, value]` for a field present, `[pointer]` for one absent.
+                let picked: Vec<serde_json::Value> = pointers
+                    .iter()
+                    .map(|pointer| match value.pointer(pointer) {
+                        Some(found) => serde_json::json!([pointer, found]),
+                        None => serde_json::json!([pointer]),
+                    })
+                    .collect();
+                serde_json_canonicalizer::to_vec(&picked).ok()
+            }
+            Self::Except(pointers) => {
+                for pointer in pointers {
+                    remove(&mut value, pointer);
+                }
+                serde_json_canonicalizer::to_vec(&value).ok()
+            }
+        }
+    }
+}
+
+/// Takes the field at `pointer` out of `value`: an object's member is removed, an array's
+/// element becomes `null` (the elements after it keep their indices). Nothing when the body has
+/// no such field.
+fn remove(value: &mut serde_json::Value, pointer: &str) {
+    let Some((parent, last)) = pointer.rsplit_once('/') else {
+        return;
+    };
+    let name = last.replace("~1", "/").replace("~0", "~");
+    match value.pointer_mut(parent) {
+        Some(serde_json::Value::Object(members)) => {
+            members.remove(&name);
+        }
+        Some(serde_json::Value::Array(items)) => {
+            if let Some(item) = name.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+                *item = serde_json::Value::Null;
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Whether every number of `value` is within 2^53 of zero, where a double holds each integer
@@ -209,5 +313,115 @@ mod tests {
             fp("/p", "application/json", "{"),
             fp("/p", "application/json", "{ ")
         );
+    }
+
+    fn with(fields: BodyFields, body: &str) -> Fingerprint {
+        Fingerprint::of_fields(
+            &Method::POST,
+            "/v1/payments",
+            &json_headers("application/json"),
+            body.as_bytes(),
+            fields,
+        )
+    }
+
+    #[test]
+    fn only_the_named_fields_count() {
+        let only = BodyFields::Only(&["/amount", "/payer/id"]);
+        let first = with(
+            only,
+            r#"{"amount":5,"payer":{"id":"p1","name":"A"},"note":"x"}"#,
+        );
+        assert_eq!(
+            first,
+            with(
+                only,
+                r#"{"note":"y","payer":{"name":"B","id":"p1"},"amount":5}"#
+            )
+        );
+        assert_ne!(first, with(only, r#"{"amount":6,"payer":{"id":"p1"}}"#));
+        assert_ne!(first, with(only, r#"{"amount":5,"payer":{"id":"p2"}}"#));
+    }
+
+    #[test]
+    fn an_absent_field_differs_from_a_null_one() {
+        let only = BodyFields::Only(&["/amount"]);
+        assert_ne!(with(only, r#"{}"#), with(only, r#"{"amount":null}"#));
+        let except = BodyFields::Except(&["/sent_at"]);
+        assert_ne!(with(except, r#"{"a":1}"#), with(except, r#"{"a":null}"#));
+    }
+
+    #[test]
+    fn all_but_the_named_fields_count() {
+        let except = BodyFields::Except(&["/sent_at", "/trace/id", "/a~1b"]);
+        let first = with(
+            except,
+            r#"{"amount":5,"sent_at":1,"trace":{"id":"t1","hop":2},"a/b":"x"}"#,
+        );
+        assert_eq!(
+            first,
+            with(
+                except,
+                r#"{"amount":5,"sent_at":2,"trace":{"id":"t2","hop":2},"a/b":"y"}"#
+            )
+        );
+        assert_eq!(first, with(except, r#"{"amount":5,"trace":{"hop":2}}"#));
+        assert_ne!(
+            first,
+            with(
+                except,
+                r#"{"amount":6,"sent_at":1,"trace":{"id":"t1","hop":2}}"#
+            )
+        );
+        assert_ne!(
+            first,
+            with(except, r#"{"amount":5,"trace":{"id":"t1","hop":3}}"#)
+        );
+    }
+
+    #[test]
+    fn a_field_named_in_an_array_keeps_the_places_of_the_others() {
+        let except = BodyFields::Except(&["/items/0"]);
+        assert_eq!(
+            with(except, r#"{"items":["a","b"]}"#),
+            with(except, r#"{"items":["z","b"]}"#)
+        );
+        assert_ne!(
+            with(except, r#"{"items":["a","b"]}"#),
+            with(except, r#"{"items":["b"]}"#)
+        );
+    }
+
+    #[test]
+    fn each_selection_fingerprints_apart_from_the_whole_body() {
+        // The whole body `[["/a",1]]` is what `Only(["/a"])` canonicalises `{"a":1}` to; the
+        // tags keep them apart.
+        assert_ne!(
+            with(BodyFields::Only(&["/a"]), r#"{"a":1}"#),
+            with(BodyFields::All, r#"[["/a",1]]"#)
+        );
+        assert_ne!(
+            with(BodyFields::Except(&["/b"]), r#"{"a":1}"#),
+            with(BodyFields::All, r#"{"a":1}"#)
+        );
+        assert_eq!(
+            with(BodyFields::All, r#"{"a":1}"#),
+            fp("/v1/payments", "application/json", r#"{"a":1}"#)
+        );
+    }
+
+    #[test]
+    fn a_body_that_is_not_json_counts_whole_whatever_the_selection() {
+        let only = BodyFields::Only(&["/amount"]);
+        let text = |body: &str| {
+            Fingerprint::of_fields(
+                &Method::POST,
+                "/v1/payments",
+                &json_headers("text/plain"),
+                body.as_bytes(),
+                only,
+            )
+        };
+        assert_ne!(text(r#"{"amount":5,"a":1}"#), text(r#"{"amount":5,"a":2}"#));
     }
 }

@@ -8,7 +8,8 @@
 //!   Header Field* (draft-ietf-httpapi-idempotency-key-header), or the bare value Stripe's
 //!   clients send; 1 to [`MAX_KEY_LEN`] visible ASCII characters either way.
 //! - **When two requests are the same request** ([`Fingerprint`]): method, path with query, and
-//!   body, a JSON body canonicalised first (RFC 8785).
+//!   body, a JSON body canonicalised first (RFC 8785); optionally only some of its fields
+//!   ([`BodyFields`]).
 //! - **Which key a downstream call gets** ([`derive_key`]): stable per (scope, key, label), and
 //!   not revealing the client's key.
 //!
@@ -31,5 +32,5 @@ mod fingerprint;
 mod header;
 
 pub use derived::derive_key;
-pub use fingerprint::Fingerprint;
+pub use fingerprint::{BodyFields, Fingerprint};
 pub use header::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, parse_key, parse_value};

@@ -1,11 +1,15 @@
 //! The attribute's arguments, each declared once in [`ARGUMENTS`]: `scope`, `global`,
-//! `retention`, `replay_5xx`, `external`, `lease`, `timeout`, `wait`, `backend`, `state` (and
-//! `lock_timeout`, the old name of `lease`, refused with an error that names the new one).
+//! `retention`, `replay_5xx`, `external`, `lease`, `timeout`, `wait`, `backend`, `state`,
+//! `fingerprint_only`, `fingerprint_except` (and `lock_timeout`, the old name of `lease`, refused
+//! with an error that names the new one).
 
 use proc_macro2::{Span, TokenStream};
 use syn::{Expr, ExprLit, Lit, LitStr, meta::ParseNestedMeta, parse::Parser};
 
-use crate::duration;
+use crate::{
+    duration,
+    fields::{self, BodyFields},
+};
 
 /// Old names, still recognised so that the error can name the new one; not offered in the
 /// list of arguments.
@@ -28,6 +32,8 @@ const ARGUMENTS: &[(&str, ParseArgument)] = &[
     ("wait", parse_wait),
     ("backend", parse_backend),
     ("state", parse_state),
+    ("fingerprint_only", parse_fingerprint_only),
+    ("fingerprint_except", parse_fingerprint_except),
 ];
 
 /// Seconds in the default lease of external mode.
@@ -63,6 +69,8 @@ pub struct Args {
     pub backend: Option<syn::Type>,
     /// The router's state, to check the handler against at its definition.
     pub state: Option<syn::Type>,
+    /// Which fields of a JSON body count in the fingerprint.
+    pub body_fields: BodyFields,
 }
 
 #[derive(Default)]
@@ -79,6 +87,7 @@ struct Raw {
     wait: Option<u64>,
     backend: Option<syn::Type>,
     state: Option<syn::Type>,
+    body_fields: Option<BodyFields>,
 }
 
 /// Parses the arguments, collecting every error; the values that could be read are returned
@@ -99,6 +108,7 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
         wait: raw.wait,
         backend: raw.backend,
         state: raw.state,
+        body_fields: raw.body_fields.unwrap_or_default(),
     };
     (args, errors)
 }
@@ -297,6 +307,36 @@ fn parse_state(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
     }
     raw.state = Some(type_value(meta, "state = AppState")?);
     Ok(())
+}
+
+fn parse_fingerprint_only(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    let pointers = body_fields(meta, raw, "fingerprint_only")?;
+    raw.body_fields = Some(BodyFields::Only(pointers));
+    Ok(())
+}
+
+fn parse_fingerprint_except(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    let pointers = body_fields(meta, raw, "fingerprint_except")?;
+    raw.body_fields = Some(BodyFields::Except(pointers));
+    Ok(())
+}
+
+/// The pointers of `fingerprint_only` or `fingerprint_except`, of which one may be given, once.
+fn body_fields(meta: &ParseNestedMeta<'_>, raw: &Raw, name: &str) -> syn::Result<Vec<String>> {
+    if raw.body_fields.is_some() {
+        return Err(meta.error(
+            "`fingerprint_only` and `fingerprint_except` are given once, and not together: name the fields that count, or those that do not",
+        ));
+    }
+    match value(meta, &format!("{name} = [\"/sent_at\"]"))? {
+        Expr::Array(array) => fields::pointers(&array, name),
+        other => Err(syn::Error::new_spanned(
+            other,
+            format!(
+                "expected a list of JSON Pointers, e.g. `{name} = [\"/sent_at\", \"/trace/id\"]`"
+            ),
+        )),
+    }
 }
 
 fn parse_replay_5xx(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {

@@ -5,7 +5,7 @@
 //!
 //! The cases cover every mode and argument (transactional with a scope parameter or global,
 //! external with a lease and a backend, `Steps`, `IdempotencyContext`, `timeout`, `wait`,
-//! `replay_5xx`, `state`, type and const parameters, a custom last extractor, none at all) and
+//! `replay_5xx`, `state`, `fingerprint_only`, `fingerprint_except`, type and const parameters, a custom last extractor, none at all) and
 //! a few refusals (the errors beside the renamed function and its stand-in).
 
 use std::{fs, path::PathBuf};
@@ -22,6 +22,24 @@ const SEVERAL_DATABASES: bool = cfg!(any(
 
 /// Each case: its name (the snapshot's file name) and a handler with its attribute, first.
 const CASES: &[(&str, &str)] = &[
+    (
+        "fingerprint_only_fields",
+        r#"
+        #[idempotent(scope = "tenant", fingerprint_only = ["/amount", "/payer/id"])]
+        async fn pay(tenant: Tenant, tx: &mut Transaction<'_, Postgres>, Json(body): Json<Value>) {
+            let _ = (tenant, tx, body);
+        }
+        "#,
+    ),
+    (
+        "fingerprint_except_fields",
+        r#"
+        #[idempotent(global, fingerprint_except = ["/sent_at"])]
+        async fn log(tx: &mut Transaction<'_, Postgres>, Json(body): Json<Value>) {
+            let _ = (tx, body);
+        }
+        "#,
+    ),
     (
         "transactional_scope_param",
         r#"

@@ -16,6 +16,7 @@ mod duration;
 mod expand;
 #[cfg(test)]
 mod expansion_tests;
+mod fields;
 mod handler;
 
 /// Makes an Axum handler safe to retry with the `Idempotency-Key` header.

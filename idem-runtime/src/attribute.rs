@@ -16,6 +16,8 @@ pub struct Options {
     pub timeout: Option<Duration>,
     /// The most a duplicate may wait for the first request's outcome (`None`: 409 at once).
     pub wait: Option<Duration>,
+    /// Which fields of a JSON body count in the fingerprint.
+    pub body_fields: idem_key::BodyFields,
 }
 
 /// A duration in the attribute's syntax: `"1h30m"`, `"45s"`.

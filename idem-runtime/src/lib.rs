@@ -188,6 +188,7 @@ mod transient;
 pub use backend::{Backend, migrate};
 pub use context::IdempotencyContext;
 pub use error::Error;
+pub use idem_key::BodyFields;
 pub use idem_macros::idempotent;
 pub use problem::{DEFAULT_PROBLEM_TYPE_BASE, PROBLEM_JSON, Problem, ProblemKind};
 pub use record::RecordedStep;
@@ -213,6 +214,7 @@ pub mod __private {
     pub use crate::checkout::Checkout;
     pub use crate::flow::{Acquired, Attempt, Claim, ExternalClaim, Limit, Scope, hint, run_until};
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
+    pub use idem_key::BodyFields;
     pub use inventory;
     /// The backend of `external` handlers that name none, when only one database feature is
     /// on (with several, the attribute requires `backend = ...`).

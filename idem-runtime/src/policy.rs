@@ -10,6 +10,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use idem_key::BodyFields;
+
 use crate::attribute::Options;
 
 /// How an `#[idempotent]` handler runs, as its signature chose.
@@ -48,6 +50,7 @@ pub struct HandlerPolicy {
     lease_secs: u64,
     timeout_secs: Option<u64>,
     wait_secs: Option<u64>,
+    body_fields: BodyFields,
 }
 
 impl HandlerPolicy {
@@ -64,6 +67,7 @@ impl HandlerPolicy {
         lease_secs: u64,
         timeout_secs: Option<u64>,
         wait_secs: Option<u64>,
+        body_fields: BodyFields,
     ) -> Self {
         Self {
             name,
@@ -75,6 +79,7 @@ impl HandlerPolicy {
             lease_secs,
             timeout_secs,
             wait_secs,
+            body_fields,
         }
     }
 
@@ -128,6 +133,12 @@ impl HandlerPolicy {
         self.wait_secs.map(Duration::from_secs)
     }
 
+    /// Which fields of a JSON body make two requests the same request
+    /// (`fingerprint_only`, `fingerprint_except`; the whole body by default).
+    pub fn body_fields(&self) -> BodyFields {
+        self.body_fields
+    }
+
     /// The settings the request flow runs with.
     #[doc(hidden)]
     pub fn __options(&self) -> Options {
@@ -137,6 +148,7 @@ impl HandlerPolicy {
             lease: Duration::from_secs(self.lease_secs),
             timeout: self.timeout(),
             wait: self.wait(),
+            body_fields: self.body_fields,
         }
     }
 
@@ -148,8 +160,9 @@ impl HandlerPolicy {
              the same on each retry of it. A retry with the same key and the same request gets \
              the first outcome again, marked `Idempotent-Replayed: true`, for at least {} after \
              the first request; later the key may be forgotten, and reusing it then starts a \
-             new request. {} {} {} {}",
+             new request.{} {} {} {} {}",
             human(self.retention_secs),
+            same_request(self.body_fields),
             self.in_flight(),
             self.server_errors(),
             self.interrupted(),
@@ -303,6 +316,10 @@ impl fmt::Display for RetentionPolicy {
                 KeyScope::Parameter(_) => "per caller",
                 KeyScope::Global => "shared by all callers",
             };
+            let keys = match fields_counted(policy.body_fields) {
+                Some(fields) => format!("{keys}; the same request: {fields}"),
+                None => keys.to_owned(),
+            };
             writeln!(
                 f,
                 "| `{operation}` | {} | {} | {server_errors} | {interrupted} | {keys} |",
@@ -353,6 +370,35 @@ impl fmt::Display for RetentionPolicy {
     }
 }
 
+/// The fields that make two requests the same request, for the policy's table; `None` for
+/// the whole body.
+fn fields_counted(fields: BodyFields) -> Option<String> {
+    let listed = |pointers: &[&str]| {
+        pointers
+            .iter()
+            .map(|p| format!("`{p}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match fields {
+        BodyFields::All => None,
+        BodyFields::Only(pointers) => Some(format!("only the body's {}", listed(pointers))),
+        BodyFields::Except(pointers) => Some(format!("the body but {}", listed(pointers))),
+    }
+}
+
+/// The sentence that says which fields of the body count, with its leading space; empty for
+/// the whole body.
+fn same_request(fields: BodyFields) -> String {
+    match fields_counted(fields) {
+        None => String::new(),
+        Some(fields) => format!(
+            " The same request is the same method and path with {fields} equal (JSON Pointers); \
+             a retry that changes them gets 422."
+        ),
+    }
+}
+
 /// `90061` → `"1 day 1 hour 1 minute 1 second"`; `86400` → `"24 hours"` (whole days under
 /// two are said in hours, as retention periods usually are).
 pub(crate) fn human(secs: u64) -> String {
@@ -380,7 +426,53 @@ pub(crate) fn human(secs: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::human;
+    use super::{BodyFields, HandlerPolicy, KeyScope, Mode, RetentionPolicy, human};
+
+    fn counting(fields: BodyFields) -> HandlerPolicy {
+        HandlerPolicy::__new(
+            "pay",
+            "app",
+            KeyScope::Parameter("tenant"),
+            Mode::Transactional,
+            86_400,
+            false,
+            30,
+            None,
+            None,
+            fields,
+        )
+    }
+
+    #[test]
+    fn the_published_policy_says_which_fields_of_the_body_count() {
+        let only = counting(BodyFields::Only(&["/amount", "/currency"]));
+        assert!(
+            only.describe()
+                .contains("with only the body's `/amount`, `/currency` equal"),
+            "{}",
+            only.describe()
+        );
+        let table = RetentionPolicy::new()
+            .with("POST /v1/payments", only)
+            .with("POST /v1/logs", counting(BodyFields::Except(&["/sent_at"])))
+            .with("POST /v1/refunds", counting(BodyFields::All))
+            .to_string();
+        assert!(
+            table
+                .contains("per caller; the same request: only the body's `/amount`, `/currency` |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("per caller; the same request: the body but `/sent_at` |"),
+            "{table}"
+        );
+        assert!(table.contains("| per caller |"), "{table}");
+        assert!(
+            !counting(BodyFields::All)
+                .describe()
+                .contains("same request is")
+        );
+    }
 
     #[test]
     fn durations_read_as_people_write_them() {

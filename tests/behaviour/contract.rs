@@ -8,6 +8,7 @@ use idem_tests::{
     App, Options, Req, StatementLog, TestDb, backend_tests, entry, until_called,
     until_queued_writers, wait_until,
 };
+use serde_json::json;
 
 const ENTRIES: &str = "/test/entries";
 
@@ -175,6 +176,55 @@ backend_tests! {
             ProblemKind::KeyReused.type_uri()
         );
         assert_eq!(app.count("test_entries").await, 1);
+    }
+
+    async fn a_retry_that_changes_only_fields_the_fingerprint_leaves_out_is_replayed(db) {
+        let app = App::new(db).await;
+        for (route, counted) in [
+            ("/test/entries-by-fields", json!({"amount": 5, "note": "n", "x": 1})),
+            ("/test/entries-but-fields", json!({"amount": 5, "note": "n", "x": 1, "trace": {"hop": 1}})),
+        ] {
+            let key = format!("k{route}");
+            let send = |body: serde_json::Value| {
+                let request = Req::post(route).tenant("t1").key(&key).json(&body.to_string());
+                app.send(request.build())
+            };
+            let mut first_body = counted.clone();
+            first_body["sent_at"] = json!("10:00:00");
+            first_body["trace"]["id"] = json!("a");
+            let first = send(first_body).await;
+            assert_eq!(first.status, StatusCode::CREATED, "{route}: {:?}", first.body);
+            // Another `sent_at` and trace id, the fields that count unchanged: the same request.
+            let mut retry = counted.clone();
+            retry["sent_at"] = json!("10:00:07");
+            retry["trace"]["id"] = json!("b");
+            let again = send(retry).await;
+            assert!(again.replayed(), "{route}: status {} {:?}", again.status, again.body);
+            assert_eq!(again.body, first.body, "{route}");
+            // A field that counts changed: another request under the same key.
+            let mut other = counted.clone();
+            other["amount"] = json!(6);
+            assert_eq!(
+                send(other).await.problem(StatusCode::UNPROCESSABLE_ENTITY),
+                ProblemKind::KeyReused.type_uri(),
+                "{route}"
+            );
+        }
+        // `x` counts where all but `sent_at` and `trace/id` count, not where only the amount
+        // and the note do.
+        let changed_x = |route: &str| {
+            let body = json!({"amount": 5, "note": "n", "x": 2, "trace": {"hop": 1}});
+            Req::post(route).tenant("t1").key(&format!("k{route}")).json(&body.to_string())
+        };
+        assert!(app.send(changed_x("/test/entries-by-fields").build()).await.replayed());
+        assert_eq!(
+            app.send(changed_x("/test/entries-but-fields").build())
+                .await
+                .problem(StatusCode::UNPROCESSABLE_ENTITY),
+            ProblemKind::KeyReused.type_uri()
+        );
+        assert_eq!(entry_runs(&app), 2, "each route's handler ran once");
+        assert_eq!(app.count("test_entries").await, 2);
     }
 
     async fn same_key_with_another_query_or_route_is_422(db) {

@@ -21,14 +21,23 @@ use crate::{
     test_app::{Param, TestBackend, run_on},
 };
 
-/// `POST /test/entries`, `POST /test/stored-5xx`, `POST /test/bare-entries` and
-/// `POST /test/transfers`.
+/// `POST /test/entries`, `POST /test/stored-5xx`, `POST /test/bare-entries`,
+/// `POST /test/transfers`, and the entries whose fingerprint counts some fields only:
+/// `POST /test/entries-by-fields` and `POST /test/entries-but-fields`.
 pub fn routes<DB: TestBackend>() -> Router<Store<DB>> {
     Router::new()
         .route("/test/entries", post(create_entry::<DB>))
         .route("/test/stored-5xx", post(create_entry_then_fail::<DB>))
         .route("/test/bare-entries", post(create_entry_bare::<DB>))
         .route("/test/transfers", post(create_transfer::<DB>))
+        .route(
+            "/test/entries-by-fields",
+            post(create_entry_by_fields::<DB>),
+        )
+        .route(
+            "/test/entries-but-fields",
+            post(create_entry_but_fields::<DB>),
+        )
 }
 
 /// The body of `POST /test/entries`.
@@ -86,6 +95,33 @@ async fn create_entry<DB: TestBackend>(
     if entry.note == "unavailable" {
         return (StatusCode::SERVICE_UNAVAILABLE, "try again").into_response();
     }
+    created(id, &entry)
+}
+
+/// [`create_entry`], the same request being the same `amount` and `note` whatever else the body
+/// holds (a client's `sent_at`, say).
+#[idempotent(scope = "tenant", retention = "24h", fingerprint_only = ["/amount", "/note"])]
+async fn create_entry_by_fields<DB: TestBackend>(
+    tenant: Tenant,
+    Extension(calls): Extension<Arc<Calls>>,
+    tx: &mut Transaction<'_, DB>,
+    Json(entry): Json<NewEntry>,
+) -> Response {
+    calls.entries.fetch_add(1, Ordering::SeqCst);
+    let id = insert(tx, &tenant, &entry).await;
+    created(id, &entry)
+}
+
+/// [`create_entry`], the same request being the same body but its `sent_at` and `trace/id`.
+#[idempotent(scope = "tenant", retention = "24h", fingerprint_except = ["/sent_at", "/trace/id"])]
+async fn create_entry_but_fields<DB: TestBackend>(
+    tenant: Tenant,
+    Extension(calls): Extension<Arc<Calls>>,
+    tx: &mut Transaction<'_, DB>,
+    Json(entry): Json<NewEntry>,
+) -> Response {
+    calls.entries.fetch_add(1, Ordering::SeqCst);
+    let id = insert(tx, &tenant, &entry).await;
     created(id, &entry)
 }
 

@@ -7,6 +7,7 @@ use quote::quote;
 
 use crate::{
     args::Args,
+    fields::BodyFields,
     handler::{Handler, Scope},
 };
 
@@ -20,6 +21,7 @@ pub fn policy(args: &Args, handler: &Handler, private: &TokenStream) -> TokenStr
     let lease = args.lease_secs;
     let timeout = optional_secs(args.timeout.map(|(secs, _)| secs));
     let wait = optional_secs(args.wait);
+    let body_fields = body_fields(&args.body_fields, private);
     quote! {
         static __IDEM_POLICY: #private::HandlerPolicy = #private::HandlerPolicy::__new(
             #name,
@@ -31,6 +33,7 @@ pub fn policy(args: &Args, handler: &Handler, private: &TokenStream) -> TokenStr
             #lease,
             #timeout,
             #wait,
+            #body_fields,
         );
         #private::inventory::submit! { #private::Registered(&__IDEM_POLICY) }
     }
@@ -54,6 +57,15 @@ fn mode(handler: &Handler, private: &TokenStream) -> TokenStream {
         (Some(_), _) => quote!(#private::Mode::Transactional),
         (None, Some(_)) => quote!(#private::Mode::Steps),
         (None, None) => quote!(#private::Mode::External),
+    }
+}
+
+/// Which fields of a JSON body count in the fingerprint.
+fn body_fields(fields: &BodyFields, private: &TokenStream) -> TokenStream {
+    match fields {
+        BodyFields::All => quote!(#private::BodyFields::All),
+        BodyFields::Only(pointers) => quote!(#private::BodyFields::Only(&[#(#pointers),*])),
+        BodyFields::Except(pointers) => quote!(#private::BodyFields::Except(&[#(#pointers),*])),
     }
 }
 

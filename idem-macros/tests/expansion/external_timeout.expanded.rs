@@ -14,6 +14,7 @@ async fn send_email(
         60u64,
         ::core::option::Option::Some(59u64),
         ::core::option::Option::None,
+        ::idem_runtime::__private::BodyFields::All,
     );
     ::idem_runtime::__private::inventory::submit! {
         ::idem_runtime::__private::Registered(& __IDEM_POLICY)

@@ -15,6 +15,7 @@ async fn create_payment(
         30u64,
         ::core::option::Option::Some(120u64),
         ::core::option::Option::Some(5u64),
+        ::idem_runtime::__private::BodyFields::All,
     );
     ::idem_runtime::__private::inventory::submit! {
         ::idem_runtime::__private::Registered(& __IDEM_POLICY)

@@ -14,6 +14,7 @@ async fn close_account(
         30u64,
         ::core::option::Option::None,
         ::core::option::Option::None,
+        ::idem_runtime::__private::BodyFields::All,
     );
     ::idem_runtime::__private::inventory::submit! {
         ::idem_runtime::__private::Registered(& __IDEM_POLICY)

@@ -39,10 +39,11 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// The response to send instead of running the handler, as for [`Claim::acquire`]; a 409
     /// carries the lease's remaining time in `Retry-After`.
     pub async fn acquire(
-        request: IdemRequest<DB>,
+        mut request: IdemRequest<DB>,
         scope: Scope,
         options: Options,
     ) -> Result<Self, Response> {
+        request.count_fields(options.body_fields);
         let key = request.key_ref(scope)?;
         // Armed before the claim is sent: if this request is cancelled while the claim is in
         // flight, dropping it releases whatever was committed under its token.

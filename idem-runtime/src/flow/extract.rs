@@ -16,7 +16,7 @@ use idem_key::Fingerprint;
 
 use super::{
     outcome::{Outcome, finish, key_problem},
-    request::IdemRequest,
+    request::{Fingerprinted, IdemRequest},
 };
 use crate::{backend::Backend, problem::ProblemKind, store::Store};
 
@@ -94,6 +94,14 @@ where
         }
     };
     let fingerprint = Fingerprint::of(&parts.method, &path, &parts.headers, &bytes);
+    let mut content_type = http::HeaderMap::new();
+    if let Some(value) = parts.headers.get(http::header::CONTENT_TYPE) {
+        content_type.insert(http::header::CONTENT_TYPE, value.clone());
+    }
+    let fingerprinted = Fingerprinted {
+        headers: content_type,
+        body: bytes.clone(),
+    };
     let prefer_wait = crate::prefer::wait(&parts.headers);
     let method = parts.method.clone();
     let request = Request::from_parts(parts, Body::from(bytes));
@@ -109,6 +117,7 @@ where
             route,
             prefer_wait,
             waiting: None,
+            fingerprinted: Some(fingerprinted),
         },
     ))
 }

@@ -26,6 +26,18 @@ pub struct IdemRequest<DB: Backend> {
     pub(super) prefer_wait: Option<std::time::Duration>,
     /// Once this request waits for a duplicate in flight: until when, and how.
     pub(super) waiting: Option<DuplicateWait>,
+    /// What the fingerprint was taken from, until the claim: a handler whose attribute counts
+    /// only some fields of the body takes it again from them ([`IdemRequest::count_fields`]).
+    pub(super) fingerprinted: Option<Fingerprinted>,
+}
+
+/// The parts of a request its fingerprint is taken from.
+#[derive(Debug)]
+pub(super) struct Fingerprinted {
+    /// The request's `Content-Type`, which says whether the body is JSON.
+    pub(super) headers: http::HeaderMap,
+    /// The body, as buffered.
+    pub(super) body: bytes::Bytes,
 }
 
 /// A request waiting for the outcome of a duplicate in flight.
@@ -52,6 +64,19 @@ impl<DB: Backend> std::fmt::Debug for IdemRequest<DB> {
 }
 
 impl<DB: Backend> IdemRequest<DB> {
+    /// Takes the fingerprint again over the fields of the body the handler counts
+    /// (`fingerprint_only`, `fingerprint_except`), the first time a claim is tried; the
+    /// buffered body is let go either way.
+    pub(super) fn count_fields(&mut self, fields: idem_key::BodyFields) {
+        let Some(Fingerprinted { headers, body }) = self.fingerprinted.take() else {
+            return;
+        };
+        if fields != idem_key::BodyFields::All {
+            self.fingerprint =
+                Fingerprint::of_fields(&self.method, &self.path, &headers, &body, fields);
+        }
+    }
+
     /// Until when this request may wait for a duplicate in flight: the smaller of the client's
     /// `Prefer: wait` and the handler's `allowed` wait, counted from the first time it is asked;
     /// `None` when it may not wait (any more).

@@ -92,6 +92,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         options: Options,
     ) -> Acquired<'c, DB> {
         let Attempt { mut request, held } = attempt;
+        request.count_fields(options.body_fields);
         let key = match request.key_ref(scope.clone()) {
             Ok(key) => key,
             Err(answer) => return Acquired::Answer(answer),
