@@ -107,9 +107,7 @@ async fn create_entry_by_fields<DB: TestBackend>(
     tx: &mut Transaction<'_, DB>,
     Json(entry): Json<NewEntry>,
 ) -> Response {
-    calls.entries.fetch_add(1, Ordering::SeqCst);
-    let id = insert(tx, &tenant, &entry).await;
-    created(id, &entry)
+    record(&calls, tx, &tenant, &entry).await
 }
 
 /// [`create_entry`], the same request being the same body but its `sent_at` and `trace/id`.
@@ -120,9 +118,19 @@ async fn create_entry_but_fields<DB: TestBackend>(
     tx: &mut Transaction<'_, DB>,
     Json(entry): Json<NewEntry>,
 ) -> Response {
+    record(&calls, tx, &tenant, &entry).await
+}
+
+/// Counts the run, writes the entry, answers 201 with it.
+async fn record<DB: TestBackend>(
+    calls: &Calls,
+    tx: &mut Transaction<'_, DB>,
+    tenant: &Tenant,
+    entry: &NewEntry,
+) -> Response {
     calls.entries.fetch_add(1, Ordering::SeqCst);
-    let id = insert(tx, &tenant, &entry).await;
-    created(id, &entry)
+    let id = insert(tx, tenant, entry).await;
+    created(id, entry)
 }
 
 /// Writes the entry, then answers 503; with `replay_5xx` the 503 is stored (and the write
