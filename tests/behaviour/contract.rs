@@ -227,6 +227,26 @@ backend_tests! {
         assert_eq!(app.count("test_entries").await, 2);
     }
 
+    async fn an_external_retry_that_changes_only_fields_the_fingerprint_leaves_out_is_replayed(db) {
+        let app = App::new(db).await;
+        let send = |body: serde_json::Value| {
+            let request = Req::post("/test/external-but-fields").tenant("t1").key("k1");
+            app.send(request.json(&body.to_string()).build())
+        };
+        let first = send(json!({"amount": 5, "sent_at": "10:00:00"})).await;
+        assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+        let again = send(json!({"amount": 5, "sent_at": "10:00:07"})).await;
+        assert!(again.replayed(), "status {} {:?}", again.status, again.body);
+        assert_eq!(again.body, first.body);
+        assert_eq!(
+            send(json!({"amount": 6, "sent_at": "10:00:00"}))
+                .await
+                .problem(StatusCode::UNPROCESSABLE_ENTITY),
+            ProblemKind::KeyReused.type_uri()
+        );
+        assert_eq!(app.calls.external.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
     async fn same_key_with_another_query_or_route_is_422(db) {
         let app = App::new(db).await;
         app.send(post("t1", "k1", &entry(100, "n1")).build())

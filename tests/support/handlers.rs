@@ -97,6 +97,7 @@ pub fn routes<DB: TestBackend>() -> Router<Store<DB>> {
         .route("/test/slow", post(slow::<DB>))
         .route("/test/slow-then-write", post(slow_then_write::<DB>))
         .route("/test/external-slow", post(external_slow::<DB>))
+        .route("/test/external-but-fields", post(external_but_fields::<DB>))
         .route("/test/redirect", post(redirect::<DB>))
         .route("/test/aborted", post(aborted::<DB>))
         .route("/test/deferred", post(deferred::<DB>))
@@ -265,6 +266,21 @@ async fn external_slow<DB: TestBackend>(
         gate.acquire().await.expect("gate open").forget();
     }
     (StatusCode::CREATED, format!("call {call} for {}", tenant.0))
+}
+
+/// External mode, the same request being the same JSON body but its `sent_at`: counts its
+/// calls.
+#[idempotent(external, scope = "tenant", retention = "1h", backend = DB, fingerprint_except = ["/sent_at"])]
+async fn external_but_fields<DB: TestBackend>(
+    tenant: Tenant,
+    Extension(calls): Extension<Arc<Calls>>,
+    axum::Json(body): axum::Json<serde_json::Value>,
+) -> (StatusCode, String) {
+    let call = calls.external.fetch_add(1, Ordering::SeqCst) + 1;
+    (
+        StatusCode::CREATED,
+        format!("call {call} for {}: {}", tenant.0, body["amount"]),
+    )
 }
 
 /// Writes, then ends its transaction itself with the statements in the body (`COMMIT`,
