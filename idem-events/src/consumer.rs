@@ -571,6 +571,22 @@ impl<DB: Backend, H: EventHandler<DB>, S: Subscriber> Consumer<DB, H, S> {
     ///
     /// Outside a tokio runtime.
     pub fn spawn(self, shutdown: CancellationToken) -> TaskHandle {
+        // Every outcome exported from the start, at zero: an alert on the increase of a series
+        // that appears only with its first event (a dead letter) would never fire.
+        for outcome in [
+            "applied",
+            "duplicate",
+            "failed",
+            "dead_lettered",
+            "unsettled",
+        ] {
+            metrics::counter!(
+                "idem_messages_total",
+                "consumer" => self.name.to_string(),
+                "outcome" => outcome,
+            )
+            .increment(0);
+        }
         let schedule = Schedule::new(Duration::ZERO)
             .with_backoff(Duration::from_millis(100), self.options.max_backoff)
             .with_housekeeping(

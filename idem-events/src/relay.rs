@@ -469,6 +469,8 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     ///
     /// Outside a tokio runtime.
     pub fn spawn(self, shutdown: CancellationToken) -> TaskHandle {
+        // Exported from the start, at zero, so that an alert on its increase can fire.
+        metrics::counter!("idem_outbox_pass_failures_total").increment(0);
         let schedule = Schedule::new(self.options.poll)
             .with_backoff(
                 self.options.poll.max(Duration::from_millis(50)),

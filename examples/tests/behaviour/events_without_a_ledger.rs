@@ -77,18 +77,22 @@ impl Service {
         std::fs::read_to_string(&self.log).expect("read the service's log")
     }
 
-    /// How many times the relay has found its topic refused, from `/metrics`.
-    async fn refusals(&self) -> u64 {
-        let metrics = self
-            .client
+    /// The service's `/metrics`.
+    async fn metrics(&self) -> String {
+        self.client
             .get(format!("{}/metrics", self.base))
             .send()
             .await
             .expect("the service answers")
             .text()
             .await
-            .expect("the metrics");
-        metrics
+            .expect("the metrics")
+    }
+
+    /// How many times the relay has found its topic refused, from `/metrics`.
+    async fn refusals(&self) -> u64 {
+        self.metrics()
+            .await
             .lines()
             .filter(|line| line.starts_with("idem_outbox_refused_total"))
             .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
@@ -117,6 +121,15 @@ async fn with_no_ledger_running_the_events_wait_in_the_ledgers_queue() {
     assert!(
         !log.contains("refuses the topic"),
         "no event was refused as unroutable:\n{log}"
+    );
+    // No pass failed, and the series says so from the start (an alert on its increase needs
+    // it there before the first failure).
+    let metrics = service.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == "idem_outbox_pass_failures_total 0"),
+        "the relay's failed passes, at zero:\n{metrics}"
     );
 }
 

@@ -87,6 +87,38 @@ async fn requests_are_counted_by_route_and_outcome(database: Database) {
     }
 }
 
+/// The series recorded only when their event happens (a recovery, a takeover, a purge) are
+/// exported at zero from the start: an alert on the `increase()` of a series that is absent
+/// until its first event never fires for that event.
+#[tokio::test]
+async fn series_of_rare_events_are_exported_at_zero_before_any_request() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let database = support::sqlite(&dir).await;
+    let client = Client::new();
+    let (_service, base) = start_payments(&client, &database, "http://127.0.0.1:9").await;
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("text");
+    for (name, labels) in [
+        ("idem_recovered_total", [r#"result="released""#]),
+        ("idem_recovered_total", [r#"result="completed""#]),
+        ("idem_recovered_total", [r#"result="kept""#]),
+        ("idem_takeovers_total", [""]),
+        ("idem_purge_deleted_total", [""]),
+    ] {
+        assert_eq!(
+            sample(&metrics, name, &labels),
+            Some(0.0),
+            "{name} {labels:?} at zero in:\n{metrics}"
+        );
+    }
+}
+
 #[sqlx::test(migrations = false)]
 async fn postgres_requests_are_counted_by_route_and_outcome(
     _: PgPoolOptions,

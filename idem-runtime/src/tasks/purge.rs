@@ -118,6 +118,8 @@ impl<DB: Backend> Purge<DB> {
     ///
     /// Outside a tokio runtime.
     pub fn spawn(self, shutdown: CancellationToken) -> TaskHandle {
+        // Exported from the start, at zero, so that an alert on its increase can fire.
+        metrics::counter!("idem_purge_deleted_total").increment(0);
         let schedule = Schedule::new(self.options.interval);
         idem_task::spawn(self, schedule, shutdown)
     }

@@ -119,6 +119,12 @@ impl<DB: Backend, H: RecoveryHook<DB>> Recovery<DB, H> {
     ///
     /// Outside a tokio runtime.
     pub fn spawn(self, shutdown: CancellationToken) -> TaskHandle {
+        // Exported from the start, at zero: an alert on the increase of a series that appears
+        // only with its first event (the first recovery, the first takeover) would never fire.
+        for result in ["released", "completed", "kept"] {
+            metrics::counter!("idem_recovered_total", "result" => result).increment(0);
+        }
+        metrics::counter!("idem_takeovers_total").increment(0);
         let schedule = Schedule::new(self.options.interval);
         idem_task::spawn(self, schedule, shutdown)
     }
