@@ -116,16 +116,24 @@ fn is_json(headers: &HeaderMap) -> bool {
             || subtype.len() > 5 && subtype[subtype.len() - 5..].eq_ignore_ascii_case("+json"))
 }
 
-/// The body as JSON, when its `Content-Type` says it is and it parses, with every number
-/// within 2^53 of zero. JCS writes numbers as IEEE doubles; a number beyond 2^53 would lose
-/// digits and two different amounts could look the same, so such bodies are compared byte for
-/// byte instead.
+/// The body as JSON, when its `Content-Type` says it is and it parses. JCS writes numbers as
+/// IEEE doubles; a number beyond 2^53 would lose digits and two different amounts could look
+/// the same, so a part to hash that holds one is compared byte for byte instead ([`canonical`]).
 fn json_body(headers: &HeaderMap, body: &[u8]) -> Option<serde_json::Value> {
     if !is_json(headers) {
         return None;
     }
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    numbers_fit_f64(&value).then_some(value)
+    serde_json::from_slice(body).ok()
+}
+
+/// `value` canonicalised (RFC 8785), unless it holds a number JCS cannot write exactly (see
+/// [`json_body`]): only what is hashed is checked, so a large number in a field left out does
+/// not make the body count whole.
+fn canonical(value: &serde_json::Value) -> Option<Vec<u8>> {
+    if !numbers_fit_f64(value) {
+        return None;
+    }
+    serde_json_canonicalizer::to_vec(value).ok()
 }
 
 /// Which parts of a JSON request body count in its [`Fingerprint`]: the whole body (the
@@ -160,7 +168,7 @@ impl BodyFields {
     /// The part of `value` that counts, canonicalised (RFC 8785).
     fn canonical(self, mut value: serde_json::Value) -> Option<Vec<u8>> {
         match self {
-            Self::All => serde_json_canonicalizer::to_vec(&value).ok(),
+            Self::All => canonical(&value),
             Self::Only(pointers) => {
                 // `[pointer, value]` for a field present, `[pointer]` for one absent.
                 let picked: Vec<serde_json::Value> = pointers
@@ -170,13 +178,13 @@ impl BodyFields {
                         None => serde_json::json!([pointer]),
                     })
                     .collect();
-                serde_json_canonicalizer::to_vec(&picked).ok()
+                canonical(&serde_json::Value::Array(picked))
             }
             Self::Except(pointers) => {
                 for pointer in pointers {
                     remove(&mut value, pointer);
                 }
-                serde_json_canonicalizer::to_vec(&value).ok()
+                canonical(&value)
             }
         }
     }
@@ -195,7 +203,12 @@ fn remove(value: &mut serde_json::Value, pointer: &str) {
             members.remove(&name);
         }
         Some(serde_json::Value::Array(items)) => {
-            if let Some(item) = name.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+            // An index as RFC 6901 (and `Value::pointer`) reads one: digits, no leading zero.
+            let is_index = !name.is_empty()
+                && name.bytes().all(|b| b.is_ascii_digit())
+                && (name == "0" || !name.starts_with('0'));
+            let index = is_index.then(|| name.parse::<usize>().ok()).flatten();
+            if let Some(item) = index.and_then(|i| items.get_mut(i)) {
                 *item = serde_json::Value::Null;
             }
         }
@@ -423,5 +436,37 @@ mod tests {
             )
         };
         assert_ne!(text(r#"{"amount":5,"a":1}"#), text(r#"{"amount":5,"a":2}"#));
+    }
+
+    #[test]
+    fn a_large_number_in_a_field_left_out_does_not_make_the_body_count_whole() {
+        let except = BodyFields::Except(&["/sent_at_ns"]);
+        assert_eq!(
+            with(except, r#"{"amount":5,"sent_at_ns":1733310000000000001}"#),
+            with(
+                except,
+                r#"{ "sent_at_ns":1733310000000000999, "amount": 5 }"#
+            )
+        );
+        let only = BodyFields::Only(&["/amount"]);
+        assert_eq!(
+            with(only, r#"{"amount":5,"trace":18446744073709551615}"#),
+            with(only, r#"{"amount":5,"trace":1}"#)
+        );
+        // One that counts still makes the body count byte for byte.
+        assert_ne!(
+            with(only, r#"{"amount":18446744073709551615}"#),
+            with(only, r#"{ "amount":18446744073709551615}"#)
+        );
+    }
+
+    #[test]
+    fn an_array_index_is_read_as_rfc_6901_reads_it() {
+        let except = BodyFields::Except(&["/items/01"]);
+        assert_ne!(
+            with(except, r#"{"items":["a","b"]}"#),
+            with(except, r#"{"items":["a","c"]}"#),
+            "`01` is no index: nothing is left out"
+        );
     }
 }

@@ -14,7 +14,8 @@
 //! - the problem responses of the idempotency layer that its mode and settings can give: 400
 //!   (key missing or malformed, scope invalid, body unreadable), 409 (in progress, with
 //!   `Retry-After`), 413 (body over the limit), 422 (key reused with another request), 500
-//!   (outcome not stored: too large, commit refused, step not recorded, body failed) and 503
+//!   (outcome not stored: too large, commit refused, step not recorded, body failed; the store
+//!   not set up) and 503
 //!   (store unavailable, commit outcome unknown, timed out: retry with the same key, after
 //!   `Retry-After`). A
 //!   response the operation declares inline keeps its description and gains the layer's case;

@@ -10,7 +10,7 @@
 //!      response in the same transaction and commits both, or rolls back both.
 //!    - [`external`]: [`ExternalClaim::acquire`] commits a leased `started` row first;
 //!      [`ExternalClaim::complete`] stores the response under the claim's token afterwards.
-//! 3. The handler body runs between the two, within its `timeout` if it has one ([`within`]).
+//! 3. The handler body runs between the two, within its `timeout` if it has one ([`run_until`]).
 //! 4. [`answers`]: every answer the layer gives itself (a replay, 409, 422, a problem), each
 //!    ending the request ([`request`]) with an [`outcome`] recorded on its span.
 //!

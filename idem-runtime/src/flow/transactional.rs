@@ -175,7 +175,11 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 None => Acquired::Answer(request.in_progress(None)),
             },
             Ok((Begun::Live(record), _)) => {
-                if waits_in_database && record.status == KeyStatus::Completed {
+                // Only a duplicate waited: another request under the key gets its 422 as such.
+                if waits_in_database
+                    && record.status == KeyStatus::Completed
+                    && record.fingerprint == request.fingerprint
+                {
                     request.waited_since(options.wait, asked);
                 }
                 Acquired::Answer(request.answer_existing(record, None))
