@@ -21,24 +21,33 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
         let header = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
-            .ok_or_else(|| {
-                ApiError::Unauthorized("send `Authorization: Bearer <tenant>`".into())
-            })?;
-        let value = header
-            .to_str()
-            .map_err(|_| ApiError::Unauthorized("the Authorization header is not text".into()))?;
+            .map(axum::http::HeaderValue::as_bytes);
+        Self::from_authorization(header).map_err(ApiError::Unauthorized)
+    }
+}
+
+impl Tenant {
+    /// The tenant of an `Authorization` header's (or gRPC metadata's) value, `Bearer <tenant>`;
+    /// what is wrong with it otherwise.
+    ///
+    /// # Errors
+    ///
+    /// A message for the client when the value is missing, not text, not a bearer token, or
+    /// longer than [`MAX_TENANT_LEN`].
+    pub fn from_authorization(value: Option<&[u8]>) -> Result<Self, String> {
+        let value = value.ok_or_else(|| "send `Authorization: Bearer <tenant>`".to_owned())?;
+        let value = std::str::from_utf8(value)
+            .map_err(|_| "the Authorization header is not text".to_owned())?;
         let token = value
             .strip_prefix("Bearer ")
             .map(str::trim)
             .filter(|token| !token.is_empty())
-            .ok_or_else(|| {
-                ApiError::Unauthorized("the Authorization header must be `Bearer <tenant>`".into())
-            })?;
+            .ok_or_else(|| "the Authorization header must be `Bearer <tenant>`".to_owned())?;
         if token.len() > MAX_TENANT_LEN {
-            return Err(ApiError::Unauthorized(format!(
+            return Err(format!(
                 "the bearer token has {} characters; a tenant id has at most {MAX_TENANT_LEN}",
                 token.len()
-            )));
+            ));
         }
         Ok(Self(token.to_owned()))
     }

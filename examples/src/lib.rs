@@ -11,6 +11,7 @@ pub mod auth;
 pub mod bounded;
 pub mod card;
 pub mod error;
+pub mod grpc;
 pub mod ledger;
 pub mod orders;
 pub mod payments;

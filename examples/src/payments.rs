@@ -321,6 +321,36 @@ pub async fn record_payment<DB: Sql>(
     }
 }
 
+/// The work of `POST /v1/payments` in the caller's transaction, the payment as recorded: what
+/// the gRPC service's `CreatePayment` runs.
+///
+/// # Errors
+///
+/// As `POST /v1/payments` answers them: invalid values, a declined payment (recorded), the
+/// processor away (nothing recorded), a statement that failed.
+pub async fn record_payment_in<DB: Sql>(
+    tenant: &Tenant,
+    tx: &mut Transaction<'_, DB>,
+    body: NewTransfer,
+) -> Result<Transfer, ApiError> {
+    let (_, _, Json(transfer)) = create(&PAYMENTS, tenant, tx, body).await?;
+    Ok(transfer)
+}
+
+/// One of `tenant`'s payments, as `GET /v1/payments/{id}` reads it.
+///
+/// # Errors
+///
+/// [`ApiError::NotFound`] when the tenant has no payment `id`; the database's failures.
+pub async fn fetch_payment<DB: Sql>(
+    state: &AppState<DB>,
+    tenant: &Tenant,
+    id: &str,
+) -> Result<Transfer, ApiError> {
+    let Json(transfer) = fetch(&PAYMENTS, state, tenant, id).await?;
+    Ok(transfer)
+}
+
 /// Records the attempt, asks the processor, and settles the record with its decision.
 async fn create<DB: Sql>(
     kind: &Kind,

@@ -7,6 +7,7 @@
 //! emitted instead when the handler is refused is in [`refused`].
 
 mod claim;
+mod grpc;
 mod params;
 mod policy;
 mod refused;
@@ -18,6 +19,7 @@ use syn::{ItemFn, PatType, Type};
 
 use crate::{args::Args, handler::Handler};
 
+pub use grpc::{Target as GrpcTarget, method as grpc_method};
 pub use refused::after_errors;
 
 /// The handler, rewritten: an Axum handler of the same name that takes the key and the body
@@ -34,25 +36,38 @@ pub fn handler(args: &Args, handler: &Handler) -> TokenStream {
     let signature = runtime_signature();
     let params = params::params(args, handler, &signature, &db);
     let state_checks = state::checks(args, handler, &signature, &db);
-    let policy = policy::policy(args, handler, &private);
-    let scope = claim::scope(handler, &private);
-    let claim_and_run = claim::claim_and_run(handler, &private, &db);
+    let policy = policy::policy(args, handler, &private, None);
+    let claimed = claimed(handler, &private, &db, claim::Protocol::Http);
     quote! {
         #(#attrs)*
         #vis async fn #ident #generics (#params) -> #private::Response #where_clause {
             #state_checks
             #policy
-            let __idem_span = __idem_request.span();
-            #private::Instrument::instrument(
-                async move {
-                    let __idem_scope = #scope;
-                    let __idem_options = __IDEM_POLICY.__options();
-                    #claim_and_run
-                },
-                __idem_span,
-            )
-            .await
+            #claimed
         }
+    }
+}
+
+/// From `__idem_request` on: the scope, the claim and the body, in the request's span.
+fn claimed(
+    handler: &Handler,
+    private: &TokenStream,
+    db: &TokenStream,
+    protocol: claim::Protocol,
+) -> TokenStream {
+    let scope = claim::scope(handler, private);
+    let claim_and_run = claim::claim_and_run(handler, private, db, protocol);
+    quote! {
+        let __idem_span = __idem_request.span();
+        #private::Instrument::instrument(
+            async move {
+                let __idem_scope = #scope;
+                let __idem_options = __IDEM_POLICY.__options();
+                #claim_and_run
+            },
+            __idem_span,
+        )
+        .await
     }
 }
 
@@ -90,7 +105,7 @@ fn names_generic_params(tokens: TokenStream, generics: &syn::Generics) -> bool {
 }
 
 /// `::idem_runtime::__private`, under whatever name the user's crate gives `idem-runtime`.
-fn runtime_private() -> TokenStream {
+pub(crate) fn runtime_private() -> TokenStream {
     let runtime = runtime();
     quote!(#runtime::__private)
 }

@@ -20,8 +20,44 @@ const SEVERAL_DATABASES: bool = cfg!(any(
     all(feature = "sqlite", feature = "mysql"),
 ));
 
-/// Each case: its name (the snapshot's file name) and a handler with its attribute, first.
+/// Each case: its name (the snapshot's file name) and a handler with its attribute, first (or
+/// a tonic service's impl with `#[grpc]` first).
 const CASES: &[(&str, &str)] = &[
+    (
+        "grpc_transactional_method",
+        r#"
+        #[grpc]
+        #[tonic::async_trait]
+        impl<DB: Sql> Payments for PaymentsApi<DB> {
+            #[idempotent(scope = "tenant", retention = "24h", wait = "10s")]
+            async fn create_payment(
+                &self,
+                tenant: Tenant,
+                tx: &mut Transaction<'_, DB>,
+                request: Request<CreatePaymentRequest>,
+            ) -> Result<Response<Payment>, Status> {
+                let payment = record(&tenant, tx, request.into_inner()).await?;
+                Ok(Response::new(payment))
+            }
+
+            async fn get_payment(&self, request: Request<GetPaymentRequest>) -> Result<Response<Payment>, Status> {
+                read(request).await
+            }
+        }
+        "#,
+    ),
+    (
+        "grpc_external_method_with_named_server",
+        r#"
+        #[grpc(server = refunds_server::RefundsServer)]
+        impl refunds_server::Refunds for RefundsApi {
+            #[idempotent(global, external, lease = "10s", timeout = "5s")]
+            async fn refund(&self, ctx: IdempotencyContext, request: Request<Refund>) -> Result<Response<Refund>, Status> {
+                call_processor(ctx.derive("processor"), request.into_inner()).await
+            }
+        }
+        "#,
+    ),
     (
         "fingerprint_only_fields",
         r#"
@@ -294,8 +330,8 @@ fn split_attribute(source: &str) -> (TokenStream, TokenStream) {
     };
     let mut inside = attribute.stream().into_iter();
     assert!(
-        matches!(inside.next(), Some(TokenTree::Ident(name)) if name == "idempotent"),
-        "a case starts with its `#[idempotent]` attribute"
+        matches!(inside.next(), Some(TokenTree::Ident(name)) if name == "idempotent" || name == "grpc"),
+        "a case starts with its `#[idempotent]` or `#[grpc]` attribute"
     );
     let args = match inside.next() {
         None => TokenStream::new(),
@@ -308,7 +344,11 @@ fn split_attribute(source: &str) -> (TokenStream, TokenStream) {
 /// What the attribute emits for the case, pretty-printed.
 fn expanded(source: &str) -> String {
     let (args, item) = split_attribute(source);
-    let tokens = crate::expand_or_refuse(args, item);
+    let tokens = if source.trim_start().starts_with("#[grpc") {
+        crate::grpc::service(args, item)
+    } else {
+        crate::expand_or_refuse(args, item)
+    };
     let file: syn::File = syn::parse2(tokens.clone())
         .unwrap_or_else(|error| panic!("the expansion does not parse ({error}):\n{tokens}"));
     prettyplease::unparse(&file)

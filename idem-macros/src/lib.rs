@@ -17,6 +17,7 @@ mod expand;
 #[cfg(test)]
 mod expansion_tests;
 mod fields;
+mod grpc;
 mod handler;
 
 /// Makes an Axum handler safe to retry with the `Idempotency-Key` header.
@@ -87,10 +88,33 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// The handler rewritten, or, when it is refused, the errors beside it.
+/// Marks the impl of a tonic service whose methods are `#[idempotent]`: put it above
+/// `#[tonic::async_trait]` (it adds that attribute when it is missing), so that it rewrites each
+/// marked `async fn` before async-trait does. The service's full name comes from the server
+/// tonic generated for the trait (`Payments` is served by `PaymentsServer`, next to it); name
+/// another with `#[grpc(server = path::to::Server)]`.
+///
+/// A marked method takes `&self`, then the values it reads from the call's metadata (each
+/// `FromMetadata`), the transaction (`&mut sqlx::Transaction<'_, DB>`, or nothing in external
+/// mode), and last the call's `tonic::Request<Message>`; it returns `Result<Response<Reply>,
+/// Status>`. The service provides the store through `FromRef`. Its arguments are those of
+/// `#[idempotent]` on an Axum handler, but `state` and the `fingerprint_*` ones.
+#[proc_macro_attribute]
+pub fn grpc(attr: TokenStream, item: TokenStream) -> TokenStream {
+    grpc::service(attr.into(), item.into()).into()
+}
+
 fn expand_or_refuse(
     attr: proc_macro2::TokenStream,
     item: proc_macro2::TokenStream,
 ) -> proc_macro2::TokenStream {
+    if let Some((error, method)) = grpc::rewritten_by_async_trait(&item) {
+        // A method of a tonic service whose impl has no `#[grpc]`: async-trait has already
+        // rewritten it; what stands in for it matches the trait, and the error comes alone.
+        let error = error.to_compile_error();
+        let stand_in = grpc::async_trait_stand_in(&method.attrs, &method.vis, &method.sig);
+        return quote::quote!(#error #stand_in);
+    }
     match parse_and_validate(attr, item.clone()) {
         Ok((args, handler)) => expand::handler(&args, &handler),
         Err(errors) => expand::after_errors(item, &errors),

@@ -161,6 +161,8 @@
 )]
 
 pub mod admin;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 pub mod policy;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -189,6 +191,8 @@ pub use backend::{Backend, migrate};
 pub use context::IdempotencyContext;
 pub use error::Error;
 pub use idem_key::BodyFields;
+#[cfg(feature = "grpc")]
+pub use idem_macros::grpc;
 pub use idem_macros::idempotent;
 pub use problem::{DEFAULT_PROBLEM_TYPE_BASE, PROBLEM_JSON, Problem, ProblemKind};
 pub use record::RecordedStep;
@@ -230,4 +234,11 @@ pub mod __private {
     pub type DefaultBackend = sqlx::MySql;
     pub use axum::response::{IntoResponse, Response};
     pub use tracing::Instrument;
+    /// What a tonic method's expansion names.
+    #[cfg(feature = "grpc")]
+    pub mod grpc {
+        pub use crate::flow::grpc::{accept, answer, into_http};
+        pub use async_trait::async_trait;
+        pub use tonic;
+    }
 }

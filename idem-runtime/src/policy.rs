@@ -51,6 +51,34 @@ pub struct HandlerPolicy {
     timeout_secs: Option<u64>,
     wait_secs: Option<u64>,
     body_fields: BodyFields,
+    grpc: Option<GrpcMethod>,
+}
+
+/// The gRPC method an `#[idempotent]` tonic method serves: its service's full name and its own
+/// name, as the `.proto` spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcMethod {
+    service: &'static str,
+    method: &'static str,
+}
+
+impl GrpcMethod {
+    /// The service's full name (`idem.example.v1.Payments`).
+    pub fn service(&self) -> &'static str {
+        self.service
+    }
+
+    /// The method's name (`CreatePayment`).
+    pub fn method(&self) -> &'static str {
+        self.method
+    }
+
+    /// The method's full name as gRPC sends it, the request's HTTP/2 path
+    /// (`/idem.example.v1.Payments/CreatePayment`): what its keys' fingerprints cover and its
+    /// metrics are labelled with.
+    pub fn path(&self) -> String {
+        format!("/{}/{}", self.service, self.method)
+    }
 }
 
 impl HandlerPolicy {
@@ -80,7 +108,21 @@ impl HandlerPolicy {
             timeout_secs,
             wait_secs,
             body_fields,
+            grpc: None,
         }
+    }
+
+    /// What the macro writes for a tonic method; not an API.
+    #[doc(hidden)]
+    pub const fn __grpc(mut self, service: &'static str, method: &'static str) -> Self {
+        self.grpc = Some(GrpcMethod { service, method });
+        self
+    }
+
+    /// The gRPC method this is the policy of, for a tonic service method; `None` for an Axum
+    /// handler.
+    pub fn grpc(&self) -> Option<GrpcMethod> {
+        self.grpc
     }
 
     /// The handler function's name, which is also the default `operationId` of utoipa's

@@ -28,6 +28,9 @@ mod generic_over_the_database;
 #[path = "pass/global_and_minimal.rs"]
 mod global_and_minimal;
 #[rustfmt::skip]
+#[path = "pass/grpc_service.rs"]
+mod grpc_service;
+#[rustfmt::skip]
 #[path = "pass/impl_into_response.rs"]
 mod impl_into_response;
 #[rustfmt::skip]
@@ -62,6 +65,7 @@ fn each_accepted_shape_compiles_and_is_routed() {
     external_mode::main();
     generic_over_the_database::main();
     global_and_minimal::main();
+    grpc_service::main();
     impl_into_response::main();
     path_and_json::main();
     readme::main();

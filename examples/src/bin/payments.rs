@@ -1,6 +1,8 @@
 //! `cargo run --bin payments`: the payments API the README describes.
 //!
-//! Listens on `$ADDR` (default `127.0.0.1:3000`). Stores everything in `$DATABASE_URL`
+//! Listens on `$ADDR` (default `127.0.0.1:3000`) for HTTP, and on `$GRPC_ADDR` (default
+//! `127.0.0.1:50051`) for gRPC: the service `idem.example.v1.Payments`
+//! ([`idem_examples::grpc`]), on the same database. Stores everything in `$DATABASE_URL`
 //! (PostgreSQL; `mysql://…/<database>`, MySQL or MariaDB, the database created if missing; or
 //! `sqlite:<path>`); without it, in the SQLite file `$SQLITE_PATH` (default `payments.db`), so
 //! that nothing needs to be installed. Creates its tables on start, sends
@@ -34,7 +36,9 @@ use std::{process::ExitCode, time::Duration};
 use axum::Router;
 use idem_events::{Publisher, Relay, RelayOptions, rabbitmq::RabbitMq};
 use idem_examples::{
-    api_doc, ledger,
+    api_doc,
+    grpc::PaymentsApi,
+    ledger,
     orders::SettleAbandoned,
     payments::{self, AppState},
     refunds::ProcessorClient,
@@ -82,6 +86,10 @@ async fn serve<DB: Sql>(
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let grpc_addr = std::env::var("GRPC_ADDR").unwrap_or_else(|_| "127.0.0.1:50051".to_owned());
+    let grpc_listener = tokio::net::TcpListener::bind(&grpc_addr)
+        .await
+        .map_err(|e| format!("cannot listen on {grpc_addr} for gRPC (GRPC_ADDR): {e}"))?;
     let processor_url =
         std::env::var("PROCESSOR_URL").unwrap_or_else(|_| "http://127.0.0.1:3001".to_owned());
     let store = Store::new(pool.clone());
@@ -141,12 +149,24 @@ async fn serve<DB: Sql>(
         crash_after,
     };
     tracing::info!(addr = %listener.local_addr()?, "payments service listening");
+    tracing::info!(addr = %grpc_listener.local_addr()?, "payments gRPC service listening");
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(PaymentsApi::new(state.clone()).server())
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(grpc_listener),
+                stop.clone().cancelled_owned(),
+            ),
+    );
     let router = routes
         .with_state(state)
         .merge(telemetry::router(metrics))
         .merge(api_doc::router()?);
     setup::serve(listener, router, stop).await?;
-    let _ = tokio::join!(purge, recovery, relay);
+    let (_, _, _, grpc) = tokio::join!(purge, recovery, relay, grpc);
+    if let Ok(Err(error)) = grpc {
+        tracing::error!(%error, "the gRPC server failed");
+    }
     Ok(())
 }
 

@@ -35,6 +35,7 @@ impl Service {
             .env("EVENTS_STREAM", names.name())
             .env("RECOVERY_EVERY", "0")
             .env("ADDR", &addr)
+            .env("GRPC_ADDR", free_addr())
             .env("PROCESSOR_URL", "http://127.0.0.1:9")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

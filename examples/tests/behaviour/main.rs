@@ -12,6 +12,7 @@ mod crash;
 mod event_crashes;
 mod events_without_a_ledger;
 mod galera;
+mod grpc;
 mod hostile;
 mod metrics;
 mod openapi;

@@ -32,6 +32,7 @@ async fn transaction_mode_pgbouncer_1_18_is_refused_at_start_with_the_cause_and_
         )
         .env("EVENTS", "off")
         .env("ADDR", idem_tests::reserve_addr())
+        .env("GRPC_ADDR", idem_tests::reserve_addr())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -198,8 +198,9 @@ pub fn spawn_payments_with(
     let addr = free_addr();
     let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
     database.configure(&mut command);
-    // No event relay unless the test asks for one (`EVENTS`).
-    command.env("EVENTS", "off");
+    // No event relay unless the test asks for one (`EVENTS`); gRPC on a port of its own
+    // unless the test names one (`GRPC_ADDR`).
+    command.env("EVENTS", "off").env("GRPC_ADDR", free_addr());
     command.envs(env.iter().copied());
     let child = command
         .env("ADDR", &addr)

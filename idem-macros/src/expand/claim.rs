@@ -31,14 +31,36 @@ pub fn scope(handler: &Handler, private: &TokenStream) -> TokenStream {
     }
 }
 
+/// What the rewritten function answers: an Axum response, or a tonic method's result.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http,
+    Grpc,
+}
+
+impl Protocol {
+    /// The function's answer for `response`, an answer of the claim.
+    fn answer(self, private: &TokenStream, response: TokenStream) -> TokenStream {
+        match self {
+            Self::Http => response,
+            Self::Grpc => quote!(#private::grpc::answer(#response).await),
+        }
+    }
+}
+
 /// Claims the key, runs the body and answers with its stored response, or answers for the
 /// claim (a replay, a conflict, a wait) without running it.
-pub fn claim_and_run(handler: &Handler, private: &TokenStream, db: &TokenStream) -> TokenStream {
-    let into_response = into_response(&handler.item.sig, private);
-    let run = run(handler, private);
+pub fn claim_and_run(
+    handler: &Handler,
+    private: &TokenStream,
+    db: &TokenStream,
+    protocol: Protocol,
+) -> TokenStream {
+    let into_response = into_response(&handler.item.sig, private, protocol);
+    let run = run(handler, private, protocol);
     match &handler.tx {
-        Some(_) => transactional(private, db, &into_response, &run),
-        None => external(private, db, &into_response, &run),
+        Some(_) => transactional(private, db, &into_response, &run, protocol),
+        None => external(private, db, &into_response, &run, protocol),
     }
 }
 
@@ -50,8 +72,14 @@ fn transactional(
     db: &TokenStream,
     into_response: &TokenStream,
     run: &TokenStream,
+    protocol: Protocol,
 ) -> TokenStream {
     let claim = quote!(#private::Claim::<#db>);
+    let answer = protocol.answer(private, quote!(__idem_answer));
+    let completed = protocol.answer(
+        private,
+        quote!(__idem_claim.complete(__idem_response).await),
+    );
     quote! {
         let mut __idem_attempt = #private::Attempt::from(__idem_request);
         loop {
@@ -70,11 +98,11 @@ fn transactional(
                     __idem_attempt = __idem_again;
                     continue;
                 }
-                #private::Acquired::Answer(__idem_answer) => return __idem_answer,
+                #private::Acquired::Answer(__idem_answer) => return #answer,
             };
             #into_response
             #run
-            return __idem_claim.complete(__idem_response).await;
+            return #completed;
         }
     }
 }
@@ -85,8 +113,14 @@ fn external(
     db: &TokenStream,
     into_response: &TokenStream,
     run: &TokenStream,
+    protocol: Protocol,
 ) -> TokenStream {
     let claim = quote!(#private::ExternalClaim::<#db>);
+    let answer = protocol.answer(private, quote!(__idem_answer));
+    let completed = protocol.answer(
+        private,
+        quote!(__idem_claim.complete(__idem_response).await),
+    );
     quote! {
         #[allow(unused_mut)]
         let mut __idem_claim = match #claim::acquire(
@@ -97,19 +131,20 @@ fn external(
         .await
         {
             ::core::result::Result::Ok(__idem_claim) => __idem_claim,
-            ::core::result::Result::Err(__idem_answer) => return __idem_answer,
+            ::core::result::Result::Err(__idem_answer) => return #answer,
         };
         #into_response
         #run
-        __idem_claim.complete(__idem_response).await
+        #completed
     }
 }
 
 /// The body runs until its limit (its `timeout`, and in transactional mode the request's
 /// database deadline); past it, the body's future (and its borrow of the claim) is dropped
 /// before the claim rolls back or releases the key.
-fn run(handler: &Handler, private: &TokenStream) -> TokenStream {
+fn run(handler: &Handler, private: &TokenStream, protocol: Protocol) -> TokenStream {
     let bindings = bindings(handler);
+    let stopped = protocol.answer(private, quote!(__idem_claim.stopped(__idem_limit).await));
     let inferred = inferred_output(&handler.item.sig.output);
     let block = &handler.item.block;
     let body = quote!(#private::hint::<#inferred, _>(async move #block));
@@ -121,7 +156,7 @@ fn run(handler: &Handler, private: &TokenStream) -> TokenStream {
         };
         let __idem_response = match __idem_output {
             ::core::option::Option::Some(__idem_value) => __idem_into_response(__idem_value),
-            ::core::option::Option::None => return __idem_claim.stopped(__idem_limit).await,
+            ::core::option::Option::None => return #stopped,
         };
     }
 }
@@ -150,9 +185,18 @@ fn bindings(handler: &Handler) -> TokenStream {
 /// `__idem_into_response`: the declared type converts the body's value (`impl Trait` is allowed
 /// in argument position, and the user's trait imports stay in use). A nested fn cannot see the
 /// handler's type parameters, so a return type that names them converts through a closure of
-/// the inferred type.
-fn into_response(sig: &syn::Signature, private: &TokenStream) -> TokenStream {
-    if !mentions_type_params(&sig.output, &sig.generics) {
+/// the inferred type. A tonic method's result is stored as its message or status; its return
+/// type may name its impl's type parameters, which the macro does not see, so it converts through
+/// a closure too.
+fn into_response(sig: &syn::Signature, private: &TokenStream, protocol: Protocol) -> TokenStream {
+    if protocol == Protocol::Grpc {
+        let inferred = inferred_output(&sig.output);
+        quote! {
+            let __idem_into_response = |__idem_output: #inferred| -> #private::Response {
+                #private::grpc::into_http(__idem_output)
+            };
+        }
+    } else if !mentions_type_params(&sig.output, &sig.generics) {
         let declared = declared_output(&sig.output);
         quote! {
             fn __idem_into_response(__idem_output: #declared) -> #private::Response {

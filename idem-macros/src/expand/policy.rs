@@ -11,8 +11,15 @@ use crate::{
     handler::{Handler, Scope},
 };
 
-/// `static __IDEM_POLICY` and its registration.
-pub fn policy(args: &Args, handler: &Handler, private: &TokenStream) -> TokenStream {
+/// `static __IDEM_POLICY` and its registration; a tonic method's names the gRPC method too
+/// (`grpc`: its service's name, an expression, and its own).
+pub fn policy(
+    args: &Args,
+    handler: &Handler,
+    private: &TokenStream,
+    grpc: Option<(&TokenStream, &str)>,
+) -> TokenStream {
+    let grpc = grpc.map(|(service, method)| quote!(.__grpc(#service, #method)));
     let name = handler.item.sig.ident.to_string();
     let key_scope = key_scope(&handler.scope, private);
     let mode = mode(handler, private);
@@ -34,7 +41,7 @@ pub fn policy(args: &Args, handler: &Handler, private: &TokenStream) -> TokenStr
             #timeout,
             #wait,
             #body_fields,
-        );
+        )#grpc;
         #private::inventory::submit! { #private::Registered(&__IDEM_POLICY) }
     }
 }

@@ -24,6 +24,8 @@
 mod answers;
 mod external;
 mod extract;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod outcome;
 mod request;
 mod transactional;

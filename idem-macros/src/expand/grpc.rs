@@ -1,0 +1,89 @@
+//! A tonic method rewritten: the signature tonic's trait declares (`&self` and the request),
+//! the values the method reads from the metadata, the call taken in (its key and fingerprint),
+//! and the same claim as an Axum handler's, every answer turned back into the method's result.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::ItemFn;
+
+use super::{
+    claim, claimed, database, leading_extractors, policy, runtime, runtime_private, ty_span,
+};
+use crate::{args::Args, handler::Handler};
+
+/// The gRPC method a tonic method serves.
+pub struct Target {
+    /// An expression of the service's full name (the generated server's `NamedService::NAME`).
+    pub service: TokenStream,
+    /// The method's name in the `.proto` (`CreatePayment`).
+    pub method: String,
+    /// The path the `#[idempotent]` attribute was written with, used again in the expansion:
+    /// `#[grpc]` takes the attribute off, and its import must not look unused.
+    pub attribute: syn::Path,
+}
+
+/// The method, rewritten.
+pub fn method(args: &Args, handler: &Handler, target: &Target) -> TokenStream {
+    let private = runtime_private();
+    let db = database(&private, handler.db.as_ref());
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = &handler.item;
+    let ident = &sig.ident;
+    let output = &sig.output;
+    let request = handler
+        .extractors
+        .last()
+        .expect("the analysis checked that the request is the last parameter");
+    let (request_pat, request_ty) = (&request.pat, &request.ty);
+    let policy = policy::policy(
+        args,
+        handler,
+        &private,
+        Some((&target.service, &target.method)),
+    );
+    let metadata = metadata_values(handler);
+    let claimed = claimed(handler, &private, &db, claim::Protocol::Grpc);
+    let attribute = &target.attribute;
+    quote! {
+        #(#attrs)*
+        #vis async fn #ident(&self, __idem_grpc: #request_ty) #output {
+            #[allow(unused_imports)]
+            use #attribute as _;
+            #policy
+            #metadata
+            let (#request_pat, __idem_request) =
+                match #private::grpc::accept::<#db, Self, _>(self, &__IDEM_POLICY, __idem_grpc) {
+                    ::core::result::Result::Ok(__idem_accepted) => __idem_accepted,
+                    ::core::result::Result::Err(__idem_status) => {
+                        return ::core::result::Result::Err(__idem_status);
+                    }
+                };
+            #claimed
+        }
+    }
+}
+
+/// Each parameter before the request, read from the call's metadata and extensions through
+/// `FromMetadata` (called by its public path, so that a type without it is reported against
+/// that trait); its status answers the call before the key is looked at.
+fn metadata_values(handler: &Handler) -> TokenStream {
+    let runtime = runtime();
+    leading_extractors(handler)
+        .iter()
+        .map(|arg| {
+            let (pat, ty) = (&arg.pat, &arg.ty);
+            quote_spanned! {ty_span(arg)=>
+                let #pat: #ty = match <#ty as #runtime::grpc::FromMetadata>::from_metadata(
+                    __idem_grpc.metadata(),
+                    __idem_grpc.extensions(),
+                ) {
+                    ::core::result::Result::Ok(__idem_value) => __idem_value,
+                    ::core::result::Result::Err(__idem_status) => {
+                        return ::core::result::Result::Err(__idem_status);
+                    }
+                };
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,293 @@
+//! The request flow of a tonic method: the call enters as an [`IdemRequest`] (its key from the
+//! metadata, its fingerprint over the method's full name and the message as re-encoded), runs
+//! through the same claims as an HTTP request, and every answer is turned back into what a
+//! gRPC client gets: the method's message, or a status with its metadata.
+//!
+//! Between the two the outcome travels as an HTTP response, the form the claims store and
+//! replay: the message, protobuf-encoded, under [`GRPC_MESSAGE`], or the method's status under
+//! [`GRPC_STATUS`], with an HTTP status that says whether it is final (a 4xx) or like a server
+//! error (a 5xx, stored only with `replay_5xx`).
+
+use std::sync::Arc;
+
+use axum::{
+    extract::FromRef,
+    response::{IntoResponse, Response},
+};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, header::CONTENT_TYPE};
+use http_body_util::BodyExt;
+use idem_key::Fingerprint;
+use tonic::{Code, Status, metadata::MetadataMap};
+use tracing::field::Empty;
+
+use super::{
+    outcome::{Outcome, finish, key_problem},
+    request::IdemRequest,
+};
+use crate::{backend::Backend, policy::HandlerPolicy, store::Store};
+
+/// The `Content-Type` of a stored message: its protobuf encoding.
+pub(crate) const GRPC_MESSAGE: &str = "application/grpc+proto";
+
+/// The `Content-Type` of a stored status: [`StoredStatus`], protobuf-encoded.
+pub(crate) const GRPC_STATUS: &str = "application/x-idem-grpc-status+proto";
+
+/// The request method gRPC calls are stored under: no HTTP request has it, so a key used on
+/// HTTP and then on gRPC (or the other way) is always another request.
+const GRPC_METHOD: &str = "GRPC";
+
+/// A method's final status as stored.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StoredStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+    #[prost(bytes = "bytes", tag = "3")]
+    details: Bytes,
+}
+
+/// Takes the call's key from its metadata and fingerprints it: the method's full name and the
+/// message, re-encoded, so that two encodings of equal messages are the same request. A
+/// missing or malformed key is answered `INVALID_ARGUMENT` and the method is not run.
+///
+/// # Errors
+///
+/// The status to answer the call with instead of running the method.
+pub fn accept<DB, S, M>(
+    service: &S,
+    policy: &'static HandlerPolicy,
+    request: tonic::Request<M>,
+) -> Result<(tonic::Request<M>, IdemRequest<DB>), Status>
+where
+    DB: Backend,
+    Store<DB>: FromRef<S>,
+    M: prost::Message,
+{
+    let store = Store::<DB>::from_ref(service);
+    let path = policy
+        .grpc()
+        .map_or_else(String::new, |method| method.path());
+    let route: Arc<str> = path.as_str().into();
+    let span = tracing::info_span!(
+        "idempotency",
+        method = GRPC_METHOD,
+        path = %path,
+        key_id = Empty,
+        outcome = Empty,
+        status = Empty,
+    );
+    let headers = headers_of(request.metadata());
+    let key = match idem_key::parse_key(&headers) {
+        Ok(key) => key,
+        Err(error) => {
+            let problem = key_problem(&error, store.options().problem_type_base());
+            let problem = finish(&span, &route, Outcome::Rejected, problem);
+            return Err(status_of_problem(
+                problem.status(),
+                problem.headers(),
+                error.to_string(),
+            ));
+        }
+    };
+    let method = http::Method::from_bytes(GRPC_METHOD.as_bytes()).expect("a method token");
+    let fingerprint = Fingerprint::of(
+        &method,
+        &path,
+        &HeaderMap::new(),
+        &request.get_ref().encode_to_vec(),
+    );
+    let prefer_wait = crate::prefer::wait(&headers);
+    Ok((
+        request,
+        IdemRequest {
+            store,
+            key,
+            method,
+            path,
+            fingerprint,
+            span,
+            route,
+            prefer_wait,
+            waiting: None,
+            fingerprinted: None,
+        },
+    ))
+}
+
+/// The metadata idem reads (`idempotency-key`, `prefer`), as the HTTP headers they are.
+fn headers_of(metadata: &MetadataMap) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for name in [
+        idem_key::IDEMPOTENCY_KEY,
+        http::HeaderName::from_static("prefer"),
+    ] {
+        for value in metadata.get_all(name.as_str()).iter() {
+            if let Ok(value) = HeaderValue::from_bytes(value.as_bytes()) {
+                headers.append(name.clone(), value);
+            }
+        }
+    }
+    headers
+}
+
+/// The method's outcome in the form the claims store: its message under [`GRPC_MESSAGE`] with
+/// 200, or its status under [`GRPC_STATUS`] with an HTTP status that is a 5xx for the codes
+/// that are worth retrying (not stored unless `replay_5xx`) and a 4xx for the others (final).
+pub fn into_http<T: prost::Message>(outcome: Result<tonic::Response<T>, Status>) -> Response {
+    match outcome {
+        Ok(response) => (
+            StatusCode::OK,
+            [(CONTENT_TYPE, GRPC_MESSAGE)],
+            response.into_inner().encode_to_vec(),
+        )
+            .into_response(),
+        Err(status) => {
+            let stored = StoredStatus {
+                code: status.code() as i32,
+                message: status.message().to_owned(),
+                details: status.details().to_vec().into(),
+            };
+            (
+                http_status(status.code()),
+                [(CONTENT_TYPE, GRPC_STATUS)],
+                prost::Message::encode_to_vec(&stored),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// The HTTP status a method's gRPC status is stored under: 5xx for the codes a retry may
+/// change (`UNKNOWN`, `INTERNAL`, `UNAVAILABLE`, `DEADLINE_EXCEEDED`, `DATA_LOSS`,
+/// `RESOURCE_EXHAUSTED`, `ABORTED`), 4xx for the final ones.
+pub(crate) fn http_status(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::Unavailable | Code::ResourceExhausted | Code::Aborted => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists => StatusCode::CONFLICT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::Unimplemented => StatusCode::METHOD_NOT_ALLOWED,
+        Code::Cancelled | Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StatusCode::BAD_REQUEST
+        }
+    }
+}
+
+/// What the client gets for `response`, an answer of the claims: the method's message or
+/// status (first run or replay, with `idempotent-replayed: true` and `preference-applied` as
+/// the HTTP answer has them), or the status for one of the layer's own answers.
+pub async fn answer<T: prost::Message + Default>(
+    response: Response,
+) -> Result<tonic::Response<T>, Status> {
+    let (parts, body) = response.into_parts();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            return Err(Status::internal(format!(
+                "the method's outcome could not be read: {error}"
+            )));
+        }
+    };
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    let metadata = replay_metadata(&parts.headers);
+    match content_type {
+        GRPC_MESSAGE => match T::decode(body) {
+            Ok(message) => Ok(tonic::Response::from_parts(
+                metadata,
+                message,
+                tonic::Extensions::default(),
+            )),
+            Err(error) => Err(corrupt(&error)),
+        },
+        GRPC_STATUS => match <StoredStatus as prost::Message>::decode(body) {
+            Ok(stored) => Err(Status::with_details_and_metadata(
+                Code::from_i32(stored.code),
+                stored.message,
+                stored.details,
+                metadata,
+            )),
+            Err(error) => Err(corrupt(&error)),
+        },
+        _ => Err(status_of_problem(
+            parts.status,
+            &parts.headers,
+            problem_detail(&body),
+        )),
+    }
+}
+
+fn corrupt(error: &prost::DecodeError) -> Status {
+    tracing::error!(%error, "a stored gRPC outcome could not be decoded");
+    Status::internal(format!(
+        "the stored outcome of this call could not be decoded ({error}); it was not run again"
+    ))
+}
+
+/// `idempotent-replayed` and `preference-applied`, from a replay's headers.
+fn replay_metadata(headers: &HeaderMap) -> MetadataMap {
+    let mut metadata = MetadataMap::new();
+    copy(headers, &mut metadata, crate::replay::IDEMPOTENT_REPLAYED);
+    copy(headers, &mut metadata, "preference-applied");
+    metadata
+}
+
+fn copy(headers: &HeaderMap, metadata: &mut MetadataMap, name: &'static str) {
+    if let Some(value) = headers
+        .get(name)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse().ok())
+    {
+        metadata.insert(name, value);
+    }
+}
+
+/// The problem's `detail` (its `title` without one), from its JSON body.
+fn problem_detail(body: &[u8]) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    parsed
+        .as_ref()
+        .and_then(|problem| problem.get("detail").or_else(|| problem.get("title")))
+        .and_then(serde_json::Value::as_str)
+        .map_or_else(|| String::from_utf8_lossy(body).into_owned(), str::to_owned)
+}
+
+/// The status for one of the layer's own answers (an HTTP problem): its code by the problem's
+/// HTTP status, its detail as the message, and a `Retry-After` as both `retry-after` and
+/// gRFC A6's `grpc-retry-pushback-ms`.
+fn status_of_problem(status: StatusCode, headers: &HeaderMap, detail: String) -> Status {
+    let code = match status {
+        StatusCode::BAD_REQUEST => Code::InvalidArgument,
+        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+        StatusCode::FORBIDDEN => Code::PermissionDenied,
+        StatusCode::NOT_FOUND => Code::NotFound,
+        StatusCode::CONFLICT => Code::Aborted,
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
+        StatusCode::UNPROCESSABLE_ENTITY => Code::FailedPrecondition,
+        StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
+        StatusCode::GATEWAY_TIMEOUT => Code::DeadlineExceeded,
+        _ if status.is_client_error() => Code::FailedPrecondition,
+        _ => Code::Internal,
+    };
+    let mut metadata = MetadataMap::new();
+    let retry_after = headers
+        .get(http::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if let Some(seconds) = retry_after {
+        metadata.insert("retry-after", seconds.into());
+        metadata.insert("grpc-retry-pushback-ms", (seconds * 1000).into());
+    }
+    Status::with_metadata(code, detail, metadata)
+}

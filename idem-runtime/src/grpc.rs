@@ -1,0 +1,61 @@
+//! `#[idempotent]` on the methods of a tonic service (feature `grpc`).
+//!
+//! Mark the service's impl with [`#[grpc]`](macro@crate::grpc), above tonic's
+//! `#[tonic::async_trait]`, and each method to make retry-safe with `#[idempotent(...)]`, with
+//! the same arguments as on an Axum handler. The method takes, after `&self`, the values it
+//! reads from the call's metadata ([`FromMetadata`], such as the caller its keys are scoped to),
+//! the transaction (or nothing, in external mode), and last the `tonic::Request`:
+//!
+//! ```ignore
+//! #[idem_runtime::grpc]
+//! #[tonic::async_trait]
+//! impl Payments for PaymentsApi {
+//!     #[idempotent(scope = "tenant", retention = "24h", wait = "10s")]
+//!     async fn create_payment(
+//!         &self,
+//!         Tenant(tenant): Tenant, // FromMetadata, from `authorization`
+//!         tx: &mut Transaction<'_, Postgres>,
+//!         request: Request<CreatePaymentRequest>,
+//!     ) -> Result<Response<Payment>, Status> {
+//!         // ... writes through `tx`; the message or the final status commits with them
+//!     }
+//! }
+//! ```
+//!
+//! The service provides the [`Store`](crate::Store) as an Axum router's state does, through
+//! [`FromRef`](axum::extract::FromRef). The key comes from the `idempotency-key` metadata (the
+//! syntax and limits of the HTTP header), `prefer: wait=<seconds>` asks to wait as on HTTP, and
+//! the fingerprint covers the method's full name and the message re-encoded: two encodings of
+//! equal messages (fields in another order, default values written or left out) are the same
+//! request. Map fields must be generated as `BTreeMap` (tonic-prost-build's
+//! `.btree_map(".")`) for their entries' order not to count: a `HashMap` re-encodes in an order
+//! of its own.
+//!
+//! | Situation | Status |
+//! |---|---|
+//! | Key missing or malformed | `INVALID_ARGUMENT`, method not run |
+//! | First call | the method runs once; its message (or its final status) is stored with its writes |
+//! | Retry after the first finished | the stored message or status again, with metadata `idempotent-replayed: true` |
+//! | Retry while the first runs | `ABORTED` with `retry-after` and `grpc-retry-pushback-ms`, at once |
+//! | Same key, another request (another method or message, or an HTTP request) | `FAILED_PRECONDITION`, method not run |
+//! | Store unavailable, transient fault | `UNAVAILABLE` with `retry-after` and `grpc-retry-pushback-ms` |
+//! | Method's status `UNKNOWN`, `INTERNAL`, `UNAVAILABLE`, `DEADLINE_EXCEEDED`, `DATA_LOSS`, `RESOURCE_EXHAUSTED`, `ABORTED` | like an HTTP 5xx: rolled back, stored only with `replay_5xx = true` |
+//! | Any other status of the method | final: stored and replayed, its writes committed |
+//!
+//! A replay carries the message, or the status's code, message and details; metadata the
+//! method set on its answer is not stored.
+
+use tonic::{Extensions, Status, metadata::MetadataMap};
+
+/// A value an `#[idempotent]` tonic method takes from the call's metadata or extensions (what
+/// an interceptor put there), before its key is claimed: the caller its keys are scoped to,
+/// typically.
+pub trait FromMetadata: Sized {
+    /// Reads the value.
+    ///
+    /// # Errors
+    ///
+    /// The status the call is answered with (`UNAUTHENTICATED` for a caller that cannot be
+    /// told, say); the method is not run and nothing is stored.
+    fn from_metadata(metadata: &MetadataMap, extensions: &Extensions) -> Result<Self, Status>;
+}

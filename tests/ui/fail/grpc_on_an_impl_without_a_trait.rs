@@ -1,0 +1,23 @@
+#[path = "../grpc/service.rs"]
+mod service;
+
+use idem_runtime::idempotent;
+use service::{Api, Pay, Tenant};
+use sqlx::{Postgres, Transaction};
+use tonic::{Request, Response, Status};
+
+#[idem_runtime::grpc]
+impl Api {
+    #[idempotent(scope = "tenant")]
+    async fn create_payment(
+        &self,
+        tenant: Tenant,
+        tx: &mut Transaction<'_, Postgres>,
+        request: Request<Pay>,
+    ) -> Result<Response<Pay>, Status> {
+        let _ = (tenant, tx);
+        Ok(Response::new(request.into_inner()))
+    }
+}
+
+fn main() {}
