@@ -118,8 +118,9 @@ impl utoipa::Modify for Idempotency {
     }
 }
 
-/// The retention policy of the idempotent operations of `openapi`, in the document's order:
-/// what [`Idempotency`] adds to the document's description.
+/// The retention policy of the idempotent operations of `openapi`, in the document's order,
+/// then the program's idempotent gRPC methods ([`RetentionPolicy::with_grpc_methods`]): what
+/// [`Idempotency`] adds to the document's description.
 ///
 /// # Panics
 ///
@@ -134,7 +135,7 @@ pub fn retention_policy(openapi: &OpenApi) -> RetentionPolicy {
             }
         }
     }
-    policy
+    policy.with_grpc_methods()
 }
 
 /// The `#[idempotent]` handlers linked into this program that no operation of `openapi`
@@ -148,7 +149,7 @@ pub fn undocumented_handlers(openapi: &OpenApi) -> Vec<&'static HandlerPolicy> {
         .filter_map(|(_, operation)| operation.operation_id.as_deref())
         .collect();
     handlers()
-        .filter(|handler| !ids.contains(&handler.name()))
+        .filter(|handler| handler.grpc().is_none() && !ids.contains(&handler.name()))
         .collect()
 }
 
@@ -158,7 +159,8 @@ struct Registry(BTreeMap<&'static str, Vec<&'static HandlerPolicy>>);
 impl Registry {
     fn collect() -> Self {
         let mut by_name: BTreeMap<&'static str, Vec<&'static HandlerPolicy>> = BTreeMap::new();
-        for handler in handlers() {
+        // HTTP handlers only: a tonic method is no operation of the document.
+        for handler in handlers().filter(|handler| handler.grpc().is_none()) {
             by_name.entry(handler.name()).or_default().push(handler);
         }
         Self(by_name)

@@ -232,10 +232,17 @@ impl HandlerPolicy {
 
     /// What a retry in flight gets, for the policy's table.
     fn in_flight_cell(&self) -> String {
+        let (conflict, prefer) = match self.grpc {
+            None => ("409 with `Retry-After`", "`Prefer: wait`"),
+            Some(_) => (
+                "`ABORTED` with `retry-after` and `grpc-retry-pushback-ms`",
+                "`prefer: wait`",
+            ),
+        };
         match self.wait_secs {
-            None => "409 with `Retry-After`".to_owned(),
+            None => conflict.to_owned(),
             Some(wait) => format!(
-                "409 with `Retry-After`; with `Prefer: wait`, waits up to {} for the outcome",
+                "{conflict}; with {prefer}, waits up to {} for the outcome",
                 human(wait)
             ),
         }
@@ -316,6 +323,20 @@ impl RetentionPolicy {
         self
     }
 
+    /// Adds every `#[idempotent]` tonic method linked into this program ([`handlers`] with a
+    /// [`GrpcMethod`]), by its full name (`gRPC /idem.example.v1.Payments/CreatePayment`), in
+    /// the order of their names.
+    #[must_use]
+    pub fn with_grpc_methods(mut self) -> Self {
+        let mut methods: Vec<(String, HandlerPolicy)> = handlers()
+            .filter_map(|policy| Some((format!("gRPC {}", policy.grpc()?.path()), *policy)))
+            .collect();
+        methods.sort_by(|a, b| a.0.cmp(&b.0));
+        methods.dedup_by(|a, b| a.0 == b.0);
+        self.operations.extend(methods);
+        self
+    }
+
     /// The operations, in the order given.
     pub fn operations(&self) -> impl Iterator<Item = (&str, &HandlerPolicy)> {
         self.operations
@@ -341,15 +362,25 @@ impl fmt::Display for RetentionPolicy {
         )?;
         writeln!(f, "|---|---|---|---|---|---|")?;
         for (operation, policy) in &self.operations {
-            let server_errors = if policy.replay_5xx {
-                "kept and replayed".to_owned()
-            } else {
-                format!("not kept: a retry {}", policy.runs_again())
+            let server_errors = match (policy.replay_5xx, policy.grpc) {
+                (true, None) => "kept and replayed".to_owned(),
+                (true, Some(_)) => "kept and replayed (statuses such as `UNAVAILABLE`, \
+                                   `INTERNAL`)"
+                    .to_owned(),
+                (false, None) => format!("not kept: a retry {}", policy.runs_again()),
+                (false, Some(_)) => format!(
+                    "not kept (statuses such as `UNAVAILABLE`, `INTERNAL`): a retry {}",
+                    policy.runs_again()
+                ),
+            };
+            let conflict = match policy.grpc {
+                None => "409",
+                Some(_) => "`ABORTED`",
             };
             let interrupted = match policy.mode {
                 Mode::Transactional => "committed with its outcome, or nothing kept".to_owned(),
                 Mode::External | Mode::Steps => format!(
-                    "409 at least until its lease of {} has run out, then a retry {}",
+                    "{conflict} at least until its lease of {} has run out, then a retry {}",
                     human(policy.lease_secs),
                     policy.runs_again()
                 ),
@@ -396,6 +427,16 @@ impl fmt::Display for RetentionPolicy {
             "- A missing or malformed key gets 400, and a request body over the service's \
              limit 413; neither runs the operation."
         )?;
+        if self.operations.iter().any(|(_, p)| p.grpc.is_some()) {
+            write!(
+                f,
+                "\n- gRPC methods take the key as `idempotency-key` metadata and answer by the \
+                 same rules in gRPC's codes: `INVALID_ARGUMENT` for a missing or malformed key, \
+                 `FAILED_PRECONDITION` for a key reused with another request (another method \
+                 or message, or an HTTP request), `UNAVAILABLE` with `retry-after` when the \
+                 store fails; a replay carries `idempotent-replayed: true`."
+            )?;
+        }
         if self
             .operations
             .iter()

@@ -213,6 +213,22 @@ async fn a_payment_runs_once_and_a_retry_gets_it_back_marked_replayed(database: 
         .await
         .expect("read");
     assert_eq!(fetched.into_inner(), paid);
+    // Metrics count the calls by method, never by key.
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", service.http))
+        .send()
+        .await
+        .expect("the metrics")
+        .text()
+        .await
+        .expect("text");
+    for outcome in ["executed", "replayed"] {
+        let series = format!(
+            "idem_requests_total{{route=\"/idem.example.v1.Payments/CreatePayment\",outcome=\"{outcome}\"}} 1"
+        );
+        assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+    }
+    assert!(!metrics.contains("k1"), "a key in the metrics:\n{metrics}");
 }
 
 async fn a_call_without_a_valid_key_is_invalid_argument_and_runs_nothing(database: Database) {

@@ -438,6 +438,10 @@ async fn the_published_policy_comes_from_the_attributes_and_the_readme_quotes_it
         "| `POST /v1/orders` | 24 hours | 409 with `Retry-After` | not kept: a retry continues the \
          request after its last completed step |",
         "| `POST /v1/orders` | 24 hours |",
+        "| `gRPC /idem.example.v1.Payments/CreatePayment` | 24 hours | `ABORTED` with \
+         `retry-after` and `grpc-retry-pushback-ms`; with `prefer: wait`, waits up to 10 seconds \
+         for the outcome | not kept (statuses such as `UNAVAILABLE`, `INTERNAL`): a retry runs \
+         the request again |",
     ] {
         assert!(generated.contains(row), "{row} in:\n{generated}");
     }
