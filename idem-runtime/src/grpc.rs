@@ -59,3 +59,46 @@ pub trait FromMetadata: Sized {
     /// told, say); the method is not run and nothing is stored.
     fn from_metadata(metadata: &MetadataMap, extensions: &Extensions) -> Result<Self, Status>;
 }
+
+/// A step that failed, as the status a tonic method answers with (`?` on
+/// [`Steps::step`](crate::Steps::step) in a method that returns `Result<_, Status>`): `ABORTED` when
+/// another call took the key over, `UNAVAILABLE` when the store failed (both retried, nothing of
+/// the step kept), `INTERNAL` for a mistake of the method's own (a step name used twice, an
+/// output that cannot be recorded). None of them is stored unless the method has
+/// `replay_5xx = true`.
+impl From<crate::StepError> for Status {
+    fn from(error: crate::StepError) -> Self {
+        let message = error.to_string();
+        match error.kind() {
+            crate::ProblemKind::InProgress => {
+                tracing::warn!(%message, "a step failed");
+                Status::aborted(message)
+            }
+            crate::ProblemKind::StoreUnavailable => {
+                tracing::warn!(%message, "a step failed");
+                Status::unavailable(message)
+            }
+            _ => {
+                tracing::error!(%message, "a step failed");
+                Status::internal(message)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_error_is_the_status_a_retry_reads_right() {
+        let lost = crate::StepError::Lost {
+            step: "charge".into(),
+        };
+        assert_eq!(Status::from(lost).code(), tonic::Code::Aborted);
+        let twice = crate::StepError::Duplicate {
+            step: "charge".into(),
+        };
+        assert_eq!(Status::from(twice).code(), tonic::Code::Internal);
+    }
+}

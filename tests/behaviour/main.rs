@@ -14,6 +14,7 @@ mod events_partitions;
 mod external;
 mod faults;
 mod galera;
+mod grpc;
 mod openapi;
 mod partitions;
 mod pooler;
