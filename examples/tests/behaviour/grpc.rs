@@ -233,9 +233,13 @@ async fn a_payment_runs_once_and_a_retry_gets_it_back_marked_replayed(database: 
 
 async fn a_call_without_a_valid_key_is_invalid_argument_and_runs_nothing(database: Database) {
     let service = Service::start(&database).await;
-    expect_status(
+    let missing = expect_status(
         service.pay("t1", None, payment(100, "cus_1"), &[]).await,
         Code::InvalidArgument,
+    );
+    assert!(
+        missing.message().contains("`idempotency-key` metadata"),
+        "{missing:?}"
     );
     expect_status(
         service

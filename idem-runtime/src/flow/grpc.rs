@@ -87,7 +87,7 @@ where
             return Err(status_of_problem(
                 problem.status(),
                 problem.headers(),
-                error.to_string(),
+                key_message(&error),
             ));
         }
     };
@@ -114,6 +114,20 @@ where
             fingerprinted: None,
         },
     ))
+}
+
+/// What is wrong with the call's key, in the words of gRPC metadata.
+fn key_message(error: &idem_key::KeyError) -> String {
+    match error {
+        idem_key::KeyError::Missing => "this method requires `idempotency-key` metadata; send a \
+                                        unique value (a UUID v4 is a good choice) and reuse it \
+                                        when you retry"
+            .to_owned(),
+        idem_key::KeyError::Repeated { count } => {
+            format!("the `idempotency-key` metadata appears {count} times; send it exactly once")
+        }
+        other => format!("the `idempotency-key` metadata is not a valid key: {other}"),
+    }
 }
 
 /// The metadata idem reads (`idempotency-key`, `prefer`), as the HTTP headers they are.
