@@ -1,7 +1,7 @@
 //! # idem-client: retries that are safe
 //!
-//! A [`reqwest_middleware`] middleware that follows the client's side of the `Idempotency-Key`
-//! rules:
+//! A [`reqwest_middleware`] middleware (feature `http`, on by default) and a caller for tonic
+//! (feature `grpc`, [`grpc`]) that follow the client's side of the `Idempotency-Key` rules:
 //!
 //! - one key per logical request (a UUID v4), made before the first attempt and sent by every
 //!   retry of it, never with another request;
@@ -55,18 +55,50 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## gRPC
+//!
+//! With the feature `grpc`, [`grpc::GrpcRetry`] applies the same rules to tonic calls: one
+//! key per logical call (`idempotency-key` metadata), made before its first attempt and sent by
+//! each retry; retries of `ABORTED`, `UNAVAILABLE` and transport failures, after the policy's
+//! backoff or the server's `grpc-retry-pushback-ms` (else `retry-after`) if longer; never a
+//! retry of `INVALID_ARGUMENT`, `FAILED_PRECONDITION`, `NOT_FOUND`, `UNAUTHENTICATED` or
+//! `PERMISSION_DENIED`. It works with any generated client, through a closure that sends one
+//! attempt; [`grpc::replayed`] tells a replay. Without the default feature
+//! (`default-features = false, features = ["grpc"]`), reqwest is not built.
+//!
+//! See [`grpc`] for an example.
 
+// A build without one of the features has no page for the items it leaves out: their links
+// are text there (the workspace's build, with both, checks them).
+#![cfg_attr(
+    not(all(feature = "http", feature = "grpc")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
+
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod key_store;
+#[cfg(feature = "http")]
 mod middleware;
 mod policy;
+#[cfg(feature = "http")]
 mod problem;
+#[cfg(any(feature = "http", feature = "grpc"))]
 mod retry_after;
+#[cfg(any(feature = "http", feature = "grpc"))]
+mod schedule;
 
 pub use key_store::{FileKeyStore, KeyStore, KeyStoreError, StoredKey};
+#[cfg(feature = "http")]
 pub use middleware::{
-    Action, Attempt, BudgetSpent, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetry, KeyReused,
+    Action, BudgetSpent, IDEMPOTENCY_KEY, IdempotencyKey, IdempotentRetry, KeyReused,
     StreamedAction,
 };
 pub use policy::RetryPolicy;
+#[cfg(feature = "http")]
 pub use problem::{Error, IDEMPOTENT_REPLAYED, Problem, check, replayed};
+#[cfg(feature = "http")]
 pub use reqwest_middleware;
+#[cfg(any(feature = "http", feature = "grpc"))]
+pub use schedule::Attempt;

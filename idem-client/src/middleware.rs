@@ -8,9 +8,11 @@ use reqwest::{
     header::{HeaderName, HeaderValue},
 };
 use reqwest_middleware::{Middleware, Next};
-use tokio::time::Instant;
 
-use crate::{KeyStore, RetryPolicy, StoredKey, policy::retryable, retry_after::retry_after};
+use crate::{
+    KeyStore, RetryPolicy, StoredKey, policy::retryable, retry_after::retry_after,
+    schedule::Schedule,
+};
 
 /// RFC 7240's request header, where a client says it would rather wait.
 const PREFER: HeaderName = HeaderName::from_static("prefer");
@@ -35,18 +37,6 @@ pub struct IdempotencyKey(pub String);
     "a request with a streamed body cannot be kept under an action: its body cannot be compared"
 )]
 pub struct StreamedAction;
-
-/// A request extension the middleware sets before each attempt: which attempt this is and
-/// when it started, by the clock the time budget is checked against. A middleware after this
-/// one (logging, tracing) can read it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attempt {
-    /// 1 for the first attempt, 2 for the first retry, and so on.
-    pub number: u32,
-    /// When the attempt started (Tokio's clock, which a paused test runtime controls): never
-    /// later than the policy's budget after the first.
-    pub started: Instant,
-}
 
 /// The time budget ran out while waiting for the next attempt (the timer woke past it).
 #[derive(Debug, thiserror::Error)]
@@ -228,19 +218,14 @@ impl Middleware for IdempotentRetry {
                 request.headers_mut().insert(PREFER, value);
             }
         }
-        let started = Instant::now();
+        let mut schedule = Schedule::start(&self.policy);
         if !keyed && !request.method().is_idempotent() {
             // A request the server cannot deduplicate is sent once.
-            extensions.insert(Attempt { number: 1, started });
+            extensions.insert(schedule.attempt());
             return next.run(request, extensions).await;
         }
-        let mut attempt = 1;
-        let mut now = started;
         loop {
-            extensions.insert(Attempt {
-                number: attempt,
-                started: now,
-            });
+            extensions.insert(schedule.attempt());
             let Some(copy) = request.try_clone() else {
                 return next.run(request, extensions).await;
             };
@@ -256,27 +241,18 @@ impl Middleware for IdempotentRetry {
                 }
                 return outcome;
             }
-            if attempt >= self.policy.max_attempts() {
+            let Some(wait) = schedule.next_wait(asked) else {
                 return outcome;
-            }
-            let wait = self.policy.delay(attempt).max(asked.unwrap_or_default());
-            let ends = started.elapsed().checked_add(wait);
-            if ends.is_none_or(|ends| ends > self.policy.budget()) {
-                return outcome;
-            }
+            };
             // Not kept through the wait: its connection goes back or away now.
             drop(outcome);
-            tokio::time::sleep(wait).await;
-            // One reading of the clock both decides and dates the attempt.
-            now = Instant::now();
-            if now.duration_since(started) > self.policy.budget() {
+            if !schedule.wait(wait).await {
                 // The timer woke late: no attempt starts past the budget. The last answer
                 // was let go; say what happened.
                 return Err(reqwest_middleware::Error::middleware(BudgetSpent {
-                    attempts: attempt,
+                    attempts: schedule.attempt().number,
                 }));
             }
-            attempt += 1;
         }
     }
 }

@@ -2,14 +2,21 @@
 
 use std::time::Duration;
 
-use reqwest::{Method, StatusCode};
+use http::Method;
+#[cfg(feature = "http")]
+use http::StatusCode;
 
 /// The retry rules: which requests get a key, how many attempts, and how long they may take.
 ///
-/// Retried: network errors (the request may or may not have arrived: the key makes the retry
-/// safe), `409 Conflict` (the first attempt is still running), `429 Too Many Requests` and
-/// every `5xx`. Never retried: every other answer, `400`, `401`, `402`, `404` and `422`
-/// included: the same request would get the same answer.
+/// Over HTTP, retried: network errors (the request may or may not have arrived: the key makes
+/// the retry safe), `409 Conflict` (the first attempt is still running), `429 Too Many
+/// Requests` and every `5xx`. Never retried: every other answer, `400`, `401`, `402`, `404`
+/// and `422` included: the same request would get the same answer.
+///
+/// Over gRPC ([`grpc::GrpcRetry`](crate::grpc::GrpcRetry), feature `grpc`), the same attempts,
+/// budget and backoff; what is retried is told by
+/// [`grpc::retryable`](crate::grpc::retryable), and [`RetryPolicy::methods`] plays no part:
+/// every call made through the caller is keyed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
     max_attempts: u32,
@@ -77,7 +84,8 @@ impl RetryPolicy {
     /// (RFC 7240, whole seconds, rounded up): a server that honours it answers with the first
     /// attempt's outcome once it is there (`Preference-Applied`) instead of a 409. A server
     /// that does not, or whose own limit is shorter, still answers 409, retried as always.
-    /// A request that carries its own `Prefer` header keeps it.
+    /// A request that carries its own `Prefer` header keeps it. Over gRPC, the same as
+    /// `prefer` metadata.
     pub fn prefer_wait(&self) -> Option<Duration> {
         self.prefer_wait
     }
@@ -95,7 +103,8 @@ impl RetryPolicy {
 
     /// The backoff's `(base, cap)` (default 200 ms and 10 s): before retry `n` (from 1), a
     /// random wait between zero and `min(cap, base × 2^(n−1))` ("full jitter"), or the
-    /// server's `Retry-After` if longer.
+    /// server's `Retry-After` (over gRPC, `grpc-retry-pushback-ms`, else `retry-after`) if
+    /// longer.
     pub fn backoff(&self) -> (Duration, Duration) {
         (self.base, self.cap)
     }
@@ -108,11 +117,13 @@ impl RetryPolicy {
     }
 
     /// Whether `method` gets a key.
+    #[cfg(feature = "http")]
     pub(crate) fn keyed(&self, method: &Method) -> bool {
         self.methods.contains(method)
     }
 
     /// The wait before retry `retry` (from 1), before the server's `Retry-After`.
+    #[cfg(any(feature = "http", feature = "grpc"))]
     pub(crate) fn delay(&self, retry: u32) -> Duration {
         let doublings = retry.saturating_sub(1).min(30);
         let ceiling = self
@@ -125,16 +136,18 @@ impl RetryPolicy {
 }
 
 /// Whether an answer with `status` is worth another attempt.
+#[cfg(feature = "http")]
 pub(crate) fn retryable(status: StatusCode) -> bool {
     status == StatusCode::CONFLICT
         || status == StatusCode::TOO_MANY_REQUESTS
         || status.is_server_error()
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(feature = "http", feature = "grpc")))]
 mod tests {
     use super::*;
 
+    #[cfg(feature = "http")]
     #[test]
     fn only_409_429_and_5xx_are_retried() {
         for status in [409, 429, 500, 502, 503, 504] {

@@ -2,11 +2,18 @@
 
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::{HeaderMap, RETRY_AFTER};
+#[cfg(feature = "http")]
+use http::header::{HeaderMap, RETRY_AFTER};
 
 /// How long the server asks to wait, if it says; a date in the past is no wait.
+#[cfg(feature = "http")]
 pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    parse(headers.get(RETRY_AFTER)?.to_str().ok()?)
+}
+
+/// A `Retry-After` value: seconds, or a date (in the past: no wait); `None` for nonsense.
+pub(crate) fn parse(value: &str) -> Option<Duration> {
+    let value = value.trim();
     if let Ok(seconds) = value.parse::<u64>() {
         // Beyond a day is no retry worth waiting for; the budget refuses it either way.
         return Some(Duration::from_secs(seconds.min(86_400)));
@@ -18,9 +25,9 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     )
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "http"))]
 mod tests {
-    use reqwest::header::HeaderValue;
+    use http::header::HeaderValue;
 
     use super::*;
 

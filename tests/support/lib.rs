@@ -10,6 +10,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+mod answer_dropper;
 mod app;
 mod brokers;
 mod cluster_dir;
@@ -34,6 +35,7 @@ mod tcp_proxy;
 mod tenant;
 mod test_app;
 
+pub use answer_dropper::AnswerDropper;
 pub use app::{AnyStore, App, Building, Db, Options, Parts, Service, TestDb};
 pub use brokers::{
     AnyDelivery, AnyPublisher, AnySubscriber, AnySubscription, BrokerKind, REDIS_CLAIM_IDLE,

@@ -540,7 +540,7 @@ async fn first_call(
 }
 
 /// Waits until a payment's transaction is open in the database: the first call has its key.
-async fn writing_a_payment(database: &Database) {
+pub(crate) async fn writing_a_payment(database: &Database) {
     wait_until("a payment's transaction to be open", || async {
         match database {
             Database::Postgres { pool, .. } => {

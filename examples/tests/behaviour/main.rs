@@ -13,6 +13,7 @@ mod event_crashes;
 mod events_without_a_ledger;
 mod galera;
 mod grpc;
+mod grpc_client;
 mod hostile;
 mod metrics;
 mod openapi;
