@@ -146,8 +146,8 @@ fn headers_of(metadata: &MetadataMap) -> HeaderMap {
     headers
 }
 
-/// The method's outcome in the form the claims store: its message under [`GRPC_MESSAGE`] with
-/// 200, or its status under [`GRPC_STATUS`] with an HTTP status that is a 5xx for the codes
+/// The method's outcome in the form the claims store: its message under `GRPC_MESSAGE` with
+/// 200, or its status under `GRPC_STATUS` with an HTTP status that is a 5xx for the codes
 /// that are worth retrying (not stored unless `replay_5xx`) and a 4xx for the others (final).
 pub fn into_http<T: prost::Message>(outcome: Result<tonic::Response<T>, Status>) -> Response {
     match outcome {
