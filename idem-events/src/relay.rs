@@ -355,6 +355,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         bounded(limit, DB::mark_published(&self.pool, &self.id, batch)).await?;
         metrics::counter!("idem_outbox_published_total", "topic" => topic.clone())
             .increment(count as u64);
+        // At zero from the topic's first batch: an alert on its `increase()` sees the first
+        // refusal.
+        metrics::counter!("idem_outbox_refused_total", "topic" => topic.clone()).increment(0);
         if self.refused.remove(&topic).is_some() {
             tracing::info!(%topic, "the broker takes the topic's events again");
         }

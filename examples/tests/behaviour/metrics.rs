@@ -119,6 +119,123 @@ async fn series_of_rare_events_are_exported_at_zero_before_any_request() {
     }
 }
 
+/// The metric names `deploy/prometheus/idem.rules.yml` reads (recording rules' own names, with a
+/// colon, left out).
+fn series_the_rules_name() -> std::collections::BTreeSet<String> {
+    let rules = include_str!("../../../deploy/prometheus/idem.rules.yml");
+    let mut names = std::collections::BTreeSet::new();
+    for line in rules
+        .lines()
+        .filter(|line| line.contains("expr:") || line.starts_with("          "))
+    {
+        let mut rest = line;
+        while let Some(at) = rest.find("idem_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// Every series the alert rules and the dashboard name is exported by the services (the
+/// payments service relaying to RabbitMQ, and the ledger consuming), after a payment and its
+/// replay: a metric renamed in the code, and not in the rules, fails here.
+#[tokio::test]
+async fn every_series_the_rules_name_is_exported_by_the_services() {
+    let names = series_the_rules_name();
+    assert!(names.len() >= 7, "the rules name {names:?}");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let database = support::sqlite(&dir).await;
+    let broker = idem_tests::TestBroker::new(idem_tests::BrokerKind::RabbitMq).used_by("ledger");
+    let client = Client::new();
+    let amqp_url = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let ledger_addr = support::free_addr();
+    let mut ledger = std::process::Command::new(env!("CARGO_BIN_EXE_ledger"));
+    database.configure(&mut ledger);
+    let _ledger = support::Process(
+        ledger
+            .env("EVENTS", "rabbitmq")
+            .env("EVENTS_STREAM", broker.name())
+            .env("AMQP_URL", &amqp_url)
+            .env("LEDGER_ADDR", &ledger_addr)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start the ledger"),
+    );
+    support::wait_until_up(&client, &format!("http://{ledger_addr}/v1/ledger")).await;
+    let (_service, base) = support::start_payments_with(
+        &client,
+        &database,
+        "http://127.0.0.1:9",
+        &[
+            ("EVENTS", "rabbitmq"),
+            ("EVENTS_STREAM", broker.name()),
+            ("AMQP_URL", &amqp_url),
+        ],
+    )
+    .await;
+    for _ in 0..2 {
+        let paid = client
+            .post(format!("{base}/v1/payments"))
+            .bearer_auth(TENANT)
+            .header("Idempotency-Key", KEY)
+            .json(&json!({"amount": 4200, "currency": "usd", "customer": "cus_1"}))
+            .send()
+            .await
+            .expect("a payment");
+        assert_eq!(paid.status(), StatusCode::CREATED);
+    }
+    let scrape = |url: String| {
+        let client = client.clone();
+        async move {
+            client
+                .get(url)
+                .send()
+                .await
+                .expect("GET /metrics")
+                .text()
+                .await
+                .expect("text")
+        }
+    };
+    // The payment's event reaches the ledger: the relay and the consumer have both worked.
+    support::wait_until("the ledger to apply the payment's event", || {
+        let scrape = &scrape;
+        let url = format!("http://{ledger_addr}/metrics");
+        async move {
+            sample(
+                &scrape(url).await,
+                "idem_messages_total",
+                &[r#"outcome="applied""#],
+            ) == Some(1.0)
+        }
+    })
+    .await;
+    let exported = format!(
+        "{}\n{}",
+        scrape(format!("{base}/metrics")).await,
+        scrape(format!("http://{ledger_addr}/metrics")).await
+    );
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|name| {
+            !exported.lines().any(|line| {
+                line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
+            })
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the rules name series no service exports: {missing:?}\n{exported}"
+    );
+}
+
 #[sqlx::test(migrations = false)]
 async fn postgres_requests_are_counted_by_route_and_outcome(
     _: PgPoolOptions,
