@@ -119,16 +119,27 @@ async fn series_of_rare_events_are_exported_at_zero_before_any_request() {
     }
 }
 
-/// The metric names `deploy/prometheus/idem.rules.yml` reads (recording rules' own names, with a
-/// colon, left out).
-fn series_the_rules_name() -> std::collections::BTreeSet<String> {
+/// The metric names the alert rules (`deploy/prometheus/idem.rules.yml`) and the dashboard
+/// (`deploy/grafana/idem.json`) read, as their queries write them (`_bucket` and `_count` of a
+/// histogram included); the recording rules' own names, with a colon, left out.
+fn series_the_rules_and_the_dashboard_name() -> std::collections::BTreeSet<String> {
     let rules = include_str!("../../../deploy/prometheus/idem.rules.yml");
-    let mut names = std::collections::BTreeSet::new();
-    for line in rules
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../../../deploy/grafana/idem.json"))
+            .expect("the dashboard is JSON");
+    let mut queries: Vec<String> = rules
         .lines()
-        .filter(|line| line.contains("expr:") || line.starts_with("          "))
-    {
-        let mut rest = line;
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            queries.push(target["expr"].as_str().expect("a query").to_owned());
+        }
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for query in &queries {
+        let mut rest = query.as_str();
         while let Some(at) = rest.find("idem_") {
             let name: String = rest[at..]
                 .chars()
@@ -142,12 +153,16 @@ fn series_the_rules_name() -> std::collections::BTreeSet<String> {
 }
 
 /// Every series the alert rules and the dashboard name is exported by the services (the
-/// payments service relaying to RabbitMQ, and the ledger consuming), after a payment and its
-/// replay: a metric renamed in the code, and not in the rules, fails here.
+/// payments service relaying to RabbitMQ, and the ledger consuming), after a payment, its
+/// replay, and two requests sent together that may wait for each other: a metric renamed in the
+/// code, and not in the rules or the dashboard, fails here.
 #[tokio::test]
-async fn every_series_the_rules_name_is_exported_by_the_services() {
-    let names = series_the_rules_name();
-    assert!(names.len() >= 7, "the rules name {names:?}");
+async fn every_series_the_rules_and_the_dashboard_name_is_exported_by_the_services() {
+    let names = series_the_rules_and_the_dashboard_name();
+    assert!(
+        names.len() >= 12,
+        "the rules and the dashboard name {names:?}"
+    );
     let dir = tempfile::tempdir().expect("a temporary directory");
     let database = support::sqlite(&dir).await;
     let broker = idem_tests::TestBroker::new(idem_tests::BrokerKind::RabbitMq).used_by("ledger");
@@ -191,6 +206,24 @@ async fn every_series_the_rules_name_is_exported_by_the_services() {
             .expect("a payment");
         assert_eq!(paid.status(), StatusCode::CREATED);
     }
+    // Two requests under one key, sent together, that may wait for each other: one runs for
+    // five seconds, the other waits for its outcome (`idem_wait_duration_seconds`).
+    let slow = |key: &'static str| {
+        client
+            .post(format!("{base}/v1/payments"))
+            .bearer_auth(TENANT)
+            .header("Idempotency-Key", key)
+            .header("Prefer", "wait=10")
+            .json(&json!({"amount": 100, "currency": "usd", "customer": "cus_slower"}))
+            .send()
+    };
+    let (one, two) = tokio::join!(slow("metrics-wait"), slow("metrics-wait"));
+    let replays = [one, two]
+        .into_iter()
+        .map(|answer| answer.expect("an answer"))
+        .filter(|answer| answer.headers().contains_key("preference-applied"))
+        .count();
+    assert_eq!(replays, 1, "one of the two requests waited for the other");
     let scrape = |url: String| {
         let client = client.clone();
         async move {
@@ -204,36 +237,43 @@ async fn every_series_the_rules_name_is_exported_by_the_services() {
                 .expect("text")
         }
     };
-    // The payment's event reaches the ledger: the relay and the consumer have both worked.
-    support::wait_until("the ledger to apply the payment's event", || {
-        let scrape = &scrape;
-        let url = format!("http://{ledger_addr}/metrics");
-        async move {
-            sample(
-                &scrape(url).await,
-                "idem_messages_total",
-                &[r#"outcome="applied""#],
-            ) == Some(1.0)
+    // The relay publishes the payments' events and the ledger applies them, each in its own
+    // time: the series are looked for until every one is there.
+    let missing = || async {
+        let exported = format!(
+            "{}\n{}",
+            scrape(format!("{base}/metrics")).await,
+            scrape(format!("http://{ledger_addr}/metrics")).await
+        );
+        let missing: Vec<String> = names
+            .iter()
+            .filter(|name| {
+                !exported.lines().any(|line| {
+                    line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
+                })
+            })
+            .cloned()
+            .collect();
+        (missing, exported)
+    };
+    let found = tokio::time::timeout(idem_tests::DEADLINE, async {
+        loop {
+            let (missing, _) = missing().await;
+            if missing.is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     })
     .await;
-    let exported = format!(
-        "{}\n{}",
-        scrape(format!("{base}/metrics")).await,
-        scrape(format!("http://{ledger_addr}/metrics")).await
-    );
-    let missing: Vec<&String> = names
-        .iter()
-        .filter(|name| {
-            !exported.lines().any(|line| {
-                line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
-            })
-        })
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "the rules name series no service exports: {missing:?}\n{exported}"
-    );
+    if found.is_err() {
+        let (missing, exported) = missing().await;
+        panic!(
+            "the rules and the dashboard name series no service exports (after {:?}): \
+             {missing:?}\n{exported}",
+            idem_tests::DEADLINE
+        );
+    }
 }
 
 #[sqlx::test(migrations = false)]
