@@ -55,7 +55,9 @@ pub fn service(attr: TokenStream, item: TokenStream) -> TokenStream {
             Ok(rewritten) => rewritten,
             Err(error) => {
                 errors.push(error);
-                if method.sig.asyncness.is_some() {
+                // Kept beside the impl, where `Self::` would name no associated type.
+                let names_self = quote!(#method).to_string().contains("Self ::");
+                if method.sig.asyncness.is_some() && !names_self {
                     refused.push(renamed(method, &attr));
                 }
                 stand_in(method)
@@ -238,6 +240,7 @@ fn rewrite(
         block: Box::new(method.block.clone()),
     };
     errors.extend(check_request_last(&item.sig));
+    errors.extend(check_unary(&item.sig));
     // Analysed with the request last, where it belongs, so that its misplacement is reported
     // once, above.
     let mut item = item;
@@ -345,6 +348,57 @@ fn check_request_last(sig: &syn::Signature) -> Option<syn::Error> {
             "a tonic method takes its `tonic::Request<Message>` last, after the transaction and the values read from the metadata",
         )
     })
+}
+
+/// A streaming method is refused: a client stream's messages arrive one by one (the fingerprint
+/// needs them all before the method runs), and a server stream cannot be stored and replayed.
+fn check_unary(sig: &syn::Signature) -> Vec<syn::Error> {
+    let mut errors = Vec::new();
+    let request = sig.inputs.iter().find(|arg| is_request_param(arg));
+    if let Some(FnArg::Typed(request)) = request
+        && let Some(message) = first_type_argument(&request.ty)
+        && last_segment_is(message, "Streaming")
+    {
+        errors.push(syn::Error::new_spanned(
+            message,
+            "`#[idempotent]` applies to unary methods: a client-streaming call's messages arrive one by one, and its fingerprint needs them all before the method runs",
+        ));
+    }
+    if let syn::ReturnType::Type(_, output) = &sig.output
+        && let Some(ok) = first_type_argument(output)
+        && let Some(reply) = first_type_argument(ok)
+        && let Type::Path(path) = reply
+        && path.qself.is_none()
+        && path
+            .path
+            .segments
+            .first()
+            .is_some_and(|first| first.ident == "Self")
+    {
+        errors.push(syn::Error::new_spanned(
+            reply,
+            "`#[idempotent]` applies to unary methods: a server-streaming answer cannot be stored and replayed",
+        ));
+    }
+    errors
+}
+
+/// The first type argument of `ty`'s last segment (`M` of `Request<M>`, `T` of
+/// `Result<T, E>`).
+fn first_type_argument(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ty else { return None };
+    let syn::PathArguments::AngleBracketed(arguments) = &path.path.segments.last()?.arguments
+    else {
+        return None;
+    };
+    arguments.args.iter().find_map(|argument| match argument {
+        syn::GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    })
+}
+
+fn last_segment_is(ty: &Type, name: &str) -> bool {
+    matches!(ty, Type::Path(path) if path.path.segments.last().is_some_and(|segment| segment.ident == name))
 }
 
 /// The method's name in the `.proto`, from the Rust name tonic made of it: `create_payment` is
