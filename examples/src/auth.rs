@@ -37,7 +37,9 @@ impl Tenant {
     pub fn from_authorization(value: Option<&[u8]>) -> Result<Self, String> {
         let value = value.ok_or_else(|| "send `Authorization: Bearer <tenant>`".to_owned())?;
         let value = std::str::from_utf8(value)
-            .map_err(|_| "the Authorization header is not text".to_owned())?;
+            .ok()
+            .filter(|value| value.is_ascii())
+            .ok_or_else(|| "the Authorization header is not text".to_owned())?;
         let token = value
             .strip_prefix("Bearer ")
             .map(str::trim)

@@ -285,8 +285,8 @@ where
     }
 }
 
-/// Serves `router` on `listener` until Ctrl-C or SIGTERM, then cancels `stop` (the
-/// binary's background tasks) and returns once the open requests are answered. A client gets
+/// Serves `router` on `listener` until Ctrl-C or SIGTERM, or until `stop` is cancelled (a part
+/// of the service that failed), then cancels `stop` (the binary's background tasks) and returns once the open requests are answered. A client gets
 /// [`server::HEADER_READ_TIMEOUT`] to send each request's head (see [`server`]).
 ///
 /// # Errors
@@ -300,7 +300,11 @@ pub async fn serve(
     server::serve(listener, router, server::HEADER_READ_TIMEOUT, {
         let stop = stop.clone();
         async move {
-            shutdown_signal().await;
+            // A signal, or a part of the service that failed and stopped it.
+            tokio::select! {
+                () = shutdown_signal() => {}
+                () = stop.cancelled() => {}
+            }
             stop.cancel();
         }
     })

@@ -87,7 +87,6 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand_or_refuse(attr.into(), item.into()).into()
 }
 
-/// The handler rewritten, or, when it is refused, the errors beside it.
 /// Marks the impl of a tonic service whose methods are `#[idempotent]`: put it above
 /// `#[tonic::async_trait]` (it adds that attribute when it is missing), so that it rewrites each
 /// marked `async fn` before async-trait does. The service's full name comes from the server
@@ -104,6 +103,7 @@ pub fn grpc(attr: TokenStream, item: TokenStream) -> TokenStream {
     grpc::service(attr.into(), item.into()).into()
 }
 
+/// The handler rewritten, or, when it is refused, the errors beside it.
 fn expand_or_refuse(
     attr: proc_macro2::TokenStream,
     item: proc_macro2::TokenStream,

@@ -43,7 +43,7 @@
 //! | Any other status of the method | final: stored and replayed, its writes committed |
 //!
 //! A replay carries the message, or the status's code, message and details; metadata the
-//! method set on its answer is not stored.
+//! method set on its answer goes to the client with the first answer, and is not stored.
 
 use tonic::{Extensions, Status, metadata::MetadataMap};
 
@@ -69,14 +69,21 @@ pub trait FromMetadata: Sized {
 impl From<crate::StepError> for Status {
     fn from(error: crate::StepError) -> Self {
         let message = error.to_string();
+        // Both are retried, after a second as idem's own `ABORTED` and `UNAVAILABLE` say.
+        let retry_later = |code| {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            metadata.insert("retry-after", 1u64.into());
+            metadata.insert("grpc-retry-pushback-ms", 1000u64.into());
+            Status::with_metadata(code, message.clone(), metadata)
+        };
         match error.kind() {
             crate::ProblemKind::InProgress => {
                 tracing::warn!(%message, "a step failed");
-                Status::aborted(message)
+                retry_later(tonic::Code::Aborted)
             }
             crate::ProblemKind::StoreUnavailable => {
                 tracing::warn!(%message, "a step failed");
-                Status::unavailable(message)
+                retry_later(tonic::Code::Unavailable)
             }
             _ => {
                 tracing::error!(%message, "a step failed");
@@ -95,7 +102,14 @@ mod tests {
         let lost = crate::StepError::Lost {
             step: "charge".into(),
         };
-        assert_eq!(Status::from(lost).code(), tonic::Code::Aborted);
+        let lost = Status::from(lost);
+        assert_eq!(lost.code(), tonic::Code::Aborted);
+        assert_eq!(
+            lost.metadata()
+                .get("grpc-retry-pushback-ms")
+                .map(|v| v.to_str().unwrap()),
+            Some("1000")
+        );
         let twice = crate::StepError::Duplicate {
             step: "charge".into(),
         };

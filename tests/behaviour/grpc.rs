@@ -65,10 +65,15 @@ impl<DB: Backend> Jobs for JobsApi<DB> {
         if job.name == "gated" {
             let _permit = self.gate.acquire().await.expect("the gate stays open");
         }
-        Ok(Response::new(Receipt {
+        let mut response = Response::new(Receipt {
             name: job.name,
             calls,
-        }))
+        });
+        // The method's own metadata, which the first answer carries and a replay does not.
+        response
+            .metadata_mut()
+            .insert("x-receipt", "first".parse().expect("a value"));
+        Ok(response)
     }
 
     #[idempotent(global, external, lease = "30s")]
@@ -215,6 +220,14 @@ async fn an_external_method_calls_once_and_a_retry_gets_the_receipt_again<DB: Ba
         .await
         .expect("the first call");
     assert!(!replayed(&first));
+    assert_eq!(
+        first
+            .metadata()
+            .get("x-receipt")
+            .map(|v| v.to_str().unwrap()),
+        Some("first"),
+        "the method's metadata reaches the client with the first answer"
+    );
     let retry = served
         .client
         .clone()
@@ -223,6 +236,10 @@ async fn an_external_method_calls_once_and_a_retry_gets_the_receipt_again<DB: Ba
         .expect("the retry");
     assert!(replayed(&retry));
     assert_eq!(retry.get_ref(), first.get_ref());
+    assert!(
+        !retry.metadata().contains_key("x-receipt"),
+        "the method's metadata is not stored"
+    );
     assert_eq!(served.counters.sent.load(Ordering::SeqCst), 1);
     let other = served
         .client

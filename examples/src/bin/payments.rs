@@ -150,14 +150,25 @@ async fn serve<DB: Sql>(
     };
     tracing::info!(addr = %listener.local_addr()?, "payments service listening");
     tracing::info!(addr = %grpc_listener.local_addr()?, "payments gRPC service listening");
-    let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
+    // A gRPC server that fails stops the whole service (HTTP included), which then exits with
+    // its error: half a service serving is not what its clients were promised.
+    let grpc = {
+        let server = tonic::transport::Server::builder()
             .add_service(PaymentsApi::new(state.clone()).server())
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(grpc_listener),
                 stop.clone().cancelled_owned(),
-            ),
-    );
+            );
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let served = server.await;
+            if let Err(error) = &served {
+                tracing::error!(%error, "the gRPC server failed; stopping the service");
+                stop.cancel();
+            }
+            served
+        })
+    };
     let router = routes
         .with_state(state)
         .merge(telemetry::router(metrics))
@@ -165,7 +176,7 @@ async fn serve<DB: Sql>(
     setup::serve(listener, router, stop).await?;
     let (_, _, _, grpc) = tokio::join!(purge, recovery, relay, grpc);
     if let Ok(Err(error)) = grpc {
-        tracing::error!(%error, "the gRPC server failed");
+        return Err(format!("the gRPC server failed: {error}").into());
     }
     Ok(())
 }

@@ -150,27 +150,40 @@ fn headers_of(metadata: &MetadataMap) -> HeaderMap {
 /// 200, or its status under `GRPC_STATUS` with an HTTP status that is a 5xx for the codes
 /// that are worth retrying (not stored unless `replay_5xx`) and a 4xx for the others (final).
 pub fn into_http<T: prost::Message>(outcome: Result<tonic::Response<T>, Status>) -> Response {
-    match outcome {
-        Ok(response) => (
-            StatusCode::OK,
-            [(CONTENT_TYPE, GRPC_MESSAGE)],
-            response.into_inner().encode_to_vec(),
-        )
-            .into_response(),
+    let (metadata, mut response) = match outcome {
+        Ok(response) => {
+            let (metadata, message, _) = response.into_parts();
+            let response = (
+                StatusCode::OK,
+                [(CONTENT_TYPE, GRPC_MESSAGE)],
+                message.encode_to_vec(),
+            )
+                .into_response();
+            (metadata, response)
+        }
         Err(status) => {
             let stored = StoredStatus {
                 code: status.code() as i32,
                 message: status.message().to_owned(),
                 details: status.details().to_vec().into(),
             };
-            (
+            let response = (
                 http_status(status.code()),
                 [(CONTENT_TYPE, GRPC_STATUS)],
                 prost::Message::encode_to_vec(&stored),
             )
-                .into_response()
+                .into_response();
+            (status.metadata().clone(), response)
+        }
+    };
+    // The method's own metadata goes to the client with the first answer; it is not stored
+    // (only the content type is), so a replay does not carry it.
+    for (name, value) in &metadata.into_headers() {
+        if name != CONTENT_TYPE && name != http::header::CONTENT_LENGTH {
+            response.headers_mut().append(name.clone(), value.clone());
         }
     }
+    response
 }
 
 /// The HTTP status a method's gRPC status is stored under: 5xx for the codes a retry may
@@ -215,7 +228,7 @@ pub async fn answer<T: prost::Message + Default>(
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .unwrap_or_default();
-    let metadata = replay_metadata(&parts.headers);
+    let metadata = answer_metadata(&parts.headers);
     match content_type {
         GRPC_MESSAGE => match T::decode(body) {
             Ok(message) => Ok(tonic::Response::from_parts(
@@ -249,22 +262,14 @@ fn corrupt(error: &prost::DecodeError) -> Status {
     ))
 }
 
-/// `idempotent-replayed` and `preference-applied`, from a replay's headers.
-fn replay_metadata(headers: &HeaderMap) -> MetadataMap {
-    let mut metadata = MetadataMap::new();
-    copy(headers, &mut metadata, crate::replay::IDEMPOTENT_REPLAYED);
-    copy(headers, &mut metadata, "preference-applied");
-    metadata
-}
-
-fn copy(headers: &HeaderMap, metadata: &mut MetadataMap, name: &'static str) {
-    if let Some(value) = headers
-        .get(name)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse().ok())
-    {
-        metadata.insert(name, value);
-    }
+/// The answer's metadata: what the method set on its first answer, or on a replay
+/// `idempotent-replayed` (and `preference-applied` after a wait); the HTTP form's own headers
+/// left out.
+fn answer_metadata(headers: &HeaderMap) -> MetadataMap {
+    let mut headers = headers.clone();
+    headers.remove(CONTENT_TYPE);
+    headers.remove(http::header::CONTENT_LENGTH);
+    MetadataMap::from_headers(headers)
 }
 
 /// The problem's `detail` (its `title` without one), from its JSON body.
@@ -301,7 +306,10 @@ fn status_of_problem(status: StatusCode, headers: &HeaderMap, detail: String) ->
         .and_then(|value| value.parse::<u64>().ok());
     if let Some(seconds) = retry_after {
         metadata.insert("retry-after", seconds.into());
-        metadata.insert("grpc-retry-pushback-ms", (seconds * 1000).into());
+        metadata.insert(
+            "grpc-retry-pushback-ms",
+            seconds.saturating_mul(1000).into(),
+        );
     }
     Status::with_metadata(code, detail, metadata)
 }
