@@ -51,7 +51,7 @@ const CASES: &[(&str, &str)] = &[
         r#"
         #[grpc(server = refunds_server::RefundsServer)]
         impl refunds_server::Refunds for RefundsApi {
-            #[idempotent(global, external, lease = "10s", timeout = "5s")]
+            #[idempotent(global, external, lease = "10s", timeout = "5s", backend = Sqlite)]
             async fn refund(&self, ctx: IdempotencyContext, request: Request<Refund>) -> Result<Response<Refund>, Status> {
                 call_processor(ctx.derive("processor"), request.into_inner()).await
             }

@@ -28,7 +28,7 @@ impl refunds_server::Refunds for RefundsApi {
             ::idem_runtime::__private::Registered(& __IDEM_POLICY)
         }
         let (request, __idem_request) = match ::idem_runtime::__private::grpc::accept::<
-            ::idem_runtime::__private::DefaultBackend,
+            Sqlite,
             Self,
             _,
         >(self, &__IDEM_POLICY, __idem_grpc) {
@@ -44,7 +44,7 @@ impl refunds_server::Refunds for RefundsApi {
                     let __idem_options = __IDEM_POLICY.__options();
                     #[allow(unused_mut)]
                     let mut __idem_claim = match ::idem_runtime::__private::ExternalClaim::<
-                        ::idem_runtime::__private::DefaultBackend,
+                        Sqlite,
                     >::acquire(__idem_request, __idem_scope, __idem_options)
                         .await
                     {
