@@ -20,7 +20,7 @@ pub(crate) enum Begun<'c, DB: sqlx::Database> {
     /// gives one, identifies the claiming transaction to its completion
     /// ([`Completion::mark`](crate::record::Completion::mark)).
     Acquired(Transaction<'c, DB>, Option<String>),
-    /// Another transaction holds the key; this one was dropped (its rollback queued).
+    /// Another transaction holds the key; this one was ended ([`Storage::begin_claim`]).
     #[cfg_attr(
         not(any(feature = "postgres", feature = "mysql")),
         expect(
@@ -29,7 +29,7 @@ pub(crate) enum Begun<'c, DB: sqlx::Database> {
         )
     )]
     Busy,
-    /// The key has a live row; the transaction was dropped (its rollback queued).
+    /// The key has a live row; the transaction was ended ([`Storage::begin_claim`]).
     Live(KeyRecord),
 }
 
@@ -142,7 +142,10 @@ pub(crate) trait Storage: SharedStorage + Inspection {
     ///
     /// When the key is not acquired, the transaction has been dropped: every answer has been
     /// read and its `ROLLBACK` is queued on the connection, sent as it goes back to the pool
-    /// (sqlx's test of a returned connection), so that a replay does not wait for it.
+    /// (sqlx's test of a returned connection), so that a replay does not wait for it; the
+    /// transaction holds nothing another claim waits on (PostgreSQL takes no lock then, MySQL a
+    /// shared one on the duplicate row). SQLite, whose `BEGIN IMMEDIATE` took the database's
+    /// write lock, rolls back before returning: every other writer would wait on that lock.
     ///
     /// `undo_point`: the handler's 5xx outcomes are stored, so its writes may be undone
     /// ([`undo_handler`](Storage::undo_handler)). A database that can take the point they are

@@ -383,7 +383,10 @@ async fn start_claim(
         .await
     {
         Ok(row) => row,
-        Err(error) if is_locked(&error) => return Ok(Started::Busy),
+        Err(error) if is_locked(&error) => {
+            tx.rollback().await?;
+            return Ok(Started::Busy);
+        }
         Err(error) => return Err(error.into()),
     };
     // The takeover rule, as PostgreSQL's `idem_start` has it: a live row stays when it is
@@ -403,6 +406,9 @@ async fn start_claim(
                 let lease_left = row
                     .try_get::<Option<i64>, _>("lease_left")?
                     .map(|us| Duration::from_micros(us.max(0) as u64));
+                // Ended here, not when the connection is next used: until then the row stays
+                // locked, and a retry's start would find it busy.
+                tx.rollback().await?;
                 return Ok(Started::Found { record, lease_left });
             }
             sqlx::query(START_TAKEOVER)
@@ -434,6 +440,7 @@ async fn start_claim(
                 Ok(_) => false,
                 // Another start took the key since the read: it holds it.
                 Err(error) if is_locked(&error) || error_number(&error) == Some(ER_DUP_ENTRY) => {
+                    tx.rollback().await?;
                     return Ok(Started::Busy);
                 }
                 Err(error) => return Err(error.into()),
@@ -536,6 +543,7 @@ impl Storage for MySql {
             .await?;
         let keys = keys_of(&rows)?;
         if keys.is_empty() {
+            tx.commit().await?;
             return Ok(Purged {
                 rows: 0,
                 last: None,
@@ -571,6 +579,10 @@ impl Storage for MySql {
             .await?;
         let keys = keys_of(&rows)?;
         if keys.is_empty() {
+            // Ended now: under REPEATABLE READ the scan locked the rows it passed over (claims
+            // with steps when those are left out), and a dropped transaction is rolled back
+            // only when its connection is next used.
+            tx.commit().await?;
             return Ok(Vec::new());
         }
         for chunk in keys.chunks(KEYS_PER_STATEMENT) {

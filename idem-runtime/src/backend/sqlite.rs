@@ -202,7 +202,12 @@ impl Storage for Sqlite {
         };
         let mut tx = Transaction::<'c, Sqlite>::begin(conn, Some(begin.into_sql_str())).await?;
         Ok(match live_row(&mut tx, key, now_ms()).await? {
-            Some((record, _)) => Begun::Live(record),
+            // Ended here: `BEGIN IMMEDIATE` took the database's write lock, which a dropped
+            // transaction keeps until its connection is next used.
+            Some((record, _)) => {
+                tx.rollback().await?;
+                Begun::Live(record)
+            }
             None => Begun::Acquired(tx, None),
         })
     }
