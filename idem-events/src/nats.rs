@@ -228,7 +228,9 @@ impl Nats {
     /// # Errors
     ///
     /// When JetStream cannot be reached or refuses the stream (one whose subjects overlap it,
-    /// more replicas than servers).
+    /// more replicas than servers). A server that failed to create the stream's storage
+    /// (`error creating store for stream`, a failure it explains only in its own log) is asked
+    /// up to five times in all, with pauses from 100 ms doubling, before its error is returned.
     pub async fn declare_stream(
         &self,
         client: &Client,
@@ -237,18 +239,47 @@ impl Nats {
         let replicas = self
             .replicas
             .unwrap_or_else(|| cluster_size(client).min(MAX_REPLICAS));
+        let config = stream::Config {
+            name: self.stream.to_string(),
+            subjects: vec![format!("{}.>", self.prefix)],
+            num_replicas: replicas,
+            duplicate_window: self.duplicate_window,
+            storage: StorageType::File,
+            ..stream::Config::default()
+        };
+        let mut pause = STORE_CREATE_PAUSE;
+        for _ in 1..STORE_CREATE_ATTEMPTS {
+            match jetstream.get_or_create_stream(config.clone()).await {
+                Err(error) if is_store_create_failure(&error) => {
+                    tracing::warn!(stream = %self.stream, %error, "JetStream could not create the stream's storage; asking again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                outcome => return outcome.map_err(BrokerError::unavailable),
+            }
+        }
         jetstream
-            .get_or_create_stream(stream::Config {
-                name: self.stream.to_string(),
-                subjects: vec![format!("{}.>", self.prefix)],
-                num_replicas: replicas,
-                duplicate_window: self.duplicate_window,
-                storage: StorageType::File,
-                ..stream::Config::default()
-            })
+            .get_or_create_stream(config)
             .await
             .map_err(BrokerError::unavailable)
     }
+}
+
+/// How many times [`Nats::declare_stream`] asks a server that failed to create a stream's
+/// storage.
+const STORE_CREATE_ATTEMPTS: u32 = 5;
+/// The first pause between two of those asks, doubled after each.
+const STORE_CREATE_PAUSE: Duration = Duration::from_millis(100);
+
+/// Whether the server answered that it could not create the stream's storage: a failure of
+/// its own (HTTP-like code 500, JetStream's generic stream-create code 10049), which it may
+/// not meet on the next ask; a refusal of the stream's configuration has other codes.
+fn is_store_create_failure(error: &jetstream::context::CreateStreamError) -> bool {
+    matches!(
+        error.kind(),
+        jetstream::context::CreateStreamErrorKind::JetStream(error)
+            if error.code() == 500 && error.error_code() == jetstream::ErrorCode::STREAM_CREATE
+    )
 }
 
 /// How many servers the cluster of the connected server has: the client URLs it advertises
