@@ -6,6 +6,9 @@
 //! idem inspect --scope S --key K [--body]
 //! idem in-flight [--older-than 1m]
 //! idem release --scope S --key K
+//! idem dead
+//! idem resume --scope S --key K
+//! idem abandon --scope S --key K
 //! idem purge [--dry-run]
 //! ```
 //!
@@ -20,7 +23,7 @@ use std::{process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
 use idem_runtime::{
-    admin::{AnyStore, Released},
+    admin::{AnyStore, Released, Unparked},
     tasks::PurgeOptions,
 };
 
@@ -71,6 +74,29 @@ enum Command {
     /// Deletes a started claim, so that a retry runs the handler again. Refuses a completed
     /// key.
     Release {
+        /// The key's scope.
+        #[arg(long)]
+        scope: String,
+        /// The Idempotency-Key.
+        #[arg(long)]
+        key: String,
+    },
+    /// Claims the recovery gave up on (parked): route, rounds, the hook's last error, age.
+    Dead,
+    /// Hands a parked claim back to the recovery, its count of rounds reset: its next pass
+    /// gives it to the hook again. Refuses a key that is not parked.
+    Resume {
+        /// The key's scope.
+        #[arg(long)]
+        scope: String,
+        /// The Idempotency-Key.
+        #[arg(long)]
+        key: String,
+    },
+    /// Deletes a parked claim (and its recorded steps), so that the next retry runs the
+    /// handler from the start: once you know its work did not happen, or undid it. Refuses a
+    /// key that is not parked.
+    Abandon {
         /// The key's scope.
         #[arg(long)]
         scope: String,
@@ -150,6 +176,15 @@ async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Er
                 return Ok(ExitCode::FAILURE);
             }
         },
+        Command::Dead => output::parked(&db.parked().await?, json),
+        Command::Resume { scope, key } => {
+            let done = db.resume_parked(&scope, &key).await?;
+            return Ok(unparked(done, "resumed", json, &scope, &key));
+        }
+        Command::Abandon { scope, key } => {
+            let done = db.abandon_parked(&scope, &key).await?;
+            return Ok(unparked(done, "abandoned", json, &scope, &key));
+        }
         Command::Purge { dry_run } => {
             let rows = if dry_run {
                 u64::try_from(db.stats().await?.expired).unwrap_or(0)
@@ -160,4 +195,25 @@ async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Er
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reports a `resume` or an `abandon`.
+fn unparked(done: Unparked, verb: &str, json: bool, scope: &str, key: &str) -> ExitCode {
+    match done {
+        Unparked::Done => {
+            output::message(json, verb, scope, key);
+            ExitCode::SUCCESS
+        }
+        Unparked::NotParked => {
+            eprintln!(
+                "idem: key {key:?} in scope {scope:?} is not parked (`idem dead` lists the \
+                 parked claims; `idem inspect` shows this key): nothing done"
+            );
+            ExitCode::FAILURE
+        }
+        Unparked::Missing => {
+            eprintln!("idem: no key {key:?} in scope {scope:?}");
+            ExitCode::FAILURE
+        }
+    }
 }

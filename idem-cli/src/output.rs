@@ -3,7 +3,7 @@
 use comfy_table::Table;
 use serde_json::json;
 
-use idem_runtime::admin::{KeyInfo as Key, Stats};
+use idem_runtime::admin::{KeyInfo as Key, ParkedClaim, Stats};
 
 fn ago(ms: Option<i64>) -> String {
     ms.map_or_else(String::new, |ms| {
@@ -47,12 +47,14 @@ pub fn stats(stats: &Stats, json: bool) {
         "in flight",
         "oldest in flight",
         "expired, not purged",
+        "parked",
     ]);
     table.add_row([
         stats.completed.to_string(),
         stats.started.to_string(),
         ago(stats.oldest_started_ms),
         stats.expired.to_string(),
+        stats.parked.to_string(),
     ]);
     println!("{table}");
 }
@@ -122,6 +124,38 @@ pub fn keys(keys: &[Key], json: bool) {
             ago(key.claimed_ms),
             signed(key.lease_left_ms),
             recovery_point(key.steps.as_deref()),
+        ]);
+    }
+    println!("{table}");
+}
+
+pub fn parked(claims: &[ParkedClaim], json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(claims).unwrap_or_default()
+        );
+        return;
+    }
+    let mut table = Table::new();
+    table.set_header([
+        "scope",
+        "key",
+        "route",
+        "rounds",
+        "last error",
+        "parked",
+        "claimed",
+    ]);
+    for claim in claims {
+        table.add_row([
+            claim.scope.clone(),
+            claim.key.clone(),
+            format!("{} {}", claim.method, claim.path),
+            claim.attempts.to_string(),
+            claim.last_error.clone().unwrap_or_default(),
+            ago(Some(claim.parked_ms)),
+            ago(claim.claimed_ms),
         ]);
     }
     println!("{table}");

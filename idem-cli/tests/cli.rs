@@ -1,6 +1,6 @@
 //! The `idem` command against real databases (PostgreSQL, a SQLite file, MariaDB or MySQL), on
-//! a key table that holds a completed key, a claim stuck in flight with a recorded step, and an
-//! expired key.
+//! a key table that holds a completed key, a claim stuck in flight with a recorded step, an
+//! expired key, and two claims the recovery parked (past their key's expiry).
 
 use std::process::{Command, Output};
 
@@ -24,6 +24,13 @@ INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at
 VALUES ('t1', 'stuck', 'POST', '/v1/orders', '\x00', 'started', now() - interval '10 minutes',
         now() + interval '1 day', now() - interval '10 minutes', now() - interval '9 minutes',
         1, '[{"step": "reserve", "output": 1}, {"step": "charge", "output": "ch_1"}]');
+INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at, expires_at,
+                       locked_at, recovery_attempts, recovery_error, parked_at)
+VALUES ('t1', 'dead', 'POST', '/v1/orders', '\x00', 'started', now() - interval '2 days',
+        now() - interval '1 hour', now() - interval '2 days', 20, 'the processor did not answer',
+        now() - interval '30 minutes'),
+       ('t1', 'dead2', 'POST', '/v1/orders', '\x00', 'started', now() - interval '2 days',
+        now() - interval '1 hour', now() - interval '2 days', 20, NULL, now() - interval '20 minutes');
 "#;
 
 const SQLITE_ROWS: &str = r#"
@@ -38,6 +45,14 @@ INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at
 VALUES ('t1', 'stuck', 'POST', '/v1/orders', x'00', 'started', unixepoch() * 1000 - 600000,
         unixepoch() * 1000 + 86400000, unixepoch() * 1000 - 600000, unixepoch() * 1000 - 540000,
         1, '[{"step": "reserve", "output": 1}, {"step": "charge", "output": "ch_1"}]');
+INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at, expires_at,
+                       locked_at, recovery_attempts, recovery_error, parked_at)
+VALUES ('t1', 'dead', 'POST', '/v1/orders', x'00', 'started', unixepoch() * 1000 - 172800000,
+        unixepoch() * 1000 - 3600000, unixepoch() * 1000 - 172800000, 20,
+        'the processor did not answer', unixepoch() * 1000 - 1800000),
+       ('t1', 'dead2', 'POST', '/v1/orders', x'00', 'started', unixepoch() * 1000 - 172800000,
+        unixepoch() * 1000 - 3600000, unixepoch() * 1000 - 172800000, 20, NULL,
+        unixepoch() * 1000 - 1200000);
 "#;
 
 const MYSQL_ROWS: &str = r#"
@@ -53,6 +68,14 @@ VALUES ('t1', 'stuck', 'POST', '/v1/orders', x'00', 'started',
         UTC_TIMESTAMP(6) - INTERVAL 10 MINUTE, UTC_TIMESTAMP(6) + INTERVAL 1 DAY,
         UTC_TIMESTAMP(6) - INTERVAL 10 MINUTE, UTC_TIMESTAMP(6) - INTERVAL 9 MINUTE,
         1, '[{"step": "reserve", "output": 1}, {"step": "charge", "output": "ch_1"}]');
+INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, created_at, expires_at,
+                       locked_at, recovery_attempts, recovery_error, parked_at)
+VALUES ('t1', 'dead', 'POST', '/v1/orders', x'00', 'started', UTC_TIMESTAMP(6) - INTERVAL 2 DAY,
+        UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, UTC_TIMESTAMP(6) - INTERVAL 2 DAY, 20,
+        'the processor did not answer', UTC_TIMESTAMP(6) - INTERVAL 30 MINUTE),
+       ('t1', 'dead2', 'POST', '/v1/orders', x'00', 'started', UTC_TIMESTAMP(6) - INTERVAL 2 DAY,
+        UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, UTC_TIMESTAMP(6) - INTERVAL 2 DAY, 20, NULL,
+        UTC_TIMESTAMP(6) - INTERVAL 20 MINUTE);
 "#;
 
 /// The row a transactional claim writes on MySQL (uncommitted while the handler runs; left
@@ -95,7 +118,8 @@ where
     let stats = json(&idem(url, &["--json", "stats"]));
     assert_eq!(stats["completed"], 2);
     assert_eq!(stats["started"], 1);
-    assert_eq!(stats["expired"], 1);
+    assert_eq!(stats["expired"], 1, "parked claims are not the purge's");
+    assert_eq!(stats["parked"], 2);
     assert!(
         stats["oldest_started_ms"].as_i64().unwrap() >= 600_000,
         "{stats}"
@@ -157,6 +181,58 @@ where
     assert_eq!(count(Some("stuck")).await, 0);
     let again = idem(url, &["release", "--scope", "t1", "--key", "stuck"]);
     assert_eq!(again.status.code(), Some(1), "nothing left to release");
+
+    // dead, resume, abandon: the parked claims, never a body; only a parked claim
+    let dead = json(&idem(url, &["--json", "dead"]));
+    assert_eq!(dead.as_array().unwrap().len(), 2, "{dead}");
+    assert_eq!(dead[0]["key"], "dead", "the longest parked first");
+    assert_eq!(dead[0]["attempts"], 20);
+    assert_eq!(dead[0]["last_error"], "the processor did not answer");
+    assert_eq!(dead[0]["path"], "/v1/orders");
+    assert!(
+        dead[0]["parked_ms"].as_i64().unwrap() >= 1_800_000,
+        "{dead}"
+    );
+    let table = idem(url, &["dead"]);
+    assert!(
+        text(&table.stdout).contains("the processor did not answer"),
+        "{}",
+        text(&table.stdout)
+    );
+    for verb in ["resume", "abandon"] {
+        let refused = idem(url, &[verb, "--scope", "t1", "--key", "done"]);
+        assert_eq!(refused.status.code(), Some(1), "{verb}");
+        assert!(
+            text(&refused.stderr).contains("is not parked"),
+            "{verb}: {}",
+            text(&refused.stderr)
+        );
+        let missing = idem(url, &[verb, "--scope", "t1", "--key", "nope"]);
+        assert_eq!(missing.status.code(), Some(1), "{verb}");
+    }
+    assert_eq!(count(Some("done")).await, 1);
+    let resumed = idem(url, &["resume", "--scope", "t1", "--key", "dead2"]);
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    let abandoned = idem(url, &["abandon", "--scope", "t1", "--key", "dead"]);
+    assert!(abandoned.status.success(), "{}", text(&abandoned.stderr));
+    assert_eq!(count(Some("dead")).await, 0);
+    let again = idem(url, &["abandon", "--scope", "t1", "--key", "dead2"]);
+    assert_eq!(again.status.code(), Some(1), "resumed: no longer parked");
+    let flying = json(&idem(url, &["--json", "in-flight"]));
+    assert_eq!(
+        flying.as_array().unwrap().len(),
+        1,
+        "resumed, in flight: {flying}"
+    );
+    assert_eq!(flying[0]["key"], "dead2");
+    assert!(
+        json(&idem(url, &["--json", "dead"]))
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let released = idem(url, &["release", "--scope", "t1", "--key", "dead2"]);
+    assert!(released.status.success(), "{}", text(&released.stderr));
 
     // purge
     let dry = json(&idem(url, &["--json", "purge", "--dry-run"]));

@@ -1,6 +1,8 @@
 //! What an operator reads and does in the key table, for a command or an admin endpoint:
 //! counts ([`Store::stats`]), one key ([`Store::inspect`]), the claims in flight
-//! ([`Store::in_flight`]), and releasing a stuck claim ([`Store::release_claim`]); the purge is
+//! ([`Store::in_flight`]), releasing a stuck claim ([`Store::release_claim`]), and the claims
+//! the recovery gave up on ([`Store::parked`], [`Store::resume_parked`],
+//! [`Store::abandon_parked`]); the purge is
 //! [`Store::purge_expired`]. `AnyStore` (with a database feature on) is a store on whichever database a URL names, for a
 //! tool that serves them all (the `idem` command).
 //!
@@ -26,8 +28,50 @@ pub struct Stats {
     pub started: i64,
     /// The age of the oldest claim in flight, in milliseconds.
     pub oldest_started_ms: Option<i64>,
-    /// Rows past their expiry that the purge has not deleted yet.
+    /// Rows past their expiry that the purge has not deleted yet (parked claims, which the
+    /// purge passes over, not counted).
     pub expired: i64,
+    /// Claims the recovery gave up on, waiting for an operator ([`Store::parked`]).
+    pub parked: i64,
+}
+
+/// A claim the recovery gave up on ([`RecoveryOptions::max_attempts`]): its request's route,
+/// never its body.
+///
+/// [`RecoveryOptions::max_attempts`]: crate::tasks::RecoveryOptions::max_attempts
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ParkedClaim {
+    /// The scope (the caller).
+    pub scope: String,
+    /// The `Idempotency-Key`.
+    pub key: String,
+    /// The first request's method.
+    pub method: String,
+    /// The first request's path and query.
+    pub path: String,
+    /// The rounds the recovery's hook had at it.
+    pub attempts: i64,
+    /// The hook's last reason ([`Verdict::Failed`]); `None` when it only ever kept the claim.
+    ///
+    /// [`Verdict::Failed`]: crate::tasks::Verdict::Failed
+    pub last_error: Option<String>,
+    /// Since it was parked, in milliseconds.
+    pub parked_ms: i64,
+    /// Since its claim was taken, in milliseconds.
+    pub claimed_ms: Option<i64>,
+}
+
+/// What [`Store::resume_parked`] or [`Store::abandon_parked`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unparked {
+    /// Done: resumed (the recovery's next pass hands it to the hook again) or abandoned (the
+    /// next retry runs the handler).
+    Done,
+    /// The key exists but is not a parked claim: nothing done.
+    NotParked,
+    /// No such key.
+    Missing,
 }
 
 /// One key's row, as an operator sees it.
@@ -118,6 +162,38 @@ impl<DB: Backend> Store<DB> {
     /// As [`stats`](Store::stats).
     pub async fn release_claim(&self, scope: &str, key: &str) -> Result<Released, crate::Error> {
         DB::release_claim(self.pool(), scope, key).await
+    }
+
+    /// The claims the recovery gave up on, oldest parking first.
+    ///
+    /// # Errors
+    ///
+    /// As [`stats`](Store::stats).
+    pub async fn parked(&self) -> Result<Vec<ParkedClaim>, crate::Error> {
+        DB::parked(self.pool()).await
+    }
+
+    /// Hands the parked claim of `key` in `scope` back to the recovery, its count of rounds
+    /// reset: the next pass gives it to the hook again (whose lease ends now; a claim parked
+    /// past its key's retention is kept at least an hour more). Refuses a key that is not
+    /// parked.
+    ///
+    /// # Errors
+    ///
+    /// As [`stats`](Store::stats).
+    pub async fn resume_parked(&self, scope: &str, key: &str) -> Result<Unparked, crate::Error> {
+        DB::unpark(self.pool(), scope, key, true).await
+    }
+
+    /// Deletes the parked claim of `key` in `scope`, and its recorded steps: the next retry
+    /// runs the handler from the start. For a claim whose side effect a person has checked
+    /// (it did not happen, or was undone). Refuses a key that is not parked.
+    ///
+    /// # Errors
+    ///
+    /// As [`stats`](Store::stats).
+    pub async fn abandon_parked(&self, scope: &str, key: &str) -> Result<Unparked, crate::Error> {
+        DB::unpark(self.pool(), scope, key, false).await
     }
 }
 
@@ -262,6 +338,33 @@ impl AnyStore {
     /// As [`Store::release_claim`].
     pub async fn release_claim(&self, scope: &str, key: &str) -> Result<Released, crate::Error> {
         on_store!(self, store => store.release_claim(scope, key).await)
+    }
+
+    /// As [`Store::parked`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::parked`].
+    pub async fn parked(&self) -> Result<Vec<ParkedClaim>, crate::Error> {
+        on_store!(self, store => store.parked().await)
+    }
+
+    /// As [`Store::resume_parked`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::resume_parked`].
+    pub async fn resume_parked(&self, scope: &str, key: &str) -> Result<Unparked, crate::Error> {
+        on_store!(self, store => store.resume_parked(scope, key).await)
+    }
+
+    /// As [`Store::abandon_parked`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::abandon_parked`].
+    pub async fn abandon_parked(&self, scope: &str, key: &str) -> Result<Unparked, crate::Error> {
+        on_store!(self, store => store.abandon_parked(scope, key).await)
     }
 
     /// As [`Store::purge_expired`].

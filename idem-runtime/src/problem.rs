@@ -71,6 +71,14 @@ pub enum ProblemKind {
     /// the handler: a step name used twice, steps run at the same time, or an output that does
     /// not serialize to JSON (or no longer reads back as the handler's type).
     StepFailed,
+    /// 500: the first request with this key was abandoned (its process died mid-request), and
+    /// the recovery gave up on settling it after
+    /// [`RecoveryOptions::max_attempts`](crate::tasks::RecoveryOptions::max_attempts) rounds.
+    /// Whether its side effect happened is unknown until a person looks (`idem dead`), so no
+    /// retry runs the handler: the answer is not stored, and it has no `Retry-After`. Once an
+    /// operator resumes the claim (the recovery settles it) or abandons it (the next retry
+    /// runs), retries get the outcome.
+    ClaimParked,
 }
 
 impl ProblemKind {
@@ -84,7 +92,8 @@ impl ProblemKind {
             Self::ResponseTooLarge
             | Self::StoreNotSetUp
             | Self::CommitRefused
-            | Self::StepFailed => StatusCode::INTERNAL_SERVER_ERROR,
+            | Self::StepFailed
+            | Self::ClaimParked => StatusCode::INTERNAL_SERVER_ERROR,
             Self::StoreUnavailable | Self::OutcomeUnknown | Self::HandlerTimedOut => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -124,6 +133,7 @@ impl ProblemKind {
             Self::OutcomeUnknown => "outcomeunknown",
             Self::HandlerTimedOut => "handlertimedout",
             Self::StepFailed => "stepfailed",
+            Self::ClaimParked => "claimparked",
         }
     }
 
@@ -150,6 +160,7 @@ impl ProblemKind {
             Self::OutcomeUnknown => "The outcome of the commit is unknown",
             Self::HandlerTimedOut => "The handler did not finish in time",
             Self::StepFailed => "A step of the handler could not be recorded",
+            Self::ClaimParked => "The first request with this key needs a person",
         }
     }
 
@@ -279,7 +290,8 @@ mod tests {
             Some(CommitRefused) => Some(OutcomeUnknown),
             Some(OutcomeUnknown) => Some(HandlerTimedOut),
             Some(HandlerTimedOut) => Some(StepFailed),
-            Some(StepFailed) => None,
+            Some(StepFailed) => Some(ClaimParked),
+            Some(ClaimParked) => None,
         };
         std::iter::successors(after(None), |kind| after(Some(*kind))).collect()
     }

@@ -47,6 +47,9 @@ pub enum KeyStatus {
     Started,
     /// The response is stored and final.
     Completed,
+    /// A claim the recovery gave up on: it waits for an operator (`idem resume`, `idem
+    /// abandon`), and no retry takes it over.
+    Parked,
 }
 
 /// A response as stored: status, the replayable headers, and the body.
@@ -63,7 +66,7 @@ pub struct StoredResponse {
 /// A live (unexpired) row of the key table.
 #[derive(Debug, Clone)]
 pub struct KeyRecord {
-    /// Started or completed.
+    /// Started, completed or parked.
     pub status: KeyStatus,
     /// Method of the first request.
     pub method: String,
@@ -78,7 +81,8 @@ pub struct KeyRecord {
 /// The columns of a key row, as read by a backend, before they are checked.
 #[derive(Debug)]
 pub struct RawRecord {
-    /// `started` or `completed`.
+    /// `started`, `completed`, or `parked` (a `started` row with `parked_at`, as the statements
+    /// that read records spell it).
     pub status: String,
     /// Method of the first request.
     pub method: String,
@@ -105,6 +109,7 @@ impl RawRecord {
         let status = match self.status.as_str() {
             "completed" => KeyStatus::Completed,
             "started" => KeyStatus::Started,
+            "parked" => KeyStatus::Parked,
             other => {
                 return Err(crate::Error::corrupt(format!(
                     "unknown idem_keys.status {other:?}"
@@ -249,6 +254,8 @@ pub struct Abandoned {
     pub age: Duration,
     /// The steps it recorded, in order.
     pub steps: Vec<RecordedStep>,
+    /// How many times the recovery has taken it, this time included.
+    pub attempts: u64,
 }
 
 /// A step of a multi-step handler, as recorded on its key: its name and its output.

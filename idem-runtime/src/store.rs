@@ -507,6 +507,33 @@ impl<DB: Backend> Store<DB> {
             .await
     }
 
+    /// The claims the recovery's gauges report (`Inspection::claim_counts`).
+    pub(crate) async fn claim_counts(&self) -> Result<crate::backend::ClaimCounts, crate::Error> {
+        let deadline = self.deadline();
+        tokio::time::timeout_at(deadline, DB::claim_counts(self.pool()))
+            .await
+            .map_err(|_| crate::Error::TimedOut {
+                after: self.options().database_timeout(),
+            })?
+    }
+
+    /// Records a recovery round the hook did not settle (see
+    /// `SharedStorage::unsettled_round`), in this process's turn to write.
+    pub(crate) async fn unsettled_round(
+        &self,
+        key: &KeyRef,
+        token: i64,
+        reason: Option<&str>,
+        park: bool,
+    ) -> Result<bool, crate::Error> {
+        let deadline = self.deadline();
+        let _permit = self.write_permit(deadline).await?;
+        self.on_connection(deadline, async |conn| {
+            DB::unsettled_round(conn, key, token, reason, park).await
+        })
+        .await
+    }
+
     /// Lets go of the `started` row owned by `token` (see `Storage::give_up`: deleted, or its
     /// lease ended where steps are recorded), in this process's turn to write.
     pub(crate) async fn give_up(&self, key: &KeyRef, token: i64) -> Result<bool, crate::Error> {

@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 
 use axum::http::StatusCode;
 use idem_runtime::{
-    StepError,
-    tasks::{AbandonedClaim, RecoveryHook, ReleaseAbandoned, Verdict},
+    ProblemKind, StepError,
+    admin::Unparked,
+    tasks::{AbandonedClaim, RecoveryHook, RecoveryOptions, ReleaseAbandoned, Verdict},
 };
 use idem_tests::{
     App, Downstream, Param, Req, TestBackend, backend_tests, unreachable_url, wait_until,
@@ -55,7 +56,51 @@ impl<DB: TestBackend> RecoveryHook<DB> for GiveBack {
     }
 }
 
+/// A compensation that fails every time: the stock cannot be given back.
+struct GiveBackFails;
+
+impl<DB: TestBackend> RecoveryHook<DB> for GiveBackFails {
+    async fn recover(&self, claim: AbandonedClaim<DB>) -> Verdict {
+        assert_eq!(claim.steps().recovery_point().as_deref(), Some("take"));
+        Verdict::Failed("the stock service refused the give-back".into())
+    }
+}
+
 backend_tests! {
+    async fn a_claim_with_steps_whose_compensation_keeps_failing_is_parked_with_its_steps(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let failed = app.send(order("o1").header("x-fail-after", "take").build()).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+
+        let options = RecoveryOptions::default().with_max_attempts(2);
+        let report = app.recover_with(&GiveBackFails, &options).await;
+        assert_eq!((report.found, report.kept), (1, 1), "{report:?}");
+        app.lapse_lease("o1").await;
+        let report = app.recover_with(&GiveBackFails, &options).await;
+        assert_eq!((report.found, report.parked), (1, 1), "{report:?}");
+
+        // Parked: the retry does not resume after `take` as it would for a lapsed claim.
+        let retry = app.send(order("o1").build()).await;
+        assert_eq!(retry.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(retry.json()["type"], ProblemKind::ClaimParked.type_uri());
+        assert_eq!(runs(&app), (1, 0, 0), "nothing ran again");
+        assert_eq!(app.recorded_steps("o1").await, ["take"], "the steps are kept");
+        let parked = app.store().parked().await.expect("list parked claims");
+        assert_eq!(
+            parked[0].last_error.as_deref(),
+            Some("the stock service refused the give-back")
+        );
+
+        // Resumed, the recovery's hook sees the steps again and can compensate.
+        assert_eq!(app.store().resume_parked("t1", "o1").await.unwrap(), Unparked::Done);
+        let report = app.recover(&GiveBack).await;
+        assert_eq!((report.found, report.released), (1, 1), "{report:?}");
+        assert_eq!(app.units_taken().await, 0, "the stock was given back");
+        let retry = app.send(order("o1").build()).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+    }
+
     async fn a_retry_after_a_5xx_resumes_after_the_last_recorded_step(db) {
         let downstream = Downstream::start().await;
         let app = App::with_downstream(db, &downstream.url).await;

@@ -6,9 +6,11 @@ use std::time::Duration;
 use axum::http::{HeaderMap, Method, StatusCode, header::CONTENT_TYPE};
 use idem_key::Fingerprint;
 use idem_runtime::{
-    Backend, CancellationToken, IdempotencyContext,
+    Backend, CancellationToken, IdempotencyContext, ProblemKind,
+    admin::Unparked,
     tasks::{
-        AbandonedClaim, PurgeOptions, RecoveryHook, ReleaseAbandoned, StoredResponse, Verdict,
+        AbandonedClaim, PurgeOptions, RecoveryHook, RecoveryOptions, ReleaseAbandoned,
+        StoredResponse, Verdict,
     },
 };
 use idem_tests::{App, Db, Downstream, Req, TestDb, backend_tests, entry, wait_until};
@@ -51,7 +53,152 @@ impl<DB: Backend> RecoveryHook<DB> for CompleteWith {
     }
 }
 
+/// Never settles a claim, as a hook whose downstream service never answers.
+struct FailEveryTime;
+
+impl<DB: Backend> RecoveryHook<DB> for FailEveryTime {
+    async fn recover(&self, _: AbandonedClaim<DB>) -> Verdict {
+        Verdict::Failed("the processor did not answer".into())
+    }
+}
+
+/// Leaves every claim for later, as a hook waiting on a settlement that never comes.
+struct KeepEveryTime;
+
+impl<DB: Backend> RecoveryHook<DB> for KeepEveryTime {
+    async fn recover(&self, _: AbandonedClaim<DB>) -> Verdict {
+        Verdict::Keep
+    }
+}
+
+/// Runs recovery passes on `key` with `hook` until one parks it, ending the recovery's lease
+/// between passes as its running out would; asserts that each pass before took the claim and
+/// kept it, and that the parking came on round `rounds`.
+async fn recover_until_parked<H>(app: &App, hook: &H, key: &str, rounds: u32)
+where
+    H: RecoveryHook<sqlx::Postgres> + RecoveryHook<sqlx::Sqlite> + RecoveryHook<sqlx::MySql>,
+{
+    let options = RecoveryOptions::default().with_max_attempts(rounds);
+    for round in 1..rounds {
+        let report = app.recover_with(hook, &options).await;
+        assert_eq!(
+            (report.found, report.kept, report.parked),
+            (1, 1, 0),
+            "round {round} of {rounds}: {report:?}"
+        );
+        app.lapse_lease(key).await;
+    }
+    let report = app.recover_with(hook, &options).await;
+    assert_eq!(
+        (report.found, report.kept, report.parked),
+        (1, 0, 1),
+        "round {rounds}, the last: {report:?}"
+    );
+}
+
 backend_tests! {
+    async fn a_claim_the_hook_never_settles_is_parked_and_no_retry_or_pass_takes_it_over(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let body = transfer_body(1);
+        app.abandoned_claim("t1", "stuck", TRANSFERS, &transfer_fingerprint(&body)).await;
+        recover_until_parked(&app, &FailEveryTime, "stuck", 3).await;
+
+        let parked = app.store().parked().await.expect("list parked claims");
+        assert_eq!(parked.len(), 1, "{parked:?}");
+        assert_eq!((parked[0].scope.as_str(), parked[0].key.as_str()), ("t1", "stuck"));
+        assert_eq!((parked[0].method.as_str(), parked[0].path.as_str()), ("POST", TRANSFERS));
+        assert_eq!(parked[0].attempts, 3);
+        assert_eq!(parked[0].last_error.as_deref(), Some("the processor did not answer"));
+        assert_eq!(app.store().stats().await.expect("stats").parked, 1);
+
+        // Past its key's retention too: neither the purge, nor a pass, nor a retry takes it.
+        app.expire_all_keys().await;
+        assert_eq!(app.purge(PurgeOptions::default()).await.rows, 0);
+        let report = app.recover(&FailEveryTime).await;
+        assert_eq!(report.found, 0, "{report:?}");
+        let retry = app
+            .send(Req::post(TRANSFERS).tenant("t1").key("stuck").json(&body).build())
+            .await;
+        assert_eq!(retry.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(retry.json()["type"], ProblemKind::ClaimParked.type_uri());
+        assert!(retry.headers.get("retry-after").is_none(), "a person must look first");
+        assert_eq!(downstream.executed(), 0, "the handler did not run");
+        assert_eq!(app.store().parked().await.expect("list").len(), 1, "still parked");
+    }
+
+    async fn a_hook_that_keeps_a_claim_every_time_gets_it_parked_too(db) {
+        let app = App::new(db).await;
+        app.abandoned_claim("t1", "kept", TRANSFERS, &transfer_fingerprint(&transfer_body(1)))
+            .await;
+        recover_until_parked(&app, &KeepEveryTime, "kept", 2).await;
+        let parked = app.store().parked().await.expect("list parked claims");
+        assert_eq!((parked.len(), parked[0].attempts), (1, 2), "{parked:?}");
+        assert_eq!(parked[0].last_error, None, "kept, never failed");
+    }
+
+    async fn a_resumed_claim_goes_back_to_the_hook_with_its_rounds_counted_afresh(db) {
+        let app = App::new(db).await;
+        // The key `CompleteWith` expects.
+        let body = transfer_body(1);
+        app.abandoned_claim("t1", "abandoned", TRANSFERS, &transfer_fingerprint(&body)).await;
+        recover_until_parked(&app, &FailEveryTime, "abandoned", 2).await;
+        app.expire_all_keys().await;
+
+        assert_eq!(app.store().resume_parked("t1", "abandoned").await.unwrap(), Unparked::Done);
+        assert_eq!(
+            app.store().resume_parked("t1", "abandoned").await.unwrap(),
+            Unparked::NotParked,
+            "resumed already"
+        );
+        assert_eq!(app.store().resume_parked("t1", "none").await.unwrap(), Unparked::Missing);
+        assert!(app.store().parked().await.unwrap().is_empty());
+        // Kept alive past its retention for the recovery, which has two rounds again.
+        recover_until_parked(&app, &FailEveryTime, "abandoned", 2).await;
+
+        app.store().resume_parked("t1", "abandoned").await.unwrap();
+        let answer = StoredResponse {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: br#"{"id":"tr_settled_by_hand"}"#.to_vec(),
+        };
+        let report = app.recover(&CompleteWith(answer)).await;
+        assert_eq!((report.found, report.completed), (1, 1), "{report:?}");
+        let retry = app
+            .send(Req::post(TRANSFERS).tenant("t1").key("abandoned").json(&body).build())
+            .await;
+        assert!(retry.replayed());
+        assert_eq!(retry.json()["id"], "tr_settled_by_hand");
+    }
+
+    async fn an_abandoned_claim_lets_the_next_retry_run(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let entry = app.send(post("e1").build()).await.json()["id"].as_i64().unwrap();
+        let body = transfer_body(entry);
+        app.abandoned_claim("t1", "stuck", TRANSFERS, &transfer_fingerprint(&body)).await;
+        assert_eq!(
+            app.store().abandon_parked("t1", "stuck").await.unwrap(),
+            Unparked::NotParked,
+            "a claim in flight is not an operator's to abandon"
+        );
+        assert_eq!(
+            app.store().abandon_parked("t1", "e1").await.unwrap(),
+            Unparked::NotParked,
+            "nor a completed key"
+        );
+        recover_until_parked(&app, &FailEveryTime, "stuck", 1).await;
+
+        assert_eq!(app.store().abandon_parked("t1", "stuck").await.unwrap(), Unparked::Done);
+        assert_eq!(app.store().abandon_parked("t1", "stuck").await.unwrap(), Unparked::Missing);
+        let retry = app
+            .send(Req::post(TRANSFERS).tenant("t1").key("stuck").json(&body).build())
+            .await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert!(!retry.replayed());
+        assert_eq!(downstream.executed(), 1);
+    }
+
     async fn purge_deletes_exactly_the_expired_rows_in_batches_while_requests_go_on(db) {
         let app = App::new(db).await;
         app.seed_keys("old", 2500, -3600).await;

@@ -485,7 +485,18 @@ impl App {
         &self,
         hook: &H,
     ) -> RecoveryReport {
-        on_pool!(&self.db, pool => Store::new(pool.clone()).recover_abandoned(hook, 100).await)
+        self.recover_with(hook, &RecoveryOptions::default()).await
+    }
+
+    /// One recovery pass with `options` (its limit and its rounds before a claim is parked).
+    pub async fn recover_with<
+        H: RecoveryHook<Postgres> + RecoveryHook<Sqlite> + RecoveryHook<MySql>,
+    >(
+        &self,
+        hook: &H,
+        options: &RecoveryOptions,
+    ) -> RecoveryReport {
+        on_pool!(&self.db, pool => Store::new(pool.clone()).recover_abandoned(hook, options).await)
             .expect("recover")
     }
 

@@ -12,7 +12,9 @@
 //! `charge-call`), it aborts right after that step, for crash tests; with `publish`, right
 //! after the broker confirmed the relay's first batch, before it is marked published. `$RECOVERY_EVERY` sets the
 //! seconds between passes of the recovery task (default 10; `0` turns it off, for all but one
-//! of several instances sharing a database).
+//! of several instances sharing a database), and `$RECOVERY_MAX_ATTEMPTS` the rounds its hook
+//! gets at one abandoned claim before the claim is parked for a person (default 20; `idem
+//! dead` lists them).
 //!
 //! Every succeeded payment enqueues a `payment.succeeded` event in its transaction; the
 //! service relays them to RabbitMQ at `$AMQP_URL`, or with `$EVENTS=redis` to the Redis stream
@@ -135,7 +137,9 @@ async fn serve<DB: Sql>(
         Some(every) => Recovery::new(
             store.clone(),
             SettleAbandoned::new(processor.clone()),
-            RecoveryOptions::default().with_interval(every),
+            RecoveryOptions::default()
+                .with_interval(every)
+                .with_max_attempts(recovery_max_attempts()?),
         )
         .spawn(stop.clone()),
         None => {
@@ -212,6 +216,21 @@ async fn declare_ledger_queue(broker: RabbitMq) {
             "cannot declare the ledger's queue now; events wait in the outbox until the broker \
              answers and a queue is bound"
         ),
+    }
+}
+
+/// `$RECOVERY_MAX_ATTEMPTS`: the rounds the recovery's hook gets at one claim before it is
+/// parked (default 20).
+fn recovery_max_attempts() -> Result<u32, Error> {
+    let Ok(value) = std::env::var("RECOVERY_MAX_ATTEMPTS") else {
+        return Ok(RecoveryOptions::default().max_attempts());
+    };
+    match value.parse::<u32>() {
+        Ok(attempts) if attempts > 0 => Ok(attempts),
+        _ => Err(format!(
+            "RECOVERY_MAX_ATTEMPTS must be a whole number of rounds, at least 1, got {value:?}"
+        )
+        .into()),
     }
 }
 

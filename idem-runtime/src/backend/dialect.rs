@@ -117,6 +117,12 @@ pub(super) trait Dialect: sqlx::Database {
     /// `rows_affected`, and no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
 
+    /// The current time as an SQL expression of the type the table's times have.
+    const NOW: &'static str;
+
+    /// An hour from now, as [`NOW`](Dialect::NOW) is spelled.
+    const IN_AN_HOUR: &'static str;
+
     /// The current time in Unix milliseconds, as an SQL expression: the
     /// [`Inspection`](super::inspection::Inspection) statements report ages and time left in it.
     const NOW_MS: &'static str;

@@ -8,13 +8,17 @@ use sqlx::{
 };
 
 use super::dialect::Dialect;
-use crate::admin::{KeyInfo, Released, Stats};
+use crate::admin::{KeyInfo, ParkedClaim, Released, Stats, Unparked};
 
 /// Claims in flight: `started` rows with a lease (external mode). A transactional claim is
 /// never one: on PostgreSQL and SQLite it has no row, on MySQL its row is uncommitted (nobody
 /// else sees it), and the committed `started` row a handler that ran `COMMIT` itself leaves
 /// behind has no lease and is already expired, so it counts as expired, and the purge takes it.
 const IN_FLIGHT: &str = "status = 'started' AND lease_until IS NOT NULL";
+
+/// Claims the recovery gave up on: `started` rows without a lease, with `parked_at` (the
+/// recovery's index of started claims by lease end finds them).
+const PARKED: &str = "status = 'started' AND lease_until IS NULL AND parked_at IS NOT NULL";
 
 /// What [`crate::admin`] runs on a database: implemented once, below, for every database with
 /// a [`Dialect`].
@@ -42,6 +46,27 @@ pub(crate) trait Inspection: sqlx::Database + Sized {
         scope: &'a str,
         key: &'a str,
     ) -> impl Future<Output = Result<Released, crate::Error>> + Send + 'a;
+
+    /// The claims the recovery's gauges report: parked ones, and ones in flight whose lease
+    /// ran out (nobody is working on them: the recovery has not taken them, or does not take
+    /// claims with steps). Both read the index of started claims by lease end.
+    fn claim_counts(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<ClaimCounts, crate::Error>> + Send + '_;
+
+    /// See [`Store::parked`](crate::Store::parked).
+    fn parked(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<ParkedClaim>, crate::Error>> + Send + '_;
+
+    /// See [`Store::resume_parked`](crate::Store::resume_parked) (`resume`) and
+    /// [`Store::abandon_parked`](crate::Store::abandon_parked).
+    fn unpark<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        key: &'a str,
+        resume: bool,
+    ) -> impl Future<Output = Result<Unparked, crate::Error>> + Send + 'a;
 }
 
 /// The columns of a [`KeyInfo`]; the stored body only `with_body`.
@@ -105,10 +130,14 @@ where
             .await?,
             expired: scalar(
                 &mut conn,
-                count(&format!("{} <= {now}", DB::ms("expires_at"))),
+                count(&format!(
+                    "{} <= {now} AND parked_at IS NULL",
+                    DB::ms("expires_at")
+                )),
             )
             .await?
             .unwrap_or(0),
+            parked: scalar(&mut conn, count(PARKED)).await?.unwrap_or(0),
         })
     }
 
@@ -178,6 +207,128 @@ where
             false => Released::Missing,
         })
     }
+
+    async fn claim_counts(pool: &Pool<DB>) -> Result<ClaimCounts, crate::Error> {
+        let mut conn = pool.acquire().await?;
+        let count = |condition: &str| format!("SELECT COUNT(*) FROM idem_keys WHERE {condition}");
+        Ok(ClaimCounts {
+            parked: scalar(&mut conn, count(PARKED)).await?.unwrap_or(0),
+            past_lease: scalar(
+                &mut conn,
+                count(&format!(
+                    "status = 'started' AND lease_until <= {now} AND expires_at > {now}",
+                    now = DB::NOW
+                )),
+            )
+            .await?
+            .unwrap_or(0),
+        })
+    }
+
+    async fn parked(pool: &Pool<DB>) -> Result<Vec<ParkedClaim>, crate::Error> {
+        let mut conn = pool.acquire().await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(DB::list_sql()))
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.iter().map(parked_claim::<DB>).collect()
+    }
+
+    async fn unpark(
+        pool: &Pool<DB>,
+        scope: &str,
+        key: &str,
+        resume: bool,
+    ) -> Result<Unparked, crate::Error> {
+        let sql = if resume {
+            DB::resume_sql()
+        } else {
+            DB::abandon_sql()
+        };
+        let mut conn = pool.acquire().await?;
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(scope)
+            .bind(key)
+            .execute(&mut *conn)
+            .await?;
+        if DB::rows_affected(&done) == 1 {
+            return Ok(Unparked::Done);
+        }
+        Ok(match exists::<DB>(&mut conn, scope, key).await? {
+            true => Unparked::NotParked,
+            false => Unparked::Missing,
+        })
+    }
+}
+
+impl<DB> Unparking for DB where DB: Dialect {}
+
+/// The statements of [`Inspection::parked`] and [`Inspection::unpark`].
+trait Unparking: Dialect {
+    /// The parked claims, oldest parking first.
+    fn list_sql() -> String {
+        format!(
+            "SELECT {scope_and_key}, method, path, \
+               CAST(recovery_attempts AS {bigint}) AS attempts, recovery_error, \
+               {now} - {parked} AS parked_ms, {now} - {locked} AS claimed_ms \
+             FROM idem_keys WHERE {PARKED} ORDER BY parked_at",
+            scope_and_key = Self::SCOPE_AND_KEY,
+            bigint = Self::BIGINT,
+            now = Self::NOW_MS,
+            parked = Self::ms("parked_at"),
+            locked = Self::ms("locked_at"),
+        )
+    }
+
+    /// Hands the parked claim back to the recovery: its count of rounds reset, its lease ended
+    /// now (the next pass takes it), and an expiry at least an hour away, so that a claim
+    /// parked past its key's retention is not purged before the pass.
+    fn resume_sql() -> String {
+        format!(
+            "UPDATE idem_keys SET parked_at = NULL, recovery_attempts = 0, lease_until = {now}, \
+               expires_at = CASE WHEN expires_at < {hour} THEN {hour} ELSE expires_at END \
+             WHERE {this_key} AND {PARKED}",
+            now = Self::NOW,
+            hour = Self::IN_AN_HOUR,
+            this_key = this_key::<Self>(),
+        )
+    }
+
+    /// Deletes the parked claim: the next retry runs the handler.
+    fn abandon_sql() -> String {
+        format!(
+            "DELETE FROM idem_keys WHERE {} AND {PARKED}",
+            this_key::<Self>()
+        )
+    }
+}
+
+/// A [`ParkedClaim`] from a row of [`Unparking::list_sql`].
+fn parked_claim<DB>(row: &DB::Row) -> Result<ParkedClaim, crate::Error>
+where
+    DB: sqlx::Database,
+    &'static str: ColumnIndex<DB::Row>,
+    i64: for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+{
+    Ok(ParkedClaim {
+        scope: row.try_get("scope")?,
+        key: row.try_get("key")?,
+        method: row.try_get("method")?,
+        path: row.try_get("path")?,
+        attempts: row.try_get("attempts")?,
+        last_error: row.try_get("recovery_error")?,
+        parked_ms: row.try_get("parked_ms")?,
+        claimed_ms: row.try_get("claimed_ms")?,
+    })
+}
+
+/// What [`Inspection::claim_counts`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClaimCounts {
+    /// Parked claims.
+    pub(crate) parked: i64,
+    /// Claims in flight past their lease, of keys not expired.
+    pub(crate) past_lease: i64,
 }
 
 /// Runs a statement that reads one integer, or none.

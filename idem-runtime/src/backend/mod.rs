@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::record::{Abandoned, KeyRecord, KeyRef, Start, Started};
 
-pub(crate) use inspection::Inspection;
+pub(crate) use inspection::{ClaimCounts, Inspection};
 pub(crate) use shared::SharedStorage;
 
 /// What [`Storage::begin_claim`] found.

@@ -58,13 +58,15 @@ const CLAIM: &str = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
      VALUES (?, ?, '', '', '', 'started', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ?)";
 
 // A committed row that was in the claim's way.
-const EXISTING: &str = "SELECT status, method, path, fingerprint, response_status, \
-     response_headers, response_body, expires_at > UTC_TIMESTAMP(6) AS live \
+const EXISTING: &str = "SELECT IF(status = 'started' AND parked_at IS NOT NULL, 'parked', status) \
+       AS status, method, path, fingerprint, response_status, response_headers, response_body, \
+     (expires_at > UTC_TIMESTAMP(6) OR (status = 'started' AND parked_at IS NOT NULL)) AS live \
      FROM idem_keys WHERE scope = ? AND `key` = ?";
 
 // An expired row out of the claim's way; refused at once when another transaction holds it.
 const DELETE_EXPIRED: &str = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
-     DELETE FROM idem_keys WHERE scope = ? AND `key` = ? AND expires_at <= UTC_TIMESTAMP(6)";
+     DELETE FROM idem_keys WHERE scope = ? AND `key` = ? AND expires_at <= UTC_TIMESTAMP(6) \
+       AND parked_at IS NULL";
 
 // The completion turns the claim's row `completed`.
 const COMPLETE: &str = "UPDATE idem_keys SET method = ?, path = ?, fingerprint = ?, \
@@ -102,7 +104,8 @@ const LOOKUP: &str = "SELECT status, method, path, fingerprint, response_status,
 
 // The key's row for an external-mode start, locked; refused at once when another transaction
 // holds it (MariaDB answers NOWAIT with ER 1205, MySQL with ER 3572).
-const START_ROW: &str = "SELECT status, method, path, fingerprint, response_status, \
+const START_ROW: &str = "SELECT IF(status = 'started' AND parked_at IS NOT NULL, 'parked', status) \
+       AS status, method, path, fingerprint, response_status, \
      response_headers, response_body, expires_at > UTC_TIMESTAMP(6) AS live, \
      COALESCE(lease_until > UTC_TIMESTAMP(6), FALSE) AS leased, \
      TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until) AS lease_left \
@@ -115,10 +118,12 @@ const START_INSERT: &str = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
        UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6), \
        UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)";
 
-// An expired row, or a lapsed claim of the same request, taken over. `steps` is assigned
-// first: MySQL assigns left to right, and it reads the old `expires_at`.
+// An expired row, or a lapsed claim of the same request, taken over. `steps` and the recovery's
+// count are assigned first: MySQL assigns left to right, and they read the old `expires_at`.
 const START_TAKEOVER: &str = "UPDATE idem_keys SET \
        steps = IF(expires_at <= UTC_TIMESTAMP(6), NULL, steps), \
+       recovery_attempts = IF(expires_at <= UTC_TIMESTAMP(6), 0, recovery_attempts), \
+       recovery_error = IF(expires_at <= UTC_TIMESTAMP(6), NULL, recovery_error), \
        method = ?, path = ?, fingerprint = ?, status = 'started', \
        created_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
        locked_at = UTC_TIMESTAMP(6), lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
@@ -127,7 +132,8 @@ const START_TAKEOVER: &str = "UPDATE idem_keys SET \
 
 // The oldest expired rows, skipping rows a live request holds (an in-flight claim's row too).
 const PURGE_SELECT: &str = "SELECT scope, `key` FROM idem_keys \
-     WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED";
+     WHERE expires_at <= UTC_TIMESTAMP(6) AND parked_at IS NULL \
+     ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED";
 
 const RECLAIM_SELECT: &str = "SELECT scope, `key` FROM idem_keys \
      WHERE status = 'started' AND lease_until <= UTC_TIMESTAMP(6) \
@@ -177,6 +183,8 @@ impl Dialect for MySql {
     const RECORD_STEPS: &'static str = RECORD_STEPS;
     const RECORDED_STEPS: &'static str = RECORDED_STEPS;
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/mysql");
+    const NOW: &'static str = "UTC_TIMESTAMP(6)";
+    const IN_AN_HOUR: &'static str = "(UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)";
     const NOW_MS: &'static str =
         "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
 
@@ -398,10 +406,12 @@ async fn start_claim(
                 .ok_or_else(|| crate::Error::corrupt("a key's row without a status"))?;
             let live: bool = row.try_get("live")?;
             let leased: bool = row.try_get("leased")?;
-            if live
-                && (record.status == KeyStatus::Completed
-                    || leased
-                    || record.fingerprint != *start.fingerprint)
+            // A parked claim stays an operator's, whatever its expiry.
+            if record.status == KeyStatus::Parked
+                || live
+                    && (record.status == KeyStatus::Completed
+                        || leased
+                        || record.fingerprint != *start.fingerprint)
             {
                 let lease_left = row
                     .try_get::<Option<i64>, _>("lease_left")?
@@ -592,12 +602,13 @@ impl Storage for MySql {
                 .push(" SET idem_keys.lease_until = LEAST(UTC_TIMESTAMP(6) + INTERVAL ")
                 .push_bind(micros(lease))
                 .push(" MICROSECOND, idem_keys.expires_at), idem_keys.claim_token = ")
-                .push_bind(token);
+                .push_bind(token)
+                .push(", idem_keys.recovery_attempts = idem_keys.recovery_attempts + 1");
             renew.build().execute(&mut *tx).await?;
         }
         let mut read = QueryBuilder::<MySql>::new(
             "SELECT CONVERT(scope USING utf8mb4) AS scope, CONVERT(`key` USING utf8mb4) AS `key`, \
-             method, path, fingerprint, steps, \
+             method, path, fingerprint, steps, recovery_attempts, \
              TIMESTAMPDIFF(MICROSECOND, locked_at, UTC_TIMESTAMP(6)) AS age \
              FROM idem_keys WHERE ",
         );

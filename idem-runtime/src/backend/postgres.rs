@@ -73,7 +73,7 @@ const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status
 const PURGE: &str = "WITH purged AS ( \
        DELETE FROM idem_keys WHERE ctid = ANY(ARRAY( \
          SELECT ctid FROM idem_keys \
-         WHERE expires_at <= now() \
+         WHERE expires_at <= now() AND parked_at IS NULL \
            AND expires_at >= COALESCE('epoch'::timestamptz + $2::int8 * interval '1 microsecond', \
                                       '-infinity') \
          ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)) \
@@ -88,9 +88,10 @@ const RECLAIM: &str = "WITH lapsed AS ( \
          AND ($4 OR steps IS NULL) \
        ORDER BY lease_until LIMIT $1 FOR UPDATE SKIP LOCKED) \
      UPDATE idem_keys k \
-       SET lease_until = LEAST(now() + make_interval(secs => $2), k.expires_at), claim_token = $3 \
+       SET lease_until = LEAST(now() + make_interval(secs => $2), k.expires_at), claim_token = $3, \
+         recovery_attempts = k.recovery_attempts + 1 \
      FROM lapsed WHERE k.scope = lapsed.scope AND k.key = lapsed.key \
-     RETURNING k.scope, k.key, k.method, k.path, k.fingerprint, k.steps, \
+     RETURNING k.scope, k.key, k.method, k.path, k.fingerprint, k.steps, k.recovery_attempts, \
        extract(epoch FROM now() - k.locked_at)::float8 AS age";
 
 impl Dialect for Postgres {
@@ -98,6 +99,8 @@ impl Dialect for Postgres {
     const FINISH: &'static str = FINISH;
     const LAPSE: &'static str = LAPSE;
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
+    const NOW: &'static str = "now()";
+    const IN_AN_HOUR: &'static str = "(now() + interval '1 hour')";
     const NOW_MS: &'static str = "(EXTRACT(EPOCH FROM now()) * 1000)::bigint";
 
     fn ms(column: &str) -> String {

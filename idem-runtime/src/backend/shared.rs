@@ -71,6 +71,19 @@ pub(crate) trait SharedStorage: sqlx::Database + Sized {
         token: i64,
     ) -> impl Future<Output = Result<Vec<RecordedStep>, crate::Error>> + Send + 'c;
 
+    /// Records a recovery round that the hook did not settle on the `started` row owned by
+    /// `token`: `reason`, when given, kept as the hook's last error; and, with `park`, the claim
+    /// parked: its lease and owner cleared and `parked_at` set, so that neither a retry nor the
+    /// recovery takes it again until an operator does. Returns `false` if the claim is no
+    /// longer owned by `token`.
+    fn unsettled_round<'c>(
+        conn: &'c mut Self::Connection,
+        key: &'c KeyRef,
+        token: i64,
+        reason: Option<&'c str>,
+        park: bool,
+    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+
     /// Creates or upgrades the key table, and checks the settings the backend relies on.
     fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
 
@@ -103,7 +116,8 @@ where
     &'static str: ColumnIndex<DB::Row>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
-    i64: for<'q> Encode<'q, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    for<'q> Option<&'q str>: Encode<'q, DB> + Type<DB>,
     String: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     Vec<u8>: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
     for<'q> Json<&'q Vec<(String, String)>>: Encode<'q, DB> + Type<DB>,
@@ -221,6 +235,41 @@ where
         Ok(steps.map(|Json(steps)| steps).unwrap_or_default())
     }
 
+    async fn unsettled_round(
+        conn: &mut DB::Connection,
+        key: &KeyRef,
+        token: i64,
+        reason: Option<&str>,
+        park: bool,
+    ) -> Result<bool, crate::Error> {
+        let parked = if park {
+            format!(
+                "parked_at = {}, lease_until = NULL, claim_token = NULL, ",
+                DB::NOW
+            )
+        } else {
+            String::new()
+        };
+        let sql = format!(
+            "UPDATE idem_keys SET {parked}recovery_error = COALESCE({reason}, recovery_error) \
+             WHERE scope = {scope} AND {key} = {key_param} AND status = 'started' \
+               AND claim_token = {token}",
+            reason = DB::param(1),
+            scope = DB::param(2),
+            key = DB::KEY_COLUMN,
+            key_param = DB::param(3),
+            token = DB::param(4),
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(reason)
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(token)
+            .execute(conn)
+            .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
     async fn migrate(pool: &Pool<DB>) -> Result<(), crate::Error> {
         DB::before_migrate(pool).await?;
         // Recorded apart from the application's own `_sqlx_migrations`.
@@ -263,6 +312,7 @@ where
                 .try_get::<Option<Json<Vec<RecordedStep>>>, _>("steps")?
                 .map(|Json(steps)| steps)
                 .unwrap_or_default(),
+            attempts: row.try_get::<i64, _>("recovery_attempts")?.max(0) as u64,
         })
     }
 }

@@ -12,8 +12,12 @@ use sqlx::{Connection, Row, SqlSafeStr, Sqlite, SqliteConnection, Transaction, m
 use super::{Begun, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
 use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started};
 
-const LIVE: &str = "SELECT status, method, path, fingerprint, response_status, response_headers, \
-     response_body, lease_until FROM idem_keys WHERE scope = $1 AND key = $2 AND expires_at > $3";
+// A parked claim is live whatever its expiry: an operator's until resumed or abandoned.
+const LIVE: &str = "SELECT \
+       CASE WHEN status = 'started' AND parked_at IS NOT NULL THEN 'parked' ELSE status END \
+       AS status, method, path, fingerprint, response_status, response_headers, \
+     response_body, lease_until FROM idem_keys WHERE scope = $1 AND key = $2 \
+       AND (expires_at > $3 OR (status = 'started' AND parked_at IS NOT NULL))";
 
 // The claim's savepoint released (it fails when the handler ended the claim's transaction),
 // then a fresh row, or every column written over an expired row of the key (and only such a
@@ -42,7 +46,11 @@ const START: &str = "INSERT INTO idem_keys \
        locked_at = excluded.locked_at, lease_until = excluded.lease_until, \
        claim_token = excluded.claim_token, response_status = NULL, response_headers = NULL, \
        response_body = NULL, \
-       steps = CASE WHEN idem_keys.expires_at <= $6 THEN NULL ELSE idem_keys.steps END";
+       steps = CASE WHEN idem_keys.expires_at <= $6 THEN NULL ELSE idem_keys.steps END, \
+       recovery_attempts = CASE WHEN idem_keys.expires_at <= $6 THEN 0 \
+         ELSE idem_keys.recovery_attempts END, \
+       recovery_error = CASE WHEN idem_keys.expires_at <= $6 THEN NULL \
+         ELSE idem_keys.recovery_error END";
 
 // A claim given up with its recorded steps kept: its lease ends now.
 const LAPSE: &str = "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
@@ -55,14 +63,16 @@ const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status
      WHERE scope = $5 AND key = $6 AND status = 'started' AND claim_token = $7";
 
 const PURGE: &str = "DELETE FROM idem_keys WHERE rowid IN ( \
-     SELECT rowid FROM idem_keys WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)";
+     SELECT rowid FROM idem_keys WHERE expires_at <= $1 AND parked_at IS NULL \
+     ORDER BY expires_at LIMIT $2)";
 
-const RECLAIM: &str = "UPDATE idem_keys SET lease_until = min($2, expires_at), claim_token = $3 \
+const RECLAIM: &str = "UPDATE idem_keys SET lease_until = min($2, expires_at), claim_token = $3, \
+       recovery_attempts = recovery_attempts + 1 \
      WHERE rowid IN (SELECT rowid FROM idem_keys \
        WHERE status = 'started' AND lease_until <= $1 AND expires_at > $1 \
          AND ($5 OR steps IS NULL) \
        ORDER BY lease_until LIMIT $4) \
-     RETURNING scope, key, method, path, fingerprint, locked_at, steps";
+     RETURNING scope, key, method, path, fingerprint, locked_at, steps, recovery_attempts";
 
 const BEGIN_IMMEDIATE: &str = "BEGIN IMMEDIATE";
 
@@ -113,6 +123,8 @@ impl Dialect for Sqlite {
     const FINISH: &'static str = FINISH;
     const LAPSE: &'static str = LAPSE;
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
+    const NOW: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+    const IN_AN_HOUR: &'static str = "(CAST(unixepoch('subsec') * 1000 AS INTEGER) + 3600000)";
     const NOW_MS: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
     /// SQLite stores Unix milliseconds already.
@@ -259,13 +271,15 @@ impl Storage for Sqlite {
         let taken_over = match existing {
             Some((record, lease_until)) => {
                 let leased = lease_until.is_some_and(|until| until > now);
-                if record.status == KeyStatus::Completed
+                if record.status != KeyStatus::Started
                     || leased
                     || record.fingerprint != *start.fingerprint
                 {
                     let lease_left = lease_until.map(|until| {
                         Duration::from_millis(until.saturating_sub(now).max(0) as u64)
                     });
+                    // Ended now: `BEGIN IMMEDIATE` holds the database's write lock.
+                    tx.rollback().await?;
                     return Ok(Started::Found { record, lease_left });
                 }
                 true

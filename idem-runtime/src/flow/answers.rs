@@ -292,6 +292,17 @@ impl<DB: Backend> IdemRequest<DB> {
                 self.finish(Outcome::Replayed, replay::replay(stored))
             }
             (KeyStatus::Started, _) => self.in_progress(lease_left),
+            (KeyStatus::Parked, _) => self.finish(
+                Outcome::Parked,
+                self.problem(
+                    ProblemKind::ClaimParked,
+                    "the first request with this idempotency key was interrupted, and the \
+                     recovery could not settle it: whether its work happened is unknown until an \
+                     operator looks (`idem dead`), so it is not run again; retrying gets this \
+                     answer until the operator resumes or abandons the claim",
+                )
+                .into_response(),
+            ),
             (KeyStatus::Completed, None) => self.store_failed(&crate::Error::corrupt(
                 "a completed idempotency key has no stored response",
             )),

@@ -27,6 +27,8 @@ pub(super) enum Outcome {
     Failed,
     /// The handler ran past its `timeout` and was stopped; nothing was stored.
     TimedOut,
+    /// The key's first request was parked by the recovery: it waits for an operator.
+    Parked,
 }
 
 impl Outcome {
@@ -40,6 +42,7 @@ impl Outcome {
             Self::Rejected => "rejected",
             Self::Failed => "failed",
             Self::TimedOut => "timed_out",
+            Self::Parked => "parked",
         }
     }
 }

@@ -88,6 +88,11 @@ pub enum Verdict {
     Complete(StoredResponse),
     /// Leave the claim for a later pass (its lease is renewed meanwhile).
     Keep,
+    /// The hook could not settle the claim (the downstream service did not answer, a
+    /// compensation failed): left for a later pass as with [`Verdict::Keep`], with this reason
+    /// kept on the claim for the person who looks at it if the recovery gives up on it
+    /// ([`RecoveryOptions::max_attempts`], `idem dead`).
+    Failed(String),
 }
 
 /// Decides the fate of abandoned claims; run by a [`Recovery`].

@@ -106,7 +106,14 @@ impl<DB: Backend> Purge<DB> {
     ///
     /// As [`Store::purge_expired`].
     pub async fn pass(&self) -> Result<PurgeReport, crate::Error> {
-        self.store.purge_expired(self.options).await
+        let report = self.store.purge_expired(self.options).await?;
+        // When the last pass that deleted every expired key ended: a purge that stops keeping
+        // up (passes that never end, or fail) or stops running leaves it behind the clock.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |since| since.as_secs_f64());
+        metrics::gauge!("idem_purge_last_success_timestamp_seconds").set(now);
+        Ok(report)
     }
 
     /// Runs a pass now and then every [`PurgeOptions::interval`] until `shutdown` is cancelled,

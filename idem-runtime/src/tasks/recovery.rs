@@ -13,20 +13,22 @@ use crate::{
     store::Store,
 };
 
-/// How a spawned [`Recovery`] works: how often it looks for abandoned claims, and how many it
-/// takes per pass.
+/// How a spawned [`Recovery`] works: how often it looks for abandoned claims, how many it
+/// takes per pass, and after how many rounds it gives up on one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecoveryOptions {
     interval: Duration,
     limit: u32,
+    max_attempts: u32,
 }
 
 impl Default for RecoveryOptions {
-    /// A pass every 10 s, of at most 100 claims.
+    /// A pass every 10 s, of at most 100 claims; a claim parked after 20 rounds.
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(10),
             limit: 100,
+            max_attempts: 20,
         }
     }
 }
@@ -44,6 +46,28 @@ impl RecoveryOptions {
     pub fn with_limit(mut self, limit: u32) -> Self {
         self.limit = limit.max(1);
         self
+    }
+
+    /// Sets [`RecoveryOptions::max_attempts`] (at least 1).
+    #[must_use]
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts.max(1);
+        self
+    }
+
+    /// How many rounds the hook gets at one claim: once it has answered [`Verdict::Keep`] or
+    /// [`Verdict::Failed`] that many times, the claim is parked. A parked claim waits for a
+    /// person: no retry takes it over (a retry is answered 500, problem type `claimparked`)
+    /// and no pass hands it to the hook again, until an operator resumes it (`idem resume`, or
+    /// [`Store::resume_parked`]) or abandons it (`idem abandon`, [`Store::abandon_parked`]).
+    /// The count goes on across passes and processes (it is kept on the key's row), and
+    /// starts again when the claim is resumed. Default 20: with the 60 s the recovery holds a
+    /// claim while its hook decides, about twenty minutes of trying.
+    ///
+    /// [`Verdict::Keep`]: super::Verdict::Keep
+    /// [`Verdict::Failed`]: super::Verdict::Failed
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
     }
 
     /// The wait between the end of one pass and the next. Default 10 s.
@@ -66,8 +90,15 @@ pub struct RecoveryReport {
     pub released: u64,
     /// Claims completed with a response from the hook: a retry replays it.
     pub completed: u64,
-    /// Claims the hook left for a later pass.
+    /// Claims the hook left for a later pass ([`Verdict::Keep`], [`Verdict::Failed`]), parked
+    /// ones not counted.
+    ///
+    /// [`Verdict::Keep`]: super::Verdict::Keep
+    /// [`Verdict::Failed`]: super::Verdict::Failed
     pub kept: u64,
+    /// Claims parked by this pass: the hook did not settle them in
+    /// [`RecoveryOptions::max_attempts`] rounds.
+    pub parked: u64,
     /// Age of the oldest claim found.
     pub oldest: Duration,
 }
@@ -106,9 +137,16 @@ impl<DB: Backend, H: RecoveryHook<DB>> Recovery<DB, H> {
     ///
     /// As [`Store::recover_abandoned`].
     pub async fn pass(&self) -> Result<RecoveryReport, crate::Error> {
-        self.store
-            .recover_abandoned(&*self.hook, self.options.limit)
-            .await
+        let report = self
+            .store
+            .recover_abandoned(&*self.hook, &self.options)
+            .await?;
+        // Counts, not this pass's events: an alert on them fires while any claim waits for a
+        // person (or for nobody), and resolves when the last one is dealt with.
+        let counts = self.store.claim_counts().await?;
+        metrics::gauge!("idem_parked_claims").set(counts.parked as f64);
+        metrics::gauge!("idem_claims_past_lease").set(counts.past_lease as f64);
+        Ok(report)
     }
 
     /// Runs a pass now and then every [`RecoveryOptions::interval`] until `shutdown` is
@@ -121,7 +159,7 @@ impl<DB: Backend, H: RecoveryHook<DB>> Recovery<DB, H> {
     pub fn spawn(self, shutdown: CancellationToken) -> TaskHandle {
         // Exported from the start, at zero: an alert on the increase of a series that appears
         // only with its first event (the first recovery, the first takeover) would never fire.
-        for result in ["released", "completed", "kept"] {
+        for result in ["released", "completed", "kept", "parked"] {
             metrics::counter!("idem_recovered_total", "result" => result).increment(0);
         }
         metrics::counter!("idem_takeovers_total").increment(0);
@@ -160,7 +198,9 @@ impl<DB: Backend, H: RecoveryHook<DB>> Work for Recovery<DB, H> {
 const RECOVERY_LEASE: Duration = Duration::from_secs(60);
 
 impl<DB: Backend> Store<DB> {
-    /// Finds claims whose lease ran out and hands each to `hook`, up to `limit` per pass.
+    /// Finds claims whose lease ran out and hands each to `hook`, up to
+    /// [`RecoveryOptions::limit`] per pass; parks a claim the hook did not settle in
+    /// [`RecoveryOptions::max_attempts`] rounds.
     ///
     /// # Errors
     ///
@@ -172,8 +212,9 @@ impl<DB: Backend> Store<DB> {
     pub async fn recover_abandoned<H: RecoveryHook<DB>>(
         &self,
         hook: &H,
-        limit: u32,
+        options: &RecoveryOptions,
     ) -> Result<RecoveryReport, crate::Error> {
+        let limit = options.limit;
         let token = fresh_token();
         let claims = {
             let deadline = self.deadline();
@@ -201,6 +242,7 @@ impl<DB: Backend> Store<DB> {
             fingerprint,
             age,
             steps,
+            attempts,
         } in claims
         {
             report.oldest = report.oldest.max(age);
@@ -236,9 +278,34 @@ impl<DB: Backend> Store<DB> {
                             .increment(1);
                     }
                 }
-                Verdict::Keep => {
-                    report.kept += 1;
-                    metrics::counter!("idem_recovered_total", "result" => "kept").increment(1);
+                verdict @ (Verdict::Keep | Verdict::Failed(_)) => {
+                    let reason = match &verdict {
+                        Verdict::Failed(reason) => Some(reason.as_str()),
+                        _ => None,
+                    };
+                    let park = attempts >= u64::from(options.max_attempts);
+                    let owned = if park || reason.is_some() {
+                        self.unsettled_round(&key, token, reason, park).await?
+                    } else {
+                        true
+                    };
+                    if park && owned {
+                        report.parked += 1;
+                        metrics::counter!("idem_recovered_total", "result" => "parked")
+                            .increment(1);
+                        tracing::error!(
+                            scope = %key.scope,
+                            method = %method,
+                            path = %path,
+                            attempts,
+                            reason = reason.unwrap_or("kept"),
+                            "the recovery gave up on an abandoned claim: parked until an \
+                             operator resumes or abandons it (idem dead)"
+                        );
+                    } else if !park {
+                        report.kept += 1;
+                        metrics::counter!("idem_recovered_total", "result" => "kept").increment(1);
+                    }
                 }
             }
         }
@@ -248,6 +315,7 @@ impl<DB: Backend> Store<DB> {
                 released = report.released,
                 completed = report.completed,
                 kept = report.kept,
+                parked = report.parked,
                 oldest_secs = report.oldest.as_secs(),
                 "recovered abandoned idempotency claims"
             );
