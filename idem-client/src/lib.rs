@@ -7,7 +7,8 @@
 //!   retry of it, never with another request;
 //! - retries on network errors, `409`, `429` and `5xx` only, with exponential backoff and full
 //!   jitter, honouring `Retry-After`, within a number of attempts and a total time budget;
-//! - never a retry of `400`, `401`, `402`, `404`, `422` or any other final answer;
+//! - never a retry of `400`, `401`, `402`, `404`, `422` or any other final answer, nor of
+//!   idem's `500` whose problem type is `claimparked` (a person must act first);
 //! - keys of user actions kept in a [`KeyStore`] until the action has a final answer, across
 //!   restarts of the client.
 //!

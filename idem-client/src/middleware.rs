@@ -173,6 +173,55 @@ fn fingerprint(request: &Request) -> String {
         .collect()
 }
 
+/// The largest problem body [`parked`] reads to tell its type.
+const PROBLEM_PEEK: u64 = 16 * 1024;
+
+/// Whether `outcome` is idem's answer that the key's first request was parked by the
+/// server's recovery (a 500 problem of type `…#claimparked`): final, though a 5xx, since no
+/// retry gets another answer until a person acts. The problem's body is read to tell (when it
+/// declares a length of at most [`PROBLEM_PEEK`] bytes), and the response rebuilt around it:
+/// the caller reads the same status, headers, URL and body.
+async fn parked(
+    outcome: reqwest_middleware::Result<Response>,
+) -> (reqwest_middleware::Result<Response>, bool) {
+    let response = match outcome {
+        Ok(response)
+            if response.status() == reqwest::StatusCode::INTERNAL_SERVER_ERROR
+                && response
+                    .headers()
+                    .get(reqwest::header::CONTENT_TYPE)
+                    .is_some_and(|value| {
+                        value.as_bytes().starts_with(b"application/problem+json")
+                    })
+                && response
+                    .content_length()
+                    .is_some_and(|length| length <= PROBLEM_PEEK) =>
+        {
+            response
+        }
+        other => return (other, false),
+    };
+    let mut builder = http::Response::builder()
+        .status(response.status())
+        .version(response.version());
+    builder = reqwest::ResponseBuilderExt::url(builder, response.url().clone());
+    if let Some(headers) = builder.headers_mut() {
+        *headers = response.headers().clone();
+    }
+    let body = match response.bytes().await {
+        Ok(body) => body,
+        Err(error) => return (Err(error.into()), false),
+    };
+    let is_parked = serde_json::from_slice::<crate::Problem>(&body)
+        .ok()
+        .and_then(|problem| problem.kind)
+        .is_some_and(|kind| kind.ends_with("#claimparked"));
+    match builder.body(body) {
+        Ok(rebuilt) => (Ok(Response::from(rebuilt)), is_parked),
+        Err(error) => (Err(reqwest_middleware::Error::middleware(error)), false),
+    }
+}
+
 /// Whether an attempt's outcome is worth another, and how long the server asked to wait.
 fn assess(outcome: &reqwest_middleware::Result<Response>) -> (bool, Option<Duration>) {
     match outcome {
@@ -230,7 +279,9 @@ impl Middleware for IdempotentRetry {
                 return next.run(request, extensions).await;
             };
             let outcome = next.clone().run(copy, extensions).await;
+            let (outcome, parked) = parked(outcome).await;
             let (again, asked) = assess(&outcome);
+            let again = again && !parked;
             if !again {
                 if outcome.is_ok() && self.forget_on_final {
                     // The answer is the caller's whatever the store does: an action that got

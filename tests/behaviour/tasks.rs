@@ -1,9 +1,16 @@
 //! The background tasks: purge of expired keys and recovery of abandoned claims, on both
 //! backends, with live requests running beside them.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use axum::http::{HeaderMap, Method, StatusCode, header::CONTENT_TYPE};
+use idem_client::{IdempotentRetry, RetryPolicy};
 use idem_key::Fingerprint;
 use idem_runtime::{
     Backend, CancellationToken, IdempotencyContext, ProblemKind,
@@ -50,6 +57,29 @@ impl<DB: Backend> RecoveryHook<DB> for CompleteWith {
             IdempotencyContext::new("t1", "abandoned").derive("transfer")
         );
         Verdict::Complete(self.0.clone())
+    }
+}
+
+/// Counts the attempts a retrying middleware in front of it makes.
+#[derive(Clone, Default)]
+struct CountAttempts(Arc<AtomicUsize>);
+
+impl CountAttempts {
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[tonic::async_trait]
+impl reqwest_middleware::Middleware for CountAttempts {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut axum::http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        next.run(request, extensions).await
     }
 }
 
@@ -125,6 +155,33 @@ backend_tests! {
         assert!(retry.headers.get("retry-after").is_none(), "a person must look first");
         assert_eq!(downstream.executed(), 0, "the handler did not run");
         assert_eq!(app.store().parked().await.expect("list").len(), 1, "still parked");
+
+        // idem's client retries a 500, but not this one: no retry gets another answer.
+        let attempts = CountAttempts::default();
+        let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(IdempotentRetry::new(
+                RetryPolicy::default()
+                    .with_max_attempts(5)
+                    .with_backoff(Duration::from_millis(1), Duration::from_millis(5)),
+            ))
+            .with(attempts.clone())
+            .build();
+        let answer = client
+            .post(format!("http://{}{TRANSFERS}", app.serve().await))
+            .header("authorization", "Bearer t1")
+            .header("content-type", "application/json")
+            .header("idempotency-key", "stuck")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let Err(idem_client::Error::Problem { problem, .. }) = idem_client::check(answer).await
+        else {
+            panic!("the problem reaches the caller whole");
+        };
+        assert_eq!(problem.kind, Some(ProblemKind::ClaimParked.type_uri()));
+        assert_eq!(attempts.count(), 1, "one attempt");
     }
 
     async fn a_hook_that_keeps_a_claim_every_time_gets_it_parked_too(db) {
