@@ -1,5 +1,6 @@
-//! `purge`: how fast the purge task empties a table of expired keys, and how much it slows the
-//! live requests that run beside it.
+//! `purge`: how fast the purge task empties a table of expired keys on a database with nothing
+//! else to do, and, on a table seeded again, how fast beside live requests and how much it
+//! slows them.
 
 use std::{
     sync::{
@@ -9,7 +10,10 @@ use std::{
     time::Duration,
 };
 
-use idem_runtime::{Store, tasks::PurgeOptions};
+use idem_runtime::{
+    Store,
+    tasks::{Pacing, PurgeOptions},
+};
 
 use crate::{
     cpu, db,
@@ -26,9 +30,10 @@ pub struct Args {
     /// Rows per purge statement.
     #[arg(long, default_value_t = 1000)]
     batch: u32,
-    /// Pause between purge statements, in milliseconds.
-    #[arg(long, default_value_t = 10)]
-    pause_ms: u64,
+    /// A fixed pause between purge statements, in milliseconds; without it, the purge's
+    /// default adaptive pacing.
+    #[arg(long)]
+    pause_ms: Option<u64>,
     /// Concurrent live clients.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
@@ -45,9 +50,9 @@ pub async fn run(args: Args) -> Result<(), db::Error> {
     result
 }
 
-async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
-    let pool = &scratch.pool;
-    eprintln!("seeding {} expired keys...", args.rows);
+/// Inserts `rows` expired keys, and has PostgreSQL analyse the table.
+async fn seed(pool: &sqlx::PgPool, rows: i64) -> Result<(), db::Error> {
+    eprintln!("seeding {rows} expired keys...");
     sqlx::query(
         "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, response_status, \
            response_headers, response_body, created_at, expires_at) \
@@ -58,20 +63,59 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
            now() - interval '1 day' + make_interval(secs => g % 3600) \
          FROM generate_series(1, $1) g",
     )
-    .bind(args.rows)
+    .bind(rows)
     .execute(pool)
     .await?;
     sqlx::raw_sql("VACUUM ANALYZE idem_keys")
         .execute(pool)
         .await?;
+    Ok(())
+}
 
+async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
+    let pool = &scratch.pool;
     let store = Store::new(pool.clone());
+    let pacing = args.pause_ms.map_or(Pacing::Adaptive, |ms| {
+        Pacing::Fixed(Duration::from_millis(ms))
+    });
+    let options = PurgeOptions::default()
+        .with_batch_size(args.batch)
+        .with_pacing(pacing);
+
+    // The purge alone: nothing else runs on the database.
+    seed(pool, args.rows).await?;
+    eprintln!("purging alone...");
+    let started = cpu::Sample::now();
+    let report = store.purge_expired(options).await?;
+    let cpu_alone = cpu::Sample::now().since(started);
+    let pacing_name = match pacing {
+        Pacing::Fixed(pause) => format!("{} ms pauses", pause.as_millis()),
+        _ => "adaptive pacing".to_owned(),
+    };
+    println!(
+        "purge of {} expired keys alone, batches of {}, {pacing_name}",
+        args.rows, args.batch
+    );
+    println!(
+        "  cleared in       {:>11.2}s ({:.2}s of pauses)",
+        report.elapsed.as_secs_f64(),
+        report.paused.as_secs_f64()
+    );
+    println!(
+        "  rate             {:>10.0} rows/s",
+        report.rows as f64 / report.elapsed.as_secs_f64()
+    );
+    println!(
+        "  purge CPU        {:>8.1} µs/row of PostgreSQL",
+        cpu_alone.postgres.as_secs_f64() * 1e6 / report.rows.max(1) as f64
+    );
+    println!();
+
+    // Beside live requests, on a table seeded again.
+    seed(pool, args.rows).await?;
     let connections = args.concurrency as u32 + 4;
     let client = load::Client::new(load::serve(scratch.url.clone(), connections).await?);
     let window = Duration::from_secs(args.window_secs);
-    let options = PurgeOptions::default()
-        .with_batch_size(args.batch)
-        .with_pause(Duration::from_millis(args.pause_ms));
 
     eprintln!("warming up...");
     load::run(&client, &Workload::First, args.concurrency, window).await;
@@ -105,18 +149,15 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     }
     let purged = (seeded - expired(pool).await?) as u64;
     println!(
-        "purge of {} expired keys, batches of {}, {} ms pauses, {} live clients, \
-         {} rounds of {} s alone and {} s beside the purge",
-        args.rows,
-        args.batch,
-        args.pause_ms,
-        args.concurrency,
-        round,
-        args.window_secs,
-        args.window_secs
+        "purge of {} expired keys beside live requests, batches of {}, {pacing_name}, {} live \
+         clients, {} rounds of {} s alone and {} s beside the purge",
+        args.rows, args.batch, args.concurrency, round, args.window_secs, args.window_secs
     );
     println!("  rows purged      {purged:>12}");
-    println!("  time purging     {:>11.2}s", purging.as_secs_f64());
+    println!(
+        "  cleared in       {:>11.2}s of windows beside live requests",
+        purging.as_secs_f64()
+    );
     println!(
         "  rate             {:>10.0} rows/s",
         purged as f64 / purging.as_secs_f64()

@@ -444,3 +444,125 @@ async fn purge_passes_over_the_held_row<T>(app: &App, live: T, release: impl Asy
     assert_eq!(app.purge(options).await.rows, 1, "the released row");
     assert_eq!(app.count("idem_keys").await, 0);
 }
+
+/// PostgreSQL: an adaptive purge runs its statements back to back while the database has
+/// nothing else to do, and pauses between them while another session runs a statement.
+#[sqlx::test(migrations = false)]
+async fn an_adaptive_purge_pauses_only_while_another_session_is_at_work(
+    _: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let app = App::new(TestDb::Postgres(Box::new(connect))).await;
+    let Db::Postgres(pool) = &app.db else {
+        unreachable!("a PostgreSQL app")
+    };
+    adaptive_purge_pauses_only_while_busy(&app, async || {
+        let sleeper = tokio::spawn({
+            let pool = pool.clone();
+            async move { sqlx::query("SELECT pg_sleep(600)").execute(&pool).await }
+        });
+        let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND query = 'SELECT pg_sleep(600)' AND datname = current_database()";
+        wait_until(
+            "the other session's statement to be seen running",
+            || async {
+                sqlx::query_scalar::<_, i64>(sleeping)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+                    == 1
+            },
+        )
+        .await;
+        async move {
+            sqlx::query(
+                "SELECT pg_cancel_backend(pid) FROM pg_stat_activity \
+                 WHERE query = 'SELECT pg_sleep(600)' AND datname = current_database()",
+            )
+            .execute(pool)
+            .await
+            .expect("cancel the other session's statement");
+            let cancelled = sleeper.await.expect("the sleeper's task");
+            assert!(cancelled.is_err(), "cancelled, not finished");
+        }
+    })
+    .await;
+}
+
+/// [`an_adaptive_purge_pauses_only_while_another_session_is_at_work`] on MySQL.
+#[tokio::test]
+async fn mysql_an_adaptive_purge_pauses_only_while_another_session_is_at_work() {
+    let database = idem_tests::MySqlDb::create().await;
+    let name = database.name().to_owned();
+    {
+        let app = App::new(TestDb::MySql(Box::new(database))).await;
+        let Db::MySql(pool) = &app.db else {
+            unreachable!("a MySQL app")
+        };
+        adaptive_purge_pauses_only_while_busy(&app, async || {
+            let mut conn = pool.acquire().await.expect("a connection");
+            let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+                .fetch_one(&mut *conn)
+                .await
+                .expect("its id");
+            let sleeper =
+                tokio::spawn(
+                    async move { sqlx::query("SELECT SLEEP(600)").execute(&mut *conn).await },
+                );
+            wait_until(
+                "the other session's statement to be seen running",
+                || async {
+                    sqlx::query_scalar::<_, i64>(
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                     WHERE ID = ? AND COMMAND IN ('Query', 'Execute')",
+                    )
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+                        == 1
+                },
+            )
+            .await;
+            async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL QUERY {id}")))
+                    .execute(pool)
+                    .await
+                    .expect("end the other session's statement");
+                // MySQL's SLEEP ends early with 1; MariaDB's with an error.
+                sleeper.await.expect("the sleeper's task").ok();
+            }
+        })
+        .await;
+    }
+    idem_tests::MySqlDb::drop_named(&name).await;
+}
+
+/// Purges 500 expired keys in batches of 100 with the adaptive pacing on an idle database: no
+/// pause; then 500 more while `busy` keeps another session running a statement (it returns
+/// what ends it): a pause after each full batch.
+async fn adaptive_purge_pauses_only_while_busy<Busy, End>(app: &App, busy: Busy)
+where
+    Busy: AsyncFnOnce() -> End,
+    End: Future<Output = ()>,
+{
+    let options = PurgeOptions::default().with_batch_size(100);
+    app.seed_keys("idle", 500, -3600).await;
+    let idle = app.purge(options).await;
+    assert_eq!((idle.rows, idle.batches), (500, 6), "{idle:?}");
+    assert_eq!(
+        idle.paused,
+        Duration::ZERO,
+        "nothing else at work: {idle:?}"
+    );
+
+    app.seed_keys("busy", 500, -3600).await;
+    let end = busy().await;
+    let beside = app.purge(options).await;
+    end.await;
+    assert_eq!((beside.rows, beside.batches), (500, 6), "{beside:?}");
+    assert!(
+        beside.paused > Duration::ZERO,
+        "another session at work: {beside:?}"
+    );
+}

@@ -227,6 +227,16 @@ pub(crate) trait Storage: SharedStorage + Inspection {
         with_steps: bool,
     ) -> impl Future<Output = Result<Vec<Abandoned>, crate::Error>> + Send + '_;
 
+    /// How many other sessions are running a statement on the database now, as far as the
+    /// database user may see: the signal of an adaptive purge
+    /// ([`Pacing::Adaptive`](crate::tasks::Pacing::Adaptive)). `None` where the database has
+    /// no such list (SQLite).
+    fn others_active(
+        _conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Option<u64>, crate::Error>> + Send + '_ {
+        async { Ok(None) }
+    }
+
     /// Whether `error` says the transaction was aborted by an earlier failed statement.
     fn is_transaction_aborted(error: &crate::Error) -> bool;
 

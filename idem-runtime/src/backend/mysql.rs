@@ -174,6 +174,14 @@ fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
 
+// Connections to this database running a statement, but this one: sleeping connections, the
+// server's own threads (Galera's `system user`, the event scheduler) and replication dumps are
+// not counted.
+const OTHERS_ACTIVE: &str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+     WHERE COMMAND NOT IN ('Sleep', 'Daemon', 'Binlog Dump', 'Binlog Dump GTID') \
+       AND USER NOT IN ('system user', 'event_scheduler') AND ID <> CONNECTION_ID() \
+       AND DB = DATABASE()";
+
 impl Dialect for MySql {
     const COMPLETE: &'static str = COMPLETE;
     const FINISH: &'static str = FINISH;
@@ -621,6 +629,11 @@ impl Storage for MySql {
                 Self::abandoned(row, Duration::from_micros(age.unwrap_or(0).max(0) as u64))
             })
             .collect()
+    }
+
+    async fn others_active(conn: &mut MySqlConnection) -> Result<Option<u64>, crate::Error> {
+        let active: i64 = sqlx::query_scalar(OTHERS_ACTIVE).fetch_one(conn).await?;
+        Ok(Some(active.max(0) as u64))
     }
 
     async fn lost_a_conflict(conn: &mut MySqlConnection) -> Result<bool, crate::Error> {

@@ -94,6 +94,13 @@ const RECLAIM: &str = "WITH lapsed AS ( \
      RETURNING k.scope, k.key, k.method, k.path, k.fingerprint, k.steps, k.recovery_attempts, \
        extract(epoch FROM now() - k.locked_at)::float8 AS age";
 
+// Client sessions on this database running a statement, but this one: autovacuum and the
+// server's other workers are not counted (their backend_type differs), nor idle sessions in or
+// out of a transaction.
+const OTHERS_ACTIVE: &str = "SELECT count(*) FROM pg_stat_activity \
+     WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid() \
+       AND datname = current_database()";
+
 impl Dialect for Postgres {
     const COMPLETE: &'static str = COMPLETE;
     const FINISH: &'static str = FINISH;
@@ -376,6 +383,11 @@ impl Storage for Postgres {
                 Self::abandoned(row, Duration::from_secs_f64(age.max(0.0)))
             })
             .collect()
+    }
+
+    async fn others_active(conn: &mut PgConnection) -> Result<Option<u64>, crate::Error> {
+        let active: i64 = sqlx::query_scalar(OTHERS_ACTIVE).fetch_one(conn).await?;
+        Ok(Some(active.max(0) as u64))
     }
 
     async fn ensure_open(_: &mut PgConnection) -> Result<(), crate::Error> {

@@ -27,11 +27,13 @@ use std::{future::Future, time::Duration};
 pub use idem_task::TaskHandle;
 
 pub use crate::{record::StoredResponse, replay::CaptureError};
+pub use pacing::Pacing;
 pub use purge::{Purge, PurgeOptions, PurgeReport};
 pub use recovery::{Recovery, RecoveryOptions, RecoveryReport};
 
 use crate::{IdempotencyContext, Steps, backend::Backend};
 
+mod pacing;
 mod purge;
 mod recovery;
 

@@ -5,23 +5,24 @@ use std::time::{Duration, Instant};
 use idem_task::{Next, PassContext, Schedule, TaskHandle, Work};
 use tokio_util::sync::CancellationToken;
 
+use super::pacing::{Batch, Pacer, Pacing};
 use crate::{backend::Backend, store::Store};
 
-/// How a purge paces itself: rows per statement, the pause between statements, and how often
+/// How a purge paces itself: rows per statement, the pauses between statements, and how often
 /// a spawned [`Purge`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PurgeOptions {
     batch_size: u32,
-    pause: Duration,
+    pacing: Pacing,
     interval: Duration,
 }
 
 impl Default for PurgeOptions {
-    /// 1000 rows per statement, 10 ms between statements, a pass every 60 s.
+    /// 1000 rows per statement, [`Pacing::Adaptive`], a pass every 60 s.
     fn default() -> Self {
         Self {
             batch_size: 1000,
-            pause: Duration::from_millis(10),
+            pacing: Pacing::Adaptive,
             interval: Duration::from_secs(60),
         }
     }
@@ -35,11 +36,17 @@ impl PurgeOptions {
         self
     }
 
-    /// Sets [`PurgeOptions::pause`].
+    /// Sets [`PurgeOptions::pacing`].
     #[must_use]
-    pub fn with_pause(mut self, pause: Duration) -> Self {
-        self.pause = pause;
+    pub fn with_pacing(mut self, pacing: Pacing) -> Self {
+        self.pacing = pacing;
         self
+    }
+
+    /// A fixed pause between statements: [`Pacing::Fixed`].
+    #[must_use]
+    pub fn with_pause(self, pause: Duration) -> Self {
+        self.with_pacing(Pacing::Fixed(pause))
     }
 
     /// Sets [`PurgeOptions::interval`].
@@ -54,9 +61,10 @@ impl PurgeOptions {
         self.batch_size
     }
 
-    /// Pause between statements, leaving the database to live requests. Default 10 ms.
-    pub fn pause(&self) -> Duration {
-        self.pause
+    /// How the pauses between statements, which leave the database to live requests, are
+    /// chosen. Default [`Pacing::Adaptive`].
+    pub fn pacing(&self) -> Pacing {
+        self.pacing
     }
 
     /// The wait between the end of one pass of a spawned [`Purge`] and the next. Default 60 s.
@@ -74,6 +82,8 @@ pub struct PurgeReport {
     pub batches: u64,
     /// Time the pass took.
     pub elapsed: Duration,
+    /// Of that time, the pauses between statements.
+    pub paused: Duration,
 }
 
 /// The purge of expired keys as a background task: [`Store::purge_expired`] at once, then
@@ -173,12 +183,23 @@ impl<DB: Backend> Store<DB> {
         let batch = i64::from(options.batch_size.max(1));
         let mut report = PurgeReport::default();
         let mut from = None;
+        let mut pacer = Pacer::default();
+        let adaptive = options.pacing == Pacing::Adaptive;
         loop {
-            let purged = {
+            let (purged, took, others_active) = {
                 let deadline = self.deadline();
                 let _permit = self.write_permit(deadline).await?;
                 self.on_connection(deadline, async |conn| {
-                    DB::purge_batch(conn, batch, from).await
+                    let began = Instant::now();
+                    let purged = DB::purge_batch(conn, batch, from).await?;
+                    let took = began.elapsed();
+                    // Sampled only when the pause depends on it, and only if more is to come.
+                    let others = if adaptive && purged.rows == batch as u64 {
+                        DB::others_active(conn).await?
+                    } else {
+                        None
+                    };
+                    Ok::<_, crate::Error>((purged, took, others))
                 })
                 .await?
             };
@@ -191,13 +212,26 @@ impl<DB: Backend> Store<DB> {
                 break;
             }
             // Let live requests through between batches.
-            tokio::time::sleep(options.pause).await;
+            let pause = match options.pacing {
+                Pacing::Fixed(pause) => pause,
+                Pacing::Adaptive => pacer.next(Batch {
+                    took,
+                    rows,
+                    full: true,
+                    others_active,
+                }),
+            };
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+                report.paused += pause;
+            }
         }
         report.elapsed = started.elapsed();
         tracing::info!(
             rows = report.rows,
             batches = report.batches,
             elapsed_ms = report.elapsed.as_millis() as u64,
+            paused_ms = report.paused.as_millis() as u64,
             "purged expired idempotency keys"
         );
         Ok(report)
