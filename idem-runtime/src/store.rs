@@ -290,7 +290,13 @@ impl<DB: Backend> std::fmt::Debug for Store<DB> {
 
 impl<DB: Backend> Store<DB> {
     /// A store over `pool` with default [`StoreOptions`].
+    ///
+    /// Exports `idem_takeovers_total` at zero (with a `metrics` recorder installed before):
+    /// a takeover is counted by the requests, in every process, whether or not it runs the
+    /// recovery, and an alert on the counter's increase would miss the first one of a process
+    /// whose series started at 1.
     pub fn new(pool: Pool<DB>) -> Self {
+        metrics::counter!("idem_takeovers_total").increment(0);
         Self {
             pool,
             options: Arc::new(StoreOptions::default()),
