@@ -6,7 +6,6 @@
 use std::process::{Command, Stdio};
 
 use crate::support::{self, Database, Process, free_addr, wait_until_up};
-use idem_events::rabbitmq::RabbitMq;
 use idem_tests::wait_until;
 use idem_tests::{BrokerKind, TestBroker};
 use reqwest::{Client, StatusCode};
@@ -142,7 +141,7 @@ async fn an_unroutable_event_logs_one_warning_per_outage_not_one_per_message() {
     let service = Service::start(&database, &names, &dir).await;
     // Nothing is bound to the topic once the queue the service declared is gone.
     service.queue_declared().await;
-    delete_queue(&names, "ledger").await;
+    support::delete_queue(&names, "ledger").await;
     for n in 0..PAYMENTS {
         service.pay(n).await;
     }
@@ -160,18 +159,4 @@ async fn an_unroutable_event_logs_one_warning_per_outage_not_one_per_message() {
         .filter(|line| line.contains("WARN") && line.contains("refuses the topic"))
         .count();
     assert_eq!(warnings, 1, "one warning for the outage:\n{log}");
-}
-
-/// Deletes `consumer`'s queue (not the exchange): its topic is then bound to nothing.
-async fn delete_queue(names: &TestBroker, consumer: &str) {
-    let url = idem_tests::broker_url(BrokerKind::RabbitMq);
-    let queue = RabbitMq::new(&url, names.name()).queue(consumer);
-    let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
-        .await
-        .expect("connect to RabbitMQ");
-    let channel = connection.create_channel().await.expect("a channel");
-    channel
-        .queue_delete(queue.as_str().into(), Default::default())
-        .await
-        .expect("delete the queue");
 }

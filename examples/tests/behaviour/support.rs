@@ -274,6 +274,7 @@ pub struct Processor {
     pub url: String,
     pub gate: Arc<tokio::sync::Semaphore>,
     keys: Arc<Mutex<Vec<(String, String)>>>,
+    holding: Arc<AtomicBool>,
 }
 
 impl Processor {
@@ -282,7 +283,8 @@ impl Processor {
         let keys = Arc::new(Mutex::new(Vec::new()));
         let holding = Arc::new(AtomicBool::new(held.is_some()));
         let router = {
-            let (gate, keys) = (Arc::clone(&gate), Arc::clone(&keys));
+            let (gate, keys, holding) =
+                (Arc::clone(&gate), Arc::clone(&keys), Arc::clone(&holding));
             idem_examples::processor::router().layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| {
                     let (gate, keys, holding) =
@@ -315,7 +317,23 @@ impl Processor {
                 .await
                 .expect("serve processor");
         });
-        Self { url, gate, keys }
+        Self {
+            url,
+            gate,
+            keys,
+            holding,
+        }
+    }
+
+    /// Holds the next answer on the `held` path too, as the first one was (until [`gate`] has a
+    /// permit): for a test that kills the service mid-call more than once.
+    ///
+    /// [`gate`]: Self::gate
+    pub fn hold_next(&self) {
+        // A permit given to an answer that was never held to the end (the service died and
+        // the processor dropped the answer with its connection) would let this one through.
+        self.gate.forget_permits(self.gate.available_permits());
+        self.holding.store(true, Ordering::SeqCst);
     }
 
     /// The `Idempotency-Key` of every `POST` to `path`, in order of arrival.
@@ -326,4 +344,18 @@ impl Processor {
             .map(|(_, key)| key.clone())
             .collect()
     }
+}
+
+/// Deletes `consumer`'s queue (not the exchange): its topic is then bound to nothing.
+pub async fn delete_queue(names: &idem_tests::TestBroker, consumer: &str) {
+    let url = idem_tests::broker_url(idem_tests::BrokerKind::RabbitMq);
+    let queue = idem_events::rabbitmq::RabbitMq::new(&url, names.name()).queue(consumer);
+    let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+        .await
+        .expect("connect to RabbitMQ");
+    let channel = connection.create_channel().await.expect("a channel");
+    channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .expect("delete the queue");
 }
