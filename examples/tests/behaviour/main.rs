@@ -6,6 +6,7 @@
 mod service;
 mod support;
 
+mod alerts;
 mod client;
 mod contract;
 mod crash;
