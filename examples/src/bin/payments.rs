@@ -12,9 +12,13 @@
 //! `charge-call`), it aborts right after that step, for crash tests; with `publish`, right
 //! after the broker confirmed the relay's first batch, before it is marked published. `$RECOVERY_EVERY` sets the
 //! seconds between passes of the recovery task (default 10; `0` turns it off, for all but one
-//! of several instances sharing a database), and `$RECOVERY_MAX_ATTEMPTS` the rounds its hook
+//! of several instances sharing a database), `$RECOVERY_MAX_ATTEMPTS` the rounds its hook
 //! gets at one abandoned claim before the claim is parked for a person (default 20; `idem
-//! dead` lists them).
+//! dead` lists them), and `$RECOVERY_HOOK` the hook: `settle` (the default,
+//! [`SettleAbandoned`]: abandoned orders finished or given back, refunds released) or `release`
+//! (idem's own [`ReleaseAbandoned`], which releases claims without recorded steps and leaves
+//! the orders' claims to retries). `$PURGE_EVERY` sets the seconds between passes of the purge
+//! of expired keys (default 60).
 //!
 //! Every succeeded payment enqueues a `payment.succeeded` event in its transaction; the
 //! service relays them to RabbitMQ at `$AMQP_URL`, or with `$EVENTS=redis` to the Redis stream
@@ -51,7 +55,7 @@ use idem_examples::{
 };
 use idem_runtime::{
     CancellationToken, Store,
-    tasks::{Purge, PurgeOptions, Recovery, RecoveryOptions, TaskHandle},
+    tasks::{Purge, PurgeOptions, Recovery, RecoveryOptions, ReleaseAbandoned, TaskHandle},
 };
 use sqlx::{MySql, Pool, Postgres, Sqlite};
 
@@ -61,11 +65,39 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), Error> {
+    // Read before anything runs, so that a setting the service does not know stops it at once.
+    let tasks = Tasks::from_env()?;
     let broker = setup::broker()?;
     match setup::database("payments.db", 32).await? {
-        Database::Postgres(pool) => serve(pool, payments::routes::<Postgres>(), broker).await,
-        Database::Sqlite(pool) => serve(pool, payments::routes::<Sqlite>(), broker).await,
-        Database::MySql(pool) => serve(pool, payments::routes::<MySql>(), broker).await,
+        Database::Postgres(pool) => {
+            serve(pool, payments::routes::<Postgres>(), broker, tasks).await
+        }
+        Database::Sqlite(pool) => serve(pool, payments::routes::<Sqlite>(), broker, tasks).await,
+        Database::MySql(pool) => serve(pool, payments::routes::<MySql>(), broker, tasks).await,
+    }
+}
+
+/// How the background tasks run, from the environment.
+#[derive(Debug, Clone, Copy)]
+struct Tasks {
+    /// `$PURGE_EVERY`.
+    purge_every: Duration,
+    /// `$RECOVERY_EVERY`; `None`: off.
+    recovery_every: Option<Duration>,
+    /// `$RECOVERY_HOOK`.
+    recovery_hook: Hook,
+    /// `$RECOVERY_MAX_ATTEMPTS`.
+    recovery_max_attempts: u32,
+}
+
+impl Tasks {
+    fn from_env() -> Result<Self, Error> {
+        Ok(Self {
+            purge_every: purge_every()?,
+            recovery_every: recovery_every()?,
+            recovery_hook: recovery_hook()?,
+            recovery_max_attempts: recovery_max_attempts()?,
+        })
     }
 }
 
@@ -73,6 +105,7 @@ async fn serve<DB: Sql>(
     pool: Pool<DB>,
     routes: Router<AppState<DB>>,
     broker: Option<Broker>,
+    tasks: Tasks,
 ) -> Result<(), Error> {
     // First, so that what the tasks count from their first pass on is recorded.
     let metrics = telemetry::install()?;
@@ -128,20 +161,32 @@ async fn serve<DB: Sql>(
     // have their stock given back.
     let purge = Purge::new(
         store.clone(),
-        PurgeOptions::default().with_interval(Duration::from_secs(60)),
+        PurgeOptions::default().with_interval(tasks.purge_every),
     )
     .spawn(stop.clone());
     let processor = ProcessorClient::new(processor_url);
     // Where several instances share a database, one running the recovery is enough.
-    let recovery = match recovery_every()? {
-        Some(every) => Recovery::new(
-            store.clone(),
-            SettleAbandoned::new(processor.clone()),
-            RecoveryOptions::default()
+    let recovery = match tasks.recovery_every {
+        Some(every) => {
+            let options = RecoveryOptions::default()
                 .with_interval(every)
-                .with_max_attempts(recovery_max_attempts()?),
-        )
-        .spawn(stop.clone()),
+                .with_max_attempts(tasks.recovery_max_attempts);
+            match tasks.recovery_hook {
+                Hook::Settle => Recovery::new(
+                    store.clone(),
+                    SettleAbandoned::new(processor.clone()),
+                    options,
+                )
+                .spawn(stop.clone()),
+                Hook::Release => {
+                    tracing::info!(
+                        "recovery hook: idem's ReleaseAbandoned (RECOVERY_HOOK=release); \
+                         abandoned orders are left to their retries"
+                    );
+                    Recovery::new(store.clone(), ReleaseAbandoned, options).spawn(stop.clone())
+                }
+            }
+        }
         None => {
             tracing::info!("recovery task off (RECOVERY_EVERY=0)");
             TaskHandle::spawn(&stop, |_| async {})
@@ -229,6 +274,45 @@ fn recovery_max_attempts() -> Result<u32, Error> {
         Ok(attempts) if attempts > 0 => Ok(attempts),
         _ => Err(format!(
             "RECOVERY_MAX_ATTEMPTS must be a whole number of rounds, at least 1, got {value:?}"
+        )
+        .into()),
+    }
+}
+
+/// The recovery's hook, as `$RECOVERY_HOOK` names it.
+#[derive(Debug, Clone, Copy)]
+enum Hook {
+    /// `settle` (the default): [`SettleAbandoned`].
+    Settle,
+    /// `release`: idem's [`ReleaseAbandoned`].
+    Release,
+}
+
+/// `$RECOVERY_HOOK`: `settle` (default) or `release`.
+fn recovery_hook() -> Result<Hook, Error> {
+    let Some(value) = std::env::var_os("RECOVERY_HOOK") else {
+        return Ok(Hook::Settle);
+    };
+    match value.to_str() {
+        Some("settle") => Ok(Hook::Settle),
+        Some("release") => Ok(Hook::Release),
+        _ => Err(format!(
+            "RECOVERY_HOOK must be `settle` (the example's hook, the default) or `release` \
+             (idem's ReleaseAbandoned), got {value:?}"
+        )
+        .into()),
+    }
+}
+
+/// `$PURGE_EVERY`: seconds between passes of the purge (default 60).
+fn purge_every() -> Result<Duration, Error> {
+    let Ok(value) = std::env::var("PURGE_EVERY") else {
+        return Ok(PurgeOptions::default().interval());
+    };
+    match value.parse::<u64>() {
+        Ok(secs) if secs > 0 => Ok(Duration::from_secs(secs)),
+        _ => Err(format!(
+            "PURGE_EVERY must be a whole number of seconds, at least 1, got {value:?}"
         )
         .into()),
     }

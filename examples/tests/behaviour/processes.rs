@@ -1,6 +1,7 @@
 //! Several real `payments` processes on one database, as behind a load balancer: nothing is
 //! shared between them but the database. Duplicates sent to all of them at once make one
-//! payment, and every process replays it.
+//! payment, and every process replays it. Also: a process refuses, at start, a setting of its
+//! background tasks that it does not know.
 
 use crate::support;
 
@@ -184,4 +185,51 @@ async fn one_payment_over_three_processes(database: Database) {
         assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
     }
     assert_eq!(database.count("payments").await, 1);
+}
+
+/// `payments` with `RECOVERY_HOOK` or `PURGE_EVERY` set to what it does not know exits at once,
+/// status 1, naming the variable and what it takes: a typo does not silently run the default.
+#[tokio::test]
+async fn the_service_refuses_at_start_a_recovery_hook_or_purge_interval_it_does_not_know() {
+    for (variable, value, takes) in [
+        ("RECOVERY_HOOK", "Release", "`settle`"),
+        ("RECOVERY_HOOK", "", "`release`"),
+        ("PURGE_EVERY", "0", "at least 1"),
+        ("PURGE_EVERY", "1m", "whole number of seconds"),
+    ] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_payments"))
+            .env_remove("DATABASE_URL")
+            .env("SQLITE_PATH", dir.path().join("payments.db"))
+            .env("EVENTS", "off")
+            .env("ADDR", support::free_addr())
+            .env("GRPC_ADDR", support::free_addr())
+            .env("RUST_LOG", "warn")
+            .env(variable, value)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start payments");
+        // Killed when dropped, should it not exit.
+        let mut child = support::Process(child);
+        let mut status = None;
+        wait_until(
+            &format!("payments to exit with {variable}={value:?}"),
+            || {
+                status = status.or_else(|| child.0.try_wait().expect("the child's status"));
+                std::future::ready(status.is_some())
+            },
+        )
+        .await;
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.0.stderr.take().expect("piped"), &mut stderr)
+            .expect("read stderr");
+        assert_eq!(status.and_then(|s| s.code()), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(variable)
+                && stderr.contains(takes)
+                && stderr.contains(&format!("{value:?}")),
+            "{variable}={value:?}: the refusal names the variable, what it takes and what it got: {stderr}"
+        );
+    }
 }
