@@ -2,9 +2,11 @@
 //! scrapes the example's real services (`payments` and `ledger`, on MariaDB and RabbitMQ) every
 //! second and evaluates the rules; ordinary clients pay and replay throughout. For each alert,
 //! its fault is made to happen for real (the database partitioned away, a client reusing a key,
-//! duplicates racing, the service SIGKILLed mid-refund, the broker away, a topic bound to no
+//! duplicates racing, the service SIGKILLed mid-refund, an order's process aborted mid-way with
+//! the processor away or a hook that leaves it to retries, the broker away, a topic bound to no
 //! queue, a message the ledger cannot read), the test waits until Prometheus lists the alert as
-//! firing, ends the fault, and waits until the alert is gone. Then the same services carry
+//! firing, ends the fault, and waits until the alert is gone over freshly scraped series (not
+//! merely in the gap a restarted service leaves in its series). Then the same services carry
 //! ordinary traffic for as long as the longest fault lasted, and no alert may fire. The times
 //! are printed as a table (`--success-output immediate`, or `--no-capture`, shows it).
 //!
@@ -18,8 +20,9 @@
 //! alert added to the rules without a fault here fails the suite.
 //!
 //! The long test runs in a pass of its own after the suite (`scripts/test`), so that its
-//! times are not another test's load; it takes about three minutes, most of it the alerts'
-//! windows running out.
+//! times are not another test's load; it takes about five and a half minutes, most of it the
+//! alerts' windows running out: `IdemPurgeBehind` alone needs the database away for over a
+//! minute (the copy's hour), and the healthy run then lasts as long.
 
 use crate::support::{self, Database, Process, Processor, refunds_executed, wait_until};
 
@@ -38,9 +41,11 @@ use std::{
 };
 
 use idem_events::{Message, Publisher};
+use idem_runtime::{Store, admin::Unparked};
 use idem_tests::{BrokerKind, DEADLINE, PartitionProxy, TcpProxy, TestBroker};
 use reqwest::{Client, StatusCode, Url};
 use serde_json::{Value, json};
+use sqlx::MySql;
 use tokio::{task::JoinHandle, time::Instant};
 
 /// The rules as shipped.
@@ -62,8 +67,11 @@ const TENANT: &str = "tenant-alerts";
 /// - in expressions, range and subquery durations (`[15m]` → `[15s]`) and `offset`s
 ///   (`offset 15m` → `offset 15s`);
 /// - `for:` durations (`for: 5m` → `for: 5s`);
-/// - a threshold compared with a gauge in seconds, a series whose name ends `_seconds` (an age,
-///   such as the relay's lag: `max(idem_outbox_oldest_waiting_seconds) > 60` → `> 1`).
+/// - a threshold compared with a gauge in seconds, a series whose name ends `_seconds`: an age,
+///   such as the relay's lag (`max(idem_outbox_oldest_waiting_seconds) > 60` → `> 1`), or a
+///   time measured from a timestamp, such as the purge's (`time() -
+///   max(idem_purge_last_success_timestamp_seconds) > 3600` → `> 60`: the hour without a
+///   pass that got through becomes a minute; the timestamp itself, a date, is not scaled).
 ///
 /// Everything else stays as shipped: ratios (`> 0.2`), counts (`> 3`), rates (`> 0.1`, per
 /// second), a latency read from a histogram (`_seconds_bucket`), labels, names and comments.
@@ -387,17 +395,24 @@ fn the_rules_copy_with_short_windows_changes_only_time_windows_and_passes_promto
             }
         }
     }
-    // What the rules hold today: ranges, offsets and `for:`s, and the relay's lag.
+    // What the rules hold today: ranges, offsets and `for:`s, the relay's lag, and the time
+    // since the purge's last pass that got through.
     assert!(
         changed.get("duration").is_some_and(|n| *n >= 10),
         "the durations were shortened: {changed:?}\n{short}"
     );
-    assert_eq!(changed.get("seconds threshold"), Some(&1), "{short}");
+    assert_eq!(changed.get("seconds threshold"), Some(&2), "{short}");
+    let purge_behind = format!(
+        "time() - max(idem_purge_last_success_timestamp_seconds) > {}",
+        PURGE_BEHIND.as_secs()
+    );
     for expected in [
         "for: 5s",
+        "for: 15s",
         "[15s]",
         "offset 15s",
         "max(idem_outbox_oldest_waiting_seconds) > 1",
+        purge_behind.as_str(),
         "> 0.2",
         "> 0.1",
         "> 3",
@@ -447,7 +462,21 @@ struct Fault {
     fix: &'static str,
     cause: Step,
     end: Step,
+    /// How long the alert may take to fire once the fault is caused, and to resolve once it
+    /// is ended: [`DEADLINE`], unless the alert's own threshold is near it.
+    within: Duration,
 }
+
+/// How long the purge may go without a pass that got through before `IdemPurgeBehind` fires,
+/// in the copy of the rules: the shipped hour, [`SCALE`] times shorter (the fast test checks
+/// that the copy says so).
+const PURGE_BEHIND: Duration = Duration::from_secs(3600 / SCALE);
+
+/// The key of the order whose claim the recovery parks (`IdemClaimsParked`).
+const PARKED_ORDER: &str = "order-parked";
+
+/// The key of the order whose claim stays past its lease (`IdemClaimsPastLease`).
+const UNTAKEN_ORDER: &str = "order-past-lease";
 
 /// One row per alert of the rules, run in this order. Each row starts from the services as
 /// [`Stack::start`] leaves them (with ordinary traffic) and, once its fault is ended, leaves
@@ -460,6 +489,7 @@ fn faults() -> Vec<Fault> {
             fix: "the partition healed",
             cause: |stack| Box::pin(async move { stack.partition_database() }),
             end: |stack| Box::pin(async move { stack.heal_database() }),
+            within: DEADLINE,
         },
         Fault {
             alert: "IdemKeysReusedWithAnotherRequest",
@@ -467,6 +497,7 @@ fn faults() -> Vec<Fault> {
             fix: "nothing: that client sends no more",
             cause: |stack| Box::pin(stack.reuse_a_key()),
             end: |_| Box::pin(async { Instant::now() }),
+            within: DEADLINE,
         },
         Fault {
             alert: "IdemConflictsHigh",
@@ -475,6 +506,7 @@ fn faults() -> Vec<Fault> {
             fix: "the duplicates stop",
             cause: |stack| Box::pin(async move { stack.start_duplicates() }),
             end: |stack| Box::pin(stack.stop_duplicates()),
+            within: DEADLINE,
         },
         Fault {
             alert: "IdemClaimsTakenOver",
@@ -483,6 +515,7 @@ fn faults() -> Vec<Fault> {
             fix: "payments started again with its recovery task",
             cause: |stack| Box::pin(stack.take_over_an_abandoned_refund()),
             end: |stack| Box::pin(stack.restart_payments()),
+            within: DEADLINE,
         },
         Fault {
             alert: "IdemAbandonedClaimsRecovered",
@@ -491,6 +524,41 @@ fn faults() -> Vec<Fault> {
             fix: "nothing: the claim is settled",
             cause: |stack| Box::pin(stack.abandon_a_refund_to_the_recovery()),
             end: |_| Box::pin(async { Instant::now() }),
+            within: DEADLINE,
+        },
+        Fault {
+            alert: "IdemClaimsParked",
+            fault: "payments aborted after an order's first step (CRASH_AFTER=reserve), started \
+                    again with RECOVERY_MAX_ATTEMPTS=1 and the processor refusing connections: \
+                    the recovery's hook keeps the order (it cannot ask whether it was charged), \
+                    which is parked",
+            fix: "the processor back, payments started again with its usual settings, and the \
+                  claim resumed (`idem resume`): the recovery gives the order's stock back and \
+                  releases it",
+            cause: |stack| Box::pin(stack.park_an_order()),
+            end: |stack| Box::pin(stack.resume_the_parked_order()),
+            within: DEADLINE,
+        },
+        Fault {
+            alert: "IdemClaimsPastLease",
+            fault: "payments aborted after an order's first step (CRASH_AFTER=reserve), started \
+                    again with idem's ReleaseAbandoned (RECOVERY_HOOK=release), which leaves a \
+                    claim with recorded steps to its retry; none comes",
+            fix: "payments started again with its own hook, which handles claims with steps: \
+                  the recovery gives the order's stock back and releases it",
+            cause: |stack| Box::pin(stack.leave_an_order_past_its_lease()),
+            end: |stack| Box::pin(stack.restart_payments()),
+            within: DEADLINE,
+        },
+        Fault {
+            alert: "IdemPurgeBehind",
+            fault: "the payments service's database link partitioned for longer than the purge \
+                    may fall behind: its passes (every second) fail",
+            fix: "the partition healed: the purge's next pass gets through",
+            cause: |stack| Box::pin(async move { stack.partition_database() }),
+            end: |stack| Box::pin(async move { stack.heal_database() }),
+            // The alert fires only once the threshold has passed since the last pass.
+            within: PURGE_BEHIND + DEADLINE,
         },
         Fault {
             alert: "IdemRelayLagging",
@@ -498,6 +566,7 @@ fn faults() -> Vec<Fault> {
             fix: "the broker takes connections again",
             cause: |stack| Box::pin(async move { stack.broker_away(true) }),
             end: |stack| Box::pin(async move { stack.broker_away(false) }),
+            within: DEADLINE,
         },
         Fault {
             alert: "IdemRelayFailing",
@@ -505,6 +574,7 @@ fn faults() -> Vec<Fault> {
             fix: "the broker takes connections again",
             cause: |stack| Box::pin(async move { stack.broker_away(true) }),
             end: |stack| Box::pin(async move { stack.broker_away(false) }),
+            within: DEADLINE,
         },
         Fault {
             alert: "IdemEventsRefused",
@@ -512,6 +582,7 @@ fn faults() -> Vec<Fault> {
             fix: "the ledger started again (it declares and binds its queue)",
             cause: |stack| Box::pin(stack.unbind_the_ledgers_topic()),
             end: |stack| Box::pin(stack.start_ledger()),
+            within: DEADLINE,
         },
         Fault {
             alert: "IdemMessagesDeadLettered",
@@ -520,6 +591,7 @@ fn faults() -> Vec<Fault> {
             fix: "the dead-letter queue emptied (a person took the message)",
             cause: |stack| Box::pin(stack.publish_a_poison_message()),
             end: |stack| Box::pin(stack.empty_the_dead_letter_queue()),
+            within: DEADLINE,
         },
     ]
 }
@@ -537,8 +609,9 @@ const IN_FLIGHT: usize = 32;
 const DUPLICATES: usize = 10;
 
 /// The payments service and the ledger on one MariaDB database and one RabbitMQ exchange, the
-/// service reaching the database through a [`PartitionProxy`] and the broker through a
-/// [`TcpProxy`]; the card processor in the test process; ordinary clients paying.
+/// service reaching the database through a [`PartitionProxy`], the broker through a
+/// [`TcpProxy`] and the card processor (in the test process) through another; ordinary clients
+/// paying.
 struct Stack {
     client: Client,
     dir: tempfile::TempDir,
@@ -549,6 +622,7 @@ struct Stack {
     broker: TestBroker,
     broker_link: TcpProxy,
     processor: Processor,
+    processor_link: TcpProxy,
     payments: Option<Process>,
     payments_addr: String,
     grpc_addr: String,
@@ -575,6 +649,15 @@ impl Stack {
         .await;
         let broker = TestBroker::new(BrokerKind::RabbitMq).used_by("ledger");
         let broker_link = TcpProxy::start(broker.address()).await;
+        let processor = Processor::start(Some("/v1/refunds")).await;
+        let processor_link = TcpProxy::start(
+            processor
+                .url
+                .strip_prefix("http://")
+                .expect("the processor's URL is http://host:port")
+                .to_owned(),
+        )
+        .await;
         let mut stack = Self {
             client: Client::builder()
                 .timeout(Duration::from_secs(30))
@@ -586,7 +669,8 @@ impl Stack {
             database_link,
             broker,
             broker_link,
-            processor: Processor::start(Some("/v1/refunds")).await,
+            processor,
+            processor_link,
             payments: None,
             payments_addr: support::free_addr(),
             grpc_addr: support::free_addr(),
@@ -622,8 +706,13 @@ impl Stack {
             .expect("a log file")
     }
 
-    /// Starts the payments service on its addresses, with its recovery task every second
-    /// unless `env` says otherwise, and waits until it answers.
+    /// Starts the payments service on its addresses, with its recovery task and its purge
+    /// every second unless `env` says otherwise, and waits until it answers.
+    ///
+    /// The purge runs every second (the service's default is a minute) because the healthy
+    /// run lasts as long as the longest fault, `IdemPurgeBehind`'s, over [`PURGE_BEHIND`]: with
+    /// a pass a minute, the time since the last one would reach the copy's threshold in
+    /// ordinary operation.
     async fn start_payments(&mut self, env: &[(&str, &str)]) -> Instant {
         assert!(self.payments.is_none(), "one payments process at a time");
         let mut database_url = Url::parse(&self.database_url).expect("a database URL");
@@ -644,8 +733,12 @@ impl Stack {
             .env("AMQP_URL", amqp_url.as_str())
             .env("ADDR", &self.payments_addr)
             .env("GRPC_ADDR", &self.grpc_addr)
-            .env("PROCESSOR_URL", &self.processor.url)
+            .env(
+                "PROCESSOR_URL",
+                format!("http://127.0.0.1:{}", self.processor_link.port()),
+            )
             .env("RECOVERY_EVERY", "1")
+            .env("PURGE_EVERY", "1")
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
@@ -875,6 +968,91 @@ impl Stack {
         self.start_payments(&[]).await;
         self.database.lease_ends_in(key, -1).await;
         killed
+    }
+
+    /// `POST /v1/orders` of one unit under `key`.
+    fn order(&self, key: &str) -> impl Future<Output = reqwest::Result<reqwest::Response>> + use<> {
+        self.client
+            .post(format!("{}/v1/orders", self.base()))
+            .bearer_auth(TENANT)
+            .header("Idempotency-Key", key)
+            .json(&json!({"sku": "sku-alerts", "quantity": 1, "customer": "cus_1"}))
+            .send()
+    }
+
+    /// The service started again to abort right after an order's first step
+    /// (`CRASH_AFTER=reserve`), and an order sent under `key`: the process dies leaving the
+    /// order's claim behind, with its stock reserved (a recorded step) and nothing charged. The
+    /// service is down when this returns. Returns the instant the process was reaped.
+    async fn crash_mid_order(&mut self, key: &str) -> Instant {
+        self.kill_payments();
+        self.start_payments(&[("CRASH_AFTER", "reserve")]).await;
+        let answer = self.order(key).await;
+        assert!(answer.is_err(), "the process died mid-order: {answer:?}");
+        let mut crashed = self.payments.take().expect("payments ran");
+        let status = crashed.0.wait().expect("reap payments");
+        let at = Instant::now();
+        assert!(!status.success(), "payments aborted: {status}");
+        assert_eq!(
+            self.database.key_status(key).await,
+            "started",
+            "the crash left the order's claim behind"
+        );
+        at
+    }
+
+    /// The store of the service's database, as an operator's tool (`idem`) opens it.
+    fn store(&self) -> Store<MySql> {
+        let Database::MySql { pool, .. } = &self.database else {
+            panic!("the alerts run on MariaDB")
+        };
+        Store::new(pool.clone())
+    }
+
+    /// An order abandoned mid-way, then the service started again with one round for its
+    /// recovery's hook (`RECOVERY_MAX_ATTEMPTS=1`) and the processor refusing connections;
+    /// the order's lease moved to its end (as its five seconds passing would). The hook cannot
+    /// ask whether the order was charged, keeps it, and the recovery parks it.
+    async fn park_an_order(&mut self) -> Instant {
+        let crashed = self.crash_mid_order(PARKED_ORDER).await;
+        self.processor_link.refuse(true);
+        self.start_payments(&[("RECOVERY_MAX_ATTEMPTS", "1")]).await;
+        self.database.lease_ends_in(PARKED_ORDER, -1).await;
+        crashed
+    }
+
+    /// The processor back, the service started again with its usual settings, and the parked
+    /// order resumed as `idem dead` then `idem resume` would: the recovery's next pass hands it
+    /// to the hook, which finds no charge, gives the stock back and releases the claim.
+    async fn resume_the_parked_order(&mut self) -> Instant {
+        self.processor_link.refuse(false);
+        self.restart_payments().await;
+        let store = self.store();
+        let parked = store.parked().await.expect("the parked claims (idem dead)");
+        let claim = parked
+            .iter()
+            .find(|claim| claim.key == PARKED_ORDER)
+            .unwrap_or_else(|| panic!("{PARKED_ORDER} is parked: {parked:?}"));
+        assert_eq!(
+            store
+                .resume_parked(&claim.scope, &claim.key)
+                .await
+                .expect("resume the parked claim (idem resume)"),
+            Unparked::Done,
+            "the parked order was resumed"
+        );
+        Instant::now()
+    }
+
+    /// An order abandoned mid-way, then the service started again with idem's
+    /// `ReleaseAbandoned` for its recovery's hook (`RECOVERY_HOOK=release`), which leaves a
+    /// claim with recorded steps to its retry; the order's lease moved to its end (as its five
+    /// seconds passing would), and no retry comes.
+    async fn leave_an_order_past_its_lease(&mut self) -> Instant {
+        let crashed = self.crash_mid_order(UNTAKEN_ORDER).await;
+        self.start_payments(&[("RECOVERY_HOOK", "release")]).await;
+        self.database.lease_ends_in(UNTAKEN_ORDER, -1).await;
+        crashed
     }
 
     fn broker_away(&self, away: bool) -> Instant {
@@ -1186,6 +1364,77 @@ impl Prometheus {
             .collect()
     }
 
+    /// What `expr` evaluates to now, as `labels value` lines; `None` when Prometheus did not
+    /// answer.
+    async fn evaluate(&self, expr: &str) -> Option<Vec<String>> {
+        let url = Url::parse_with_params(&format!("{}/api/v1/query", self.url), [("query", expr)])
+            .expect("a query URL");
+        let answer = self.client.get(url).send().await.ok()?;
+        let body: Value = answer.json().await.ok()?;
+        (body["status"] == "success").then(|| {
+            body["data"]["result"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|sample| format!("{} {}", sample["metric"], sample["value"][1]))
+                .collect()
+        })
+    }
+
+    /// Waits until `alert` is resolved on live series: not listed, its expression evaluating
+    /// to nothing, and a series of every metric it reads scraped. A fix that restarts a
+    /// service drops that service's series until its first scrape, and an alert on them ends
+    /// meanwhile: that is not the fault ending, and this goes on waiting until the new
+    /// process's series say so. Polls until `limit` is past; every alert seen firing meanwhile
+    /// is added to `firing`. Returns when it held, or what was last seen.
+    async fn until_resolved(
+        &self,
+        alert: &str,
+        limit: Duration,
+        firing: &mut BTreeSet<String>,
+    ) -> Result<Instant, String> {
+        let query = self.rule(alert).await["query"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let metrics = series_read(&query);
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let at = self
+                .until(left, firing, |alerts| {
+                    !alerts.iter().any(|active| active.name == alert)
+                })
+                .await
+                .map_err(|last| format!("alerts listed: {last}"))?;
+            let mut missing = Vec::new();
+            for metric in &metrics {
+                if self.series(metric).await.is_empty() {
+                    missing.push(metric.clone());
+                }
+            }
+            let seen = if missing.is_empty() {
+                match self.evaluate(&query).await {
+                    Some(value) if value.is_empty() => return Ok(at),
+                    Some(value) => {
+                        format!("{alert} not listed, but its expression gives {value:?}")
+                    }
+                    None => "Prometheus did not answer the rule's expression".to_owned(),
+                }
+            } else {
+                format!(
+                    "{alert} not listed, but no series of {missing:?} is scraped (a service \
+                     restarted and not scraped yet, or stopped)"
+                )
+            };
+            if Instant::now() >= deadline {
+                return Err(seen);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until `condition` holds for the alerts listed, polling them until `limit` is
     /// past; every alert seen firing meanwhile is added to `firing`. Returns when it held, or
     /// the alerts last listed.
@@ -1301,7 +1550,8 @@ struct Measured {
     also: BTreeSet<String>,
 }
 
-/// Causes `fault`, waits until its alert fires, ends the fault, waits until the alert is gone.
+/// Causes `fault`, waits until its alert fires, ends the fault, waits until the alert is gone
+/// on live series ([`Prometheus::until_resolved`]).
 async fn prove(stack: &mut Stack, prometheus: &Prometheus, fault: &Fault) -> Measured {
     let alert = fault.alert;
     prometheus
@@ -1310,8 +1560,9 @@ async fn prove(stack: &mut Stack, prometheus: &Prometheus, fault: &Fault) -> Mea
     prometheus.until_scraped(alert).await;
     let mut fired = BTreeSet::new();
     let began = (fault.cause)(stack).await;
+    let within = fault.within;
     let firing = prometheus
-        .until(DEADLINE, &mut fired, |alerts| {
+        .until(within, &mut fired, |alerts| {
             alerts
                 .iter()
                 .any(|active| active.name == alert && active.state == "firing")
@@ -1320,23 +1571,18 @@ async fn prove(stack: &mut Stack, prometheus: &Prometheus, fault: &Fault) -> Mea
     let fired_at = match firing {
         Ok(at) => at,
         Err(last) => panic!(
-            "waited {DEADLINE:?} for {alert} to fire after its fault: {}; alerts listed: \
+            "waited {within:?} for {alert} to fire after its fault: {}; alerts listed: \
              {last}\n{}",
             fault.fault,
             prometheus.explain(alert).await
         ),
     };
     let fixed = (fault.end)(stack).await;
-    let gone = prometheus
-        .until(DEADLINE, &mut fired, |alerts| {
-            !alerts.iter().any(|active| active.name == alert)
-        })
-        .await;
+    let gone = prometheus.until_resolved(alert, within, &mut fired).await;
     let resolved_at = match gone {
         Ok(at) => at,
         Err(last) => panic!(
-            "waited {DEADLINE:?} for {alert} to resolve after its fault ended: {}; alerts \
-             listed: {last}\n{}",
+            "waited {within:?} for {alert} to resolve after its fault ended: {}; {last}\n{}",
             fault.fix,
             prometheus.explain(alert).await
         ),
