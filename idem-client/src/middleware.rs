@@ -177,10 +177,12 @@ fn fingerprint(request: &Request) -> String {
 const PROBLEM_PEEK: u64 = 16 * 1024;
 
 /// Whether `outcome` is idem's answer that the key's first request was parked by the
-/// server's recovery (a 500 problem of type `…#claimparked`): final, though a 5xx, since no
+/// server's recovery (a 500 problem whose type ends in `#claimparked` or `/claimparked`,
+/// whatever base the server gives its types): final, though a 5xx, since no
 /// retry gets another answer until a person acts. The problem's body is read to tell (when it
 /// declares a length of at most [`PROBLEM_PEEK`] bytes), and the response rebuilt around it:
-/// the caller reads the same status, headers, URL and body.
+/// the caller reads the same status, headers, URL and body (not the connection's extensions,
+/// such as its remote address).
 async fn parked(
     outcome: reqwest_middleware::Result<Response>,
 ) -> (reqwest_middleware::Result<Response>, bool) {
@@ -215,7 +217,7 @@ async fn parked(
     let is_parked = serde_json::from_slice::<crate::Problem>(&body)
         .ok()
         .and_then(|problem| problem.kind)
-        .is_some_and(|kind| kind.ends_with("#claimparked"));
+        .is_some_and(|kind| kind.rsplit(['#', '/']).next() == Some("claimparked"));
     match builder.body(body) {
         Ok(rebuilt) => (Ok(Response::from(rebuilt)), is_parked),
         Err(error) => (Err(reqwest_middleware::Error::middleware(error)), false),
@@ -280,8 +282,12 @@ impl Middleware for IdempotentRetry {
             };
             let outcome = next.clone().run(copy, extensions).await;
             let (outcome, parked) = parked(outcome).await;
+            if parked {
+                // Not the action's answer: its key is kept, so that a later run of the action
+                // gets the outcome once a person has resumed or abandoned the claim.
+                return outcome;
+            }
             let (again, asked) = assess(&outcome);
-            let again = again && !parked;
             if !again {
                 if outcome.is_ok() && self.forget_on_final {
                     // The answer is the caller's whatever the store does: an action that got

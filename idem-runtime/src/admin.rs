@@ -175,8 +175,8 @@ impl<DB: Backend> Store<DB> {
 
     /// Hands the parked claim of `key` in `scope` back to the recovery, its count of rounds
     /// reset: the next pass gives it to the hook again (whose lease ends now; a claim parked
-    /// past its key's retention is kept at least an hour more). Refuses a key that is not
-    /// parked.
+    /// past its key's retention is kept at least an hour more). Retries are still refused
+    /// (`claimparked`) until the hook settles it. Refuses a key that is not parked.
     ///
     /// # Errors
     ///

@@ -17,7 +17,9 @@ use crate::admin::{KeyInfo, ParkedClaim, Released, Stats, Unparked};
 const IN_FLIGHT: &str = "status = 'started' AND lease_until IS NOT NULL";
 
 /// Claims the recovery gave up on: `started` rows without a lease, with `parked_at` (the
-/// recovery's index of started claims by lease end finds them).
+/// recovery's index of started claims by lease end finds them). A resumed claim keeps
+/// `parked_at`, so that retries are still answered that a person looks at it, and gets a lease
+/// again: the recovery's to take, no longer parked.
 const PARKED: &str = "status = 'started' AND lease_until IS NULL AND parked_at IS NOT NULL";
 
 /// What [`crate::admin`] runs on a database: implemented once, below, for every database with
@@ -281,10 +283,11 @@ trait Unparking: Dialect {
 
     /// Hands the parked claim back to the recovery: its count of rounds reset, its lease ended
     /// now (the next pass takes it), and an expiry at least an hour away, so that a claim
-    /// parked past its key's retention is not purged before the pass.
+    /// parked past its key's retention is not purged before the pass. `parked_at` stays: a
+    /// retry meanwhile is still refused, not let take the claim over as a lapsed one.
     fn resume_sql() -> String {
         format!(
-            "UPDATE idem_keys SET parked_at = NULL, recovery_attempts = 0, lease_until = {now}, \
+            "UPDATE idem_keys SET recovery_attempts = 0, lease_until = {now}, \
                expires_at = CASE WHEN expires_at < {hour} THEN {hour} ELSE expires_at END \
              WHERE {this_key} AND {PARKED}",
             now = Self::NOW,

@@ -142,10 +142,11 @@ pub(crate) trait Storage: SharedStorage + Inspection {
     ///
     /// When the key is not acquired, the transaction has been dropped: every answer has been
     /// read and its `ROLLBACK` is queued on the connection, sent as it goes back to the pool
-    /// (sqlx's test of a returned connection), so that a replay does not wait for it; the
-    /// transaction holds nothing another claim waits on (PostgreSQL takes no lock then, MySQL a
-    /// shared one on the duplicate row). SQLite, whose `BEGIN IMMEDIATE` took the database's
-    /// write lock, rolls back before returning: every other writer would wait on that lock.
+    /// (sqlx's test of a returned connection), so that a replay does not wait for it. Until
+    /// then it may hold the key's advisory lock (PostgreSQL) or a shared lock on its row
+    /// (MySQL), which another claim of the key answers 409 for that instant. SQLite, whose
+    /// `BEGIN IMMEDIATE` took the database's write lock, rolls back before returning: every
+    /// other writer would wait on that lock.
     ///
     /// `undo_point`: the handler's 5xx outcomes are stored, so its writes may be undone
     /// ([`undo_handler`](Storage::undo_handler)). A database that can take the point they are

@@ -78,7 +78,7 @@ const COMPLETE: &str = "UPDATE idem_keys SET method = ?, path = ?, fingerprint =
 const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = ?, \
        response_headers = ?, response_body = ?, \
        expires_at = COALESCE(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at), \
-       locked_at = NULL, lease_until = NULL, claim_token = NULL \
+       locked_at = NULL, lease_until = NULL, claim_token = NULL, parked_at = NULL \
      WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
 
 // A claim given up with its recorded steps kept: its lease ends now.
@@ -597,9 +597,8 @@ impl Storage for MySql {
             .await?;
         let keys = keys_of(&rows)?;
         if keys.is_empty() {
-            // Ended now: under REPEATABLE READ the scan locked the rows it passed over (claims
-            // with steps when those are left out), and a dropped transaction is rolled back
-            // only when its connection is next used.
+            // Ended now rather than when the connection is next used (sqlx's rollback of a
+            // dropped transaction), so that it holds nothing past the pass.
             tx.commit().await?;
             return Ok(Vec::new());
         }

@@ -27,13 +27,16 @@ const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 // would refuse the handler's first write; the claim refuses first.
 const CLAIM: &str = "SELECT current_setting('idem.claim', true) = $3 AS held, \
      current_setting('transaction_read_only') = 'on' AS read_only, \
-     k.status, k.method, k.path, k.fingerprint, k.response_status, k.response_headers, \
-     k.response_body, k.expires_at > now() AS live \
+     CASE WHEN k.status = 'started' AND k.parked_at IS NOT NULL THEN 'parked' ELSE k.status END \
+       AS status, k.method, k.path, k.fingerprint, k.response_status, k.response_headers, \
+     k.response_body, \
+     (k.expires_at > now() OR (k.status = 'started' AND k.parked_at IS NOT NULL)) AS live \
      FROM (SELECT 1) AS claim LEFT JOIN idem_keys k ON k.scope = $1 AND k.key = $2";
 
-// An expired row of a key this transaction holds, out of the completion's way.
-const DELETE_EXPIRED: &str =
-    "DELETE FROM idem_keys WHERE scope = $1 AND key = $2 AND expires_at <= now()";
+// An expired row of a key this transaction holds, out of the completion's way (never a parked
+// claim: an operator's, whatever its expiry).
+const DELETE_EXPIRED: &str = "DELETE FROM idem_keys \
+     WHERE scope = $1 AND key = $2 AND expires_at <= now() AND parked_at IS NULL";
 
 // The transaction's mark before a rollback (see `undo_handler`).
 const MARK: &str = "SELECT current_setting('idem.claim', true) AS mark";
@@ -60,7 +63,7 @@ const LAPSE: &str = "UPDATE idem_keys SET lease_until = now() \
 
 const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
      response_headers = $2, response_body = $3, locked_at = NULL, lease_until = NULL, \
-     claim_token = NULL, \
+     claim_token = NULL, parked_at = NULL, \
      expires_at = COALESCE(now() + make_interval(secs => $4::float8), expires_at) \
      WHERE scope = $5 AND key = $6 AND status = 'started' AND claim_token = $7";
 

@@ -58,7 +58,7 @@ const LAPSE: &str = "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec')
 
 const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
      response_headers = $2, response_body = $3, locked_at = NULL, lease_until = NULL, \
-     claim_token = NULL, \
+     claim_token = NULL, parked_at = NULL, \
      expires_at = COALESCE(CAST(unixepoch('subsec') * 1000 AS INTEGER) + $4, expires_at) \
      WHERE scope = $5 AND key = $6 AND status = 'started' AND claim_token = $7";
 

@@ -78,7 +78,7 @@ impl Pacer {
         };
         self.pause = if busy {
             let share = (1.0 - Pacing::BUSY_SHARE) / Pacing::BUSY_SHARE;
-            batch.took.mul_f64(share).max(self.pause).min(MAX_PAUSE)
+            batch.took.mul_f64(share).min(MAX_PAUSE)
         } else {
             // Back to full speed in a few calm statements, not at once: a lull between two
             // bursts of requests is not an idle database.
@@ -119,9 +119,9 @@ mod tests {
         let mut pacer = Pacer::default();
         pacer.next(batch(10, Some(0)));
         assert_eq!(pacer.next(batch(10, Some(3))), Duration::from_millis(190));
-        // The pause does not shrink while the database stays busy.
-        assert_eq!(pacer.next(batch(5, Some(1))), Duration::from_millis(190));
+        // Each pause follows its own statement: one slow statement does not slow the rest.
         assert_eq!(pacer.next(batch(500, Some(1))), MAX_PAUSE);
+        assert_eq!(pacer.next(batch(5, Some(1))), Duration::from_millis(95));
     }
 
     #[test]
