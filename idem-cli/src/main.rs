@@ -167,6 +167,14 @@ async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Er
                 eprintln!("idem: no key {key:?} in scope {scope:?}");
                 return Ok(ExitCode::FAILURE);
             }
+            Released::Parked => {
+                eprintln!(
+                    "idem: key {key:?} in scope {scope:?} is parked: the recovery gave up on it, \
+                     and whether its work happened is for a person to find out; `idem abandon` \
+                     lets the next retry run it, `idem resume` hands it back to the recovery"
+                );
+                return Ok(ExitCode::FAILURE);
+            }
             Released::Busy => {
                 eprintln!(
                     "idem: key {key:?} in scope {scope:?} is being written by another \

@@ -211,6 +211,18 @@ where
         assert_eq!(missing.status.code(), Some(1), "{verb}");
     }
     assert_eq!(count(Some("done")).await, 1);
+    let refused = idem(url, &["release", "--scope", "t1", "--key", "dead"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("is parked"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(
+        count(Some("dead")).await,
+        1,
+        "a parked claim is abandon's, not release's"
+    );
     let resumed = idem(url, &["resume", "--scope", "t1", "--key", "dead2"]);
     assert!(resumed.status.success(), "{}", text(&resumed.stderr));
     let abandoned = idem(url, &["abandon", "--scope", "t1", "--key", "dead"]);

@@ -112,6 +112,9 @@ pub enum Released {
     Done,
     /// The key has a stored response, which retries replay: not released.
     Completed,
+    /// The claim was parked by the recovery: not released here; [`Store::abandon_parked`]
+    /// is the operator's way to let it go (or [`Store::resume_parked`]).
+    Parked,
     /// No such key.
     Missing,
     /// Another transaction is writing the key's row this instant (a completion, a renewal, a
@@ -155,7 +158,7 @@ impl<DB: Backend> Store<DB> {
     }
 
     /// Deletes the claim in flight of `key` in `scope`, so that the next retry runs the handler
-    /// again; never a completed key, nor a row another transaction is writing.
+    /// again; never a completed key, a parked claim, nor a row another transaction is writing.
     ///
     /// # Errors
     ///

@@ -150,7 +150,7 @@ pub(super) trait Dialect: sqlx::Database {
     /// Where a claim being written by another transaction at this instant must not be waited
     /// for by an operator's release (MySQL, whose transactional claims are uncommitted rows):
     /// a statement that locks the key's row without waiting and reads its `status` (`$1`
-    /// scope, `$2` key), skipping a row another transaction holds. `None` where a row an
+    /// scope, `$2` key; `parked` for a parked claim), skipping a row another transaction holds. `None` where a row an
     /// operator can see is never held for long (PostgreSQL, SQLite): the release deletes
     /// directly.
     const LOCK_UNHELD_ROW: Option<&'static str> = None;

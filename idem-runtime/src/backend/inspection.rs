@@ -188,8 +188,9 @@ where
         scope: &str,
         key: &str,
     ) -> Result<Released, crate::Error> {
+        // Never a parked claim: `abandon` is the operator's verb for it.
         let delete = format!(
-            "DELETE FROM idem_keys WHERE {} AND status = 'started'",
+            "DELETE FROM idem_keys WHERE {} AND status = 'started' AND NOT ({PARKED})",
             this_key::<DB>()
         );
         let mut conn = pool.acquire().await?;
@@ -203,6 +204,18 @@ where
             .await?;
         if DB::rows_affected(&deleted) == 1 {
             return Ok(Released::Done);
+        }
+        let parked = format!(
+            "SELECT 1 FROM idem_keys WHERE {} AND {PARKED}",
+            this_key::<DB>()
+        );
+        let parked = sqlx::query(sqlx::AssertSqlSafe(parked))
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if parked.is_some() {
+            return Ok(Released::Parked);
         }
         Ok(match exists::<DB>(&mut conn, scope, key).await? {
             true => Released::Completed,
@@ -406,6 +419,7 @@ where
                 .await?;
             Released::Done
         }
+        Some("parked") => Released::Parked,
         Some(_) => Released::Completed,
         // Not there, or held by a transaction: a plain read tells which (an uncommitted claim
         // is invisible to it, as on the other databases).

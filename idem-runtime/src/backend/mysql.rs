@@ -219,8 +219,11 @@ impl Dialect for MySql {
     /// A key a transaction holds (a transactional claim's uncommitted row, or a row being
     /// completed or renewed) is skipped rather than waited for, so that a release neither
     /// blocks on it nor deletes what a handler is writing.
-    const LOCK_UNHELD_ROW: Option<&'static str> =
-        Some("SELECT status FROM idem_keys WHERE scope = ? AND `key` = ? FOR UPDATE SKIP LOCKED");
+    const LOCK_UNHELD_ROW: Option<&'static str> = Some(
+        "SELECT IF(status = 'started' AND lease_until IS NULL AND parked_at IS NOT NULL, \
+           'parked', status) AS status \
+         FROM idem_keys WHERE scope = ? AND `key` = ? FOR UPDATE SKIP LOCKED",
+    );
 
     /// HTTP statuses are held in a `SMALLINT`.
     type Status = i16;
