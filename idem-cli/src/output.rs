@@ -5,6 +5,14 @@ use serde_json::json;
 
 use idem_runtime::admin::{KeyInfo as Key, ParkedClaim, Stats};
 
+/// Prints `value` as indented JSON, for scripts.
+fn print_json<T: serde::Serialize + ?Sized>(value: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
 fn ago(ms: Option<i64>) -> String {
     ms.map_or_else(String::new, |ms| {
         humantime::format_duration(std::time::Duration::from_millis(ms.unsigned_abs())).to_string()
@@ -35,10 +43,7 @@ fn recovery_point(steps: Option<&str>) -> String {
 
 pub fn stats(stats: &Stats, json: bool) {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(stats).unwrap_or_default()
-        );
+        print_json(stats);
         return;
     }
     let mut table = Table::new();
@@ -69,10 +74,7 @@ pub fn key(key: &Key, json: bool) {
         if let Some(body) = body {
             value["response_body"] = json!(body);
         }
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
+        print_json(&value);
         return;
     }
     let mut table = Table::new();
@@ -104,7 +106,7 @@ pub fn key(key: &Key, json: bool) {
 
 pub fn keys(keys: &[Key], json: bool) {
     if json {
-        println!("{}", serde_json::to_string_pretty(keys).unwrap_or_default());
+        print_json(keys);
         return;
     }
     let mut table = Table::new();
@@ -131,10 +133,7 @@ pub fn keys(keys: &[Key], json: bool) {
 
 pub fn parked(claims: &[ParkedClaim], json: bool) {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(claims).unwrap_or_default()
-        );
+        print_json(claims);
         return;
     }
     let mut table = Table::new();
