@@ -10,7 +10,7 @@ use std::{
 };
 
 use axum::http::{HeaderMap, Method, StatusCode, header::CONTENT_TYPE};
-use idem_client::{IdempotentRetry, RetryPolicy};
+use idem_client::{Action, IdempotentRetry, KeyStore, KeyStoreError, RetryPolicy, StoredKey};
 use idem_key::Fingerprint;
 use idem_runtime::{
     Backend, CancellationToken, IdempotencyContext, ProblemKind,
@@ -80,6 +80,58 @@ impl reqwest_middleware::Middleware for CountAttempts {
     ) -> reqwest_middleware::Result<reqwest::Response> {
         self.0.fetch_add(1, Ordering::SeqCst);
         next.run(request, extensions).await
+    }
+}
+
+/// A client's key store that gives its action a key the test chose (the key of a claim the
+/// test made), and shows what it keeps.
+#[derive(Clone)]
+struct ChosenKey {
+    key: &'static str,
+    kept: Arc<std::sync::Mutex<Option<StoredKey>>>,
+}
+
+impl ChosenKey {
+    fn new(key: &'static str) -> Self {
+        Self {
+            key,
+            kept: Arc::default(),
+        }
+    }
+
+    fn kept(&self) -> Option<String> {
+        self.kept
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|kept| kept.key.clone())
+    }
+}
+
+impl KeyStore for ChosenKey {
+    fn load(&self, _: &str) -> Result<Option<StoredKey>, KeyStoreError> {
+        Ok(self.kept.lock().unwrap().clone())
+    }
+
+    fn save(&self, _: &str, key: &StoredKey) -> Result<(), KeyStoreError> {
+        *self.kept.lock().unwrap() = Some(key.clone());
+        Ok(())
+    }
+
+    /// The kept key, or the chosen one for the candidate's request.
+    fn load_or_save(&self, _: &str, candidate: &StoredKey) -> Result<StoredKey, KeyStoreError> {
+        let mut kept = self.kept.lock().unwrap();
+        Ok(kept
+            .get_or_insert_with(|| StoredKey {
+                key: self.key.to_owned(),
+                fingerprint: candidate.fingerprint.clone(),
+            })
+            .clone())
+    }
+
+    fn remove(&self, _: &str) -> Result<(), KeyStoreError> {
+        *self.kept.lock().unwrap() = None;
+        Ok(())
     }
 }
 
@@ -260,6 +312,52 @@ backend_tests! {
         assert_eq!(retry.status, StatusCode::CREATED);
         assert!(!retry.replayed());
         assert_eq!(downstream.executed(), 1);
+    }
+
+    async fn an_action_answered_parked_keeps_its_key_and_runs_once_abandoned(db) {
+        let downstream = Downstream::start().await;
+        let app = App::with_downstream(db, &downstream.url).await;
+        let entry = app.send(post("e1").build()).await.json()["id"].as_i64().unwrap();
+        let body = transfer_body(entry);
+        app.abandoned_claim("t1", "stuck", TRANSFERS, &transfer_fingerprint(&body)).await;
+        recover_until_parked(&app, &FailEveryTime, "stuck", 1).await;
+
+        let keys = ChosenKey::new("stuck");
+        let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(
+                IdempotentRetry::new(
+                    RetryPolicy::default()
+                        .with_max_attempts(5)
+                        .with_backoff(Duration::from_millis(1), Duration::from_millis(5)),
+                )
+                .with_store(keys.clone()),
+            )
+            .build();
+        let url = format!("http://{}{TRANSFERS}", app.serve().await);
+        let transfer = || {
+            client
+                .post(&url)
+                .header("authorization", "Bearer t1")
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .with_extension(Action("transfer".into()))
+                .send()
+        };
+        let parked = transfer().await.expect("an answer");
+        assert_eq!(parked.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(keys.kept().as_deref(), Some("stuck"), "not the action's answer: its key is kept");
+        assert_eq!(downstream.executed(), 0);
+
+        // A person abandons the claim: the action's next run sends the kept key, and runs.
+        assert_eq!(app.store().abandon_parked("t1", "stuck").await.unwrap(), Unparked::Done);
+        let answer = transfer().await.expect("an answer");
+        assert_eq!(answer.status(), StatusCode::CREATED);
+        assert_eq!(keys.kept(), None, "the action has its answer: its key is forgotten");
+        assert_eq!(downstream.executed(), 1);
+        let replay = app
+            .send(Req::post(TRANSFERS).tenant("t1").key("stuck").json(&body).build())
+            .await;
+        assert!(replay.replayed(), "the run was the kept key's: {}", replay.status);
     }
 
     async fn purge_deletes_exactly_the_expired_rows_in_batches_while_requests_go_on(db) {
