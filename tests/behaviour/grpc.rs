@@ -1,17 +1,26 @@
-//! `#[idempotent]` tonic methods in external mode and in steps, over real gRPC (a tonic server on
-//! a loopback socket), on PostgreSQL, SQLite and MySQL: a side effect made once, a call in
-//! flight answered `ABORTED`, a retry that resumes after its last recorded step, and the keys as
-//! the `idem` command's queries see them. (The transactional mode is tested on the example's
-//! service, in its own process: `examples/tests/behaviour/grpc.rs`.)
+//! `#[idempotent]` tonic methods over real gRPC (a tonic server on a loopback socket), on
+//! PostgreSQL, SQLite and MySQL: in external mode and in steps, a side effect made once, a call
+//! in flight answered `ABORTED`, a retry that resumes after its last recorded step; a method's
+//! own status stored or not by its code and `replay_5xx`; a store that cannot be reached; and a
+//! gRPC key as the background tasks and the `idem` command's queries see it (purged, released by
+//! the recovery, parked and abandoned). (The example's transactional service is tested in its
+//! own process: `examples/tests/behaviour/grpc.rs`.)
 
 use std::sync::{
     Arc,
     atomic::{AtomicU64, Ordering},
 };
 
-use idem_runtime::{Backend, IdempotencyContext, Steps, Store, idempotent};
-use idem_tests::{TestDb, wait_until};
-use sqlx::{MySql, Postgres, Sqlite};
+use idem_runtime::{
+    Backend, IdempotencyContext, Steps, Store,
+    admin::Unparked,
+    idempotent,
+    tasks::{
+        AbandonedClaim, PurgeOptions, RecoveryHook, RecoveryOptions, ReleaseAbandoned, Verdict,
+    },
+};
+use idem_tests::{App, Db, wait_until};
+use sqlx::{MySql, Postgres, Sqlite, Transaction};
 use tonic::{Code, Request, Response, Status, transport::Channel};
 
 /// The code tonic-prost-build generated from `proto/idem/test/v1/jobs.proto`.
@@ -36,6 +45,8 @@ struct Counters {
     shipped: AtomicU64,
     /// Attempts at `Ship`.
     ship_attempts: AtomicU64,
+    /// Runs of `Answer` and `AnswerKept`.
+    answered: AtomicU64,
 }
 
 struct JobsApi<DB: Backend> {
@@ -103,6 +114,41 @@ impl<DB: Backend> Jobs for JobsApi<DB> {
             calls: reserved * 100 + shipped,
         }))
     }
+
+    #[idempotent(global)]
+    async fn answer(
+        &self,
+        tx: &mut Transaction<'_, DB>,
+        request: Request<Job>,
+    ) -> Result<Response<Receipt>, Status> {
+        answer_with_its_code(&self.counters, tx, request.into_inner())
+    }
+
+    #[idempotent(global, replay_5xx = true)]
+    async fn answer_kept(
+        &self,
+        tx: &mut Transaction<'_, DB>,
+        request: Request<Job>,
+    ) -> Result<Response<Receipt>, Status> {
+        answer_with_its_code(&self.counters, tx, request.into_inner())
+    }
+}
+
+/// `Answer`'s body: counts the run, and answers the status of the job's code (a receipt for
+/// `OK`).
+fn answer_with_its_code<DB: Backend>(
+    counters: &Counters,
+    _: &mut Transaction<'_, DB>,
+    job: Job,
+) -> Result<Response<Receipt>, Status> {
+    let calls = counters.answered.fetch_add(1, Ordering::SeqCst) + 1;
+    match Code::from_i32(job.code) {
+        Code::Ok => Ok(Response::new(Receipt {
+            name: job.name,
+            calls,
+        })),
+        code => Err(Status::new(code, format!("run {calls}"))),
+    }
 }
 
 /// The service on `store`, served on a loopback port, and a client of it.
@@ -151,10 +197,30 @@ async fn serve<DB: Backend>(store: Store<DB>) -> Served {
 }
 
 fn job(name: &str, key: &str, fail_after_reserve: bool) -> Request<Job> {
-    let mut request = Request::new(Job {
-        name: name.to_owned(),
-        fail_after_reserve,
-    });
+    keyed(
+        Job {
+            name: name.to_owned(),
+            fail_after_reserve,
+            code: 0,
+        },
+        key,
+    )
+}
+
+/// A job for `Answer`: answer `code`.
+fn coded(code: Code, key: &str) -> Request<Job> {
+    keyed(
+        Job {
+            name: format!("{code:?}"),
+            fail_after_reserve: false,
+            code: code as i32,
+        },
+        key,
+    )
+}
+
+fn keyed(job: Job, key: &str) -> Request<Job> {
+    let mut request = Request::new(job);
     request
         .metadata_mut()
         .insert("idempotency-key", key.parse().expect("a key"));
@@ -174,26 +240,18 @@ macro_rules! on_every_database {
         idem_tests::backend_tests! {
             $(
                 async fn $test(db) {
-                    match db {
-                        TestDb::Postgres(connect) => {
-                            let pool = sqlx::PgPool::connect_with(*connect).await.expect("connect");
-                            idem_runtime::migrate(&pool).await.expect("migrate");
-                            super::$test::<Postgres>(Store::new(pool)).await;
+                    // The suite's app gives the database's probes (leases, expiry) and its
+                    // tasks; the gRPC service has a store of its own on the same pool.
+                    let app = App::new(db).await;
+                    match &app.db {
+                        Db::Postgres(pool) => {
+                            super::$test::<Postgres>(Store::new(pool.clone()), &app).await;
                         }
-                        TestDb::Sqlite(dir) => {
-                            let pool = idem_runtime::sqlite::connect(dir.path().join("jobs.db"))
-                                .await
-                                .expect("open the file");
-                            idem_runtime::migrate(&pool).await.expect("migrate");
-                            super::$test::<Sqlite>(Store::new(pool)).await;
+                        Db::Sqlite(pool) => {
+                            super::$test::<Sqlite>(Store::new(pool.clone()), &app).await;
                         }
-                        TestDb::MySql(database) => {
-                            let pool = sqlx::MySqlPool::connect_with(database.options().clone())
-                                .await
-                                .expect("connect");
-                            idem_runtime::migrate(&pool).await.expect("migrate");
-                            super::$test::<MySql>(Store::new(pool.clone())).await;
-                            pool.close().await;
+                        Db::MySql(pool) => {
+                            super::$test::<MySql>(Store::new(pool.clone()), &app).await;
                         }
                     }
                 }
@@ -207,10 +265,15 @@ on_every_database!(
     a_call_while_an_external_method_runs_is_aborted_with_its_pushback,
     a_method_in_steps_resumes_after_its_last_recorded_step,
     the_idem_commands_queries_show_a_grpc_key_by_its_method,
+    a_methods_status_a_retry_may_change_is_stored_only_with_replay_5xx,
+    a_grpc_key_past_its_retention_is_purged_and_its_next_call_runs,
+    a_grpc_claim_left_by_a_dead_call_is_released_by_the_recovery_and_its_retry_runs,
+    a_parked_grpc_claim_is_internal_without_running_until_abandoned,
 );
 
 async fn an_external_method_calls_once_and_a_retry_gets_the_receipt_again<DB: Backend>(
     store: Store<DB>,
+    _: &App,
 ) {
     let served = serve(store).await;
     let first = served
@@ -253,6 +316,7 @@ async fn an_external_method_calls_once_and_a_retry_gets_the_receipt_again<DB: Ba
 
 async fn a_call_while_an_external_method_runs_is_aborted_with_its_pushback<DB: Backend>(
     store: Store<DB>,
+    _: &App,
 ) {
     let served = serve(store).await;
     let mut client = served.client.clone();
@@ -281,7 +345,10 @@ async fn a_call_while_an_external_method_runs_is_aborted_with_its_pushback<DB: B
     assert_eq!(served.counters.sent.load(Ordering::SeqCst), 1);
 }
 
-async fn a_method_in_steps_resumes_after_its_last_recorded_step<DB: Backend>(store: Store<DB>) {
+async fn a_method_in_steps_resumes_after_its_last_recorded_step<DB: Backend>(
+    store: Store<DB>,
+    _: &App,
+) {
     let served = serve(store).await;
     let failed = served
         .client
@@ -312,7 +379,10 @@ async fn a_method_in_steps_resumes_after_its_last_recorded_step<DB: Backend>(sto
     assert_eq!(served.counters.ship_attempts.load(Ordering::SeqCst), 2);
 }
 
-async fn the_idem_commands_queries_show_a_grpc_key_by_its_method<DB: Backend>(store: Store<DB>) {
+async fn the_idem_commands_queries_show_a_grpc_key_by_its_method<DB: Backend>(
+    store: Store<DB>,
+    _: &App,
+) {
     let served = serve(store.clone()).await;
     let mut client = served.client.clone();
     let first = tokio::spawn(async move { client.send(job("gated", "k1", false)).await });
@@ -341,4 +411,317 @@ async fn the_idem_commands_queries_show_a_grpc_key_by_its_method<DB: Backend>(st
     assert_eq!(key.status, "completed");
     assert_eq!(key.path, "/idem.test.v1.Jobs/Send");
     assert_eq!(key.response_status, Some(200));
+}
+
+/// The codes of a method's status that a retry may change: not stored (a retry runs the method
+/// again) unless the method says `replay_5xx = true`.
+const RETRIED: [Code; 7] = [
+    Code::Unknown,
+    Code::Internal,
+    Code::Unavailable,
+    Code::DeadlineExceeded,
+    Code::DataLoss,
+    Code::ResourceExhausted,
+    Code::Aborted,
+];
+
+async fn a_methods_status_a_retry_may_change_is_stored_only_with_replay_5xx<DB: Backend>(
+    store: Store<DB>,
+    _: &App,
+) {
+    let served = serve(store).await;
+    for code in RETRIED {
+        let key = format!("plain-{code:?}");
+        for attempt in 1..=2 {
+            let before = served.counters.answered.load(Ordering::SeqCst);
+            let status = answer(&served, Replay5xx::No, coded(code, &key))
+                .await
+                .expect_err("the method's status");
+            assert_eq!(status.code(), code, "{status:?}");
+            assert!(
+                !status.metadata().contains_key("idempotent-replayed"),
+                "{code:?}, attempt {attempt}: not stored, so never replayed"
+            );
+            assert_eq!(
+                served.counters.answered.load(Ordering::SeqCst),
+                before + 1,
+                "{code:?}, attempt {attempt}: the method ran"
+            );
+        }
+        stored_and_replayed(&served, Replay5xx::Yes, code).await;
+    }
+    // Any other code is the method's final answer: stored and replayed without replay_5xx.
+    for code in [
+        Code::NotFound,
+        Code::AlreadyExists,
+        Code::Cancelled,
+        Code::OutOfRange,
+    ] {
+        stored_and_replayed(&served, Replay5xx::No, code).await;
+    }
+}
+
+/// Which of the two `Answer` methods: `AnswerKept` says `replay_5xx = true`.
+#[derive(Debug, Clone, Copy)]
+enum Replay5xx {
+    No,
+    Yes,
+}
+
+async fn answer(
+    served: &Served,
+    replay_5xx: Replay5xx,
+    request: Request<Job>,
+) -> Result<Response<Receipt>, Status> {
+    let mut client = served.client.clone();
+    match replay_5xx {
+        Replay5xx::No => client.answer(request).await,
+        Replay5xx::Yes => client.answer_kept(request).await,
+    }
+}
+
+/// Asserts that the method's status of `code` is stored: a second call under its key gets it
+/// again, marked replayed, without running the method.
+async fn stored_and_replayed(served: &Served, replay_5xx: Replay5xx, code: Code) {
+    let key = format!("{replay_5xx:?}-{code:?}");
+    let first = answer(served, replay_5xx, coded(code, &key))
+        .await
+        .expect_err("the method's status");
+    let before = served.counters.answered.load(Ordering::SeqCst);
+    let replay = answer(served, replay_5xx, coded(code, &key))
+        .await
+        .expect_err("the stored status");
+    assert_eq!((replay.code(), replay.message()), (code, first.message()));
+    assert!(
+        replay
+            .metadata()
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true"),
+        "{code:?}, replay_5xx {replay_5xx:?}: stored and replayed: {replay:?}"
+    );
+    assert_eq!(
+        served.counters.answered.load(Ordering::SeqCst),
+        before,
+        "{code:?}, replay_5xx {replay_5xx:?}: replayed, not run again"
+    );
+}
+
+async fn a_grpc_key_past_its_retention_is_purged_and_its_next_call_runs<DB: Backend>(
+    store: Store<DB>,
+    app: &App,
+) {
+    let served = serve(store).await;
+    let first = served
+        .client
+        .clone()
+        .answer(coded(Code::Ok, "k1"))
+        .await
+        .expect("the first call");
+    let replay = served
+        .client
+        .clone()
+        .answer(coded(Code::Ok, "k1"))
+        .await
+        .expect("the replay");
+    assert!(replayed(&replay));
+
+    app.expire_all_keys().await;
+    assert_eq!(app.purge(PurgeOptions::default()).await.rows, 1);
+    let again = served
+        .client
+        .clone()
+        .answer(coded(Code::Ok, "k1"))
+        .await
+        .expect("a call after the purge");
+    assert!(!replayed(&again), "the key was purged: the call ran");
+    assert_eq!(again.get_ref().calls, first.get_ref().calls + 1);
+}
+
+/// Leaves `Send`'s claim of `key` as a process that died mid-call leaves it: a first call is
+/// made, then its row is set back to a claim in flight (answer gone, the claim's owner a token
+/// no live process holds) whose lease has ended. (A process SIGKILLed mid-call, for real, is the
+/// example's test: `examples/tests/behaviour/grpc.rs`.) In-process, a call cut off releases its
+/// claim as it is dropped, so it cannot leave one behind.
+async fn a_dead_call(served: &Served, app: &App, key: &str) {
+    served
+        .client
+        .clone()
+        .send(job("dead", key, false))
+        .await
+        .expect("the first call");
+    app.execute(
+        "UPDATE idem_keys SET status = 'started', response_status = NULL, \
+           response_headers = NULL, response_body = NULL, locked_at = created_at, \
+           claim_token = 42",
+    )
+    .await;
+    app.lapse_lease(key).await;
+}
+
+/// Checks that the hook is handed the gRPC claim by its method, then releases it.
+struct ReleaseTheGrpcClaim;
+
+impl<DB: Backend> RecoveryHook<DB> for ReleaseTheGrpcClaim {
+    async fn recover(&self, claim: AbandonedClaim<DB>) -> Verdict {
+        assert_eq!(
+            (claim.method.as_str(), claim.path.as_str()),
+            ("GRPC", "/idem.test.v1.Jobs/Send")
+        );
+        ReleaseAbandoned.recover(claim).await
+    }
+}
+
+async fn a_grpc_claim_left_by_a_dead_call_is_released_by_the_recovery_and_its_retry_runs<
+    DB: Backend,
+>(
+    store: Store<DB>,
+    app: &App,
+) {
+    let served = serve(store).await;
+    a_dead_call(&served, app, "k1").await;
+    let report = app.recover(&ReleaseTheGrpcClaim).await;
+    assert_eq!((report.found, report.released), (1, 1), "{report:?}");
+
+    let retry = served
+        .client
+        .clone()
+        .send(job("dead", "k1", false))
+        .await
+        .expect("the retry runs");
+    assert!(!replayed(&retry));
+    assert_eq!(
+        retry.get_ref().calls,
+        2,
+        "the released claim's retry ran the method"
+    );
+}
+
+/// Never settles a claim, as a hook whose other system never answers.
+struct FailEveryTime;
+
+impl<DB: Backend> RecoveryHook<DB> for FailEveryTime {
+    async fn recover(&self, _: AbandonedClaim<DB>) -> Verdict {
+        Verdict::Failed("the other system did not answer".into())
+    }
+}
+
+async fn a_parked_grpc_claim_is_internal_without_running_until_abandoned<DB: Backend>(
+    store: Store<DB>,
+    app: &App,
+) {
+    let served = serve(store).await;
+    a_dead_call(&served, app, "k1").await;
+    let report = app
+        .recover_with(
+            &FailEveryTime,
+            &RecoveryOptions::default().with_max_attempts(1),
+        )
+        .await;
+    assert_eq!(report.parked, 1, "{report:?}");
+    let parked = app.store().parked().await.expect("idem dead");
+    assert_eq!(
+        (parked[0].method.as_str(), parked[0].path.as_str()),
+        ("GRPC", "/idem.test.v1.Jobs/Send"),
+        "{parked:?}"
+    );
+
+    let refused = served
+        .client
+        .clone()
+        .send(job("dead", "k1", false))
+        .await
+        .expect_err("a parked claim");
+    assert_eq!(refused.code(), Code::Internal, "{refused:?}");
+    assert!(refused.message().contains("operator"), "{refused:?}");
+    assert!(
+        !refused.metadata().contains_key("retry-after")
+            && !refused.metadata().contains_key("grpc-retry-pushback-ms"),
+        "no retry gets another answer before a person acts: {refused:?}"
+    );
+    assert_eq!(served.counters.sent.load(Ordering::SeqCst), 1, "not run");
+
+    assert_eq!(
+        app.store().abandon_parked("", "k1").await.unwrap(),
+        Unparked::Done
+    );
+    let retry = served
+        .client
+        .clone()
+        .send(job("dead", "k1", false))
+        .await
+        .expect("the retry after the abandon runs");
+    assert_eq!(retry.get_ref().calls, 2);
+}
+
+/// A store that cannot be reached answers `UNAVAILABLE` with both `retry-after` and gRFC A6's
+/// pushback, at the store's own acquire timeout (the pools here would wait an hour), in both
+/// modes, and runs nothing.
+async fn an_unreachable_store_is_unavailable_with_retry_after_and_pushback<DB: Backend>(
+    store: Store<DB>,
+) {
+    let served = serve(store).await;
+    let (mut one, mut other) = (served.client.clone(), served.client.clone());
+    let (transactional, external) = tokio::join!(
+        one.answer(coded(Code::Ok, "k1")),
+        other.send(job("a", "k2", false)),
+    );
+    for outcome in [transactional, external] {
+        let status = outcome.expect_err("no store");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(
+            status
+                .metadata()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap()),
+            Some("1"),
+            "the store's retry_after: {status:?}"
+        );
+        assert_eq!(
+            status
+                .metadata()
+                .get("grpc-retry-pushback-ms")
+                .map(|v| v.to_str().unwrap()),
+            Some("1000"),
+            "{status:?}"
+        );
+    }
+    assert_eq!(served.counters.answered.load(Ordering::SeqCst), 0);
+    assert_eq!(served.counters.sent.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_unreachable_postgres_is_unavailable_with_retry_after_and_pushback() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(3600))
+        .connect_lazy_with(
+            sqlx::postgres::PgConnectOptions::new()
+                .host("127.0.0.1")
+                .port(idem_tests::reserve_port())
+                .username("postgres"),
+        );
+    an_unreachable_store_is_unavailable_with_retry_after_and_pushback(Store::new(pool)).await;
+}
+
+#[tokio::test]
+async fn an_unopenable_sqlite_file_is_unavailable_with_retry_after_and_pushback() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(3600))
+        .connect_lazy_with(
+            sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("missing/dir/x.db")),
+        );
+    an_unreachable_store_is_unavailable_with_retry_after_and_pushback(Store::new(pool)).await;
+}
+
+#[tokio::test]
+async fn an_unreachable_mysql_is_unavailable_with_retry_after_and_pushback() {
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(3600))
+        .connect_lazy_with(
+            sqlx::mysql::MySqlConnectOptions::new()
+                .host("127.0.0.1")
+                .port(idem_tests::reserve_port())
+                .username("root"),
+        );
+    an_unreachable_store_is_unavailable_with_retry_after_and_pushback(Store::new(pool)).await;
 }
