@@ -78,7 +78,16 @@ const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let this = match self {
+        self.transient_as_unavailable().answer()
+    }
+}
+
+impl ApiError {
+    /// A database fault that passes (a broken connection, a failover:
+    /// [`idem_runtime::is_transient`]) as [`ApiError::DatabaseUnavailable`], to be retried;
+    /// any other error as it is.
+    pub(crate) fn transient_as_unavailable(self) -> Self {
+        match self {
             Self::Database(error) if idem_runtime::is_transient(&error) => {
                 tracing::warn!(%error, "the database connection failed");
                 Self::DatabaseUnavailable {
@@ -89,8 +98,7 @@ impl IntoResponse for ApiError {
                 }
             }
             other => other,
-        };
-        this.answer()
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 
 use idem_runtime::{Store, grpc::FromMetadata, idempotent};
 use sqlx::Transaction;
-use tonic::{Request, Response, Status, metadata::MetadataMap};
+use tonic::{Code, Request, Response, Status, metadata::MetadataMap};
 
 use crate::{
     auth::Tenant,
@@ -110,24 +110,53 @@ fn payment_of(transfer: Transfer) -> Payment {
     }
 }
 
-/// The status of an error of the payments' code: as its HTTP answer says, in gRPC's words.
+/// The status of an error of the payments' code: as its HTTP answer says, in gRPC's words (a
+/// database fault that passes with the same `retry-after`, and gRFC A6's pushback).
 fn status_of(error: ApiError) -> Status {
+    let error = error.transient_as_unavailable();
     let message = error.to_string();
     match error {
         ApiError::Unauthorized(_) => Status::unauthenticated(message),
         ApiError::Invalid(_) | ApiError::BadJson(..) => Status::invalid_argument(message),
         ApiError::Declined(_) => Status::failed_precondition(message),
         ApiError::NotFound(_) => Status::not_found(message),
-        ApiError::Unavailable(_) | ApiError::DatabaseUnavailable { .. } => {
-            Status::unavailable(message)
+        ApiError::Unavailable(_) => Status::unavailable(message),
+        ApiError::DatabaseUnavailable { retry_after, .. } => {
+            idem_runtime::grpc::retry_later(Code::Unavailable, message, retry_after)
         }
-        ApiError::Database(error) if idem_runtime::is_transient(&error) => Status::unavailable(
-            "the connection to the database failed; nothing was written, retry later",
-        ),
         ApiError::Database(error) => {
             tracing::error!(%error, "a statement failed");
             Status::internal("database error")
         }
         ApiError::Internal(_) | ApiError::Step(_) => Status::internal(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The method's own answer to a database fault that passes carries what idem's own
+    /// `UNAVAILABLE` does, and what the HTTP route's 503 says in `Retry-After`.
+    #[test]
+    fn a_database_fault_that_passes_is_unavailable_with_retry_after_and_pushback() {
+        let status = status_of(ApiError::Database(sqlx::Error::PoolTimedOut));
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(status.metadata().get("retry-after").unwrap(), "1");
+        assert_eq!(
+            status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+            "1000"
+        );
+    }
+
+    /// A fault that does not pass is the method's `INTERNAL`, without its details.
+    #[test]
+    fn a_database_refusal_is_internal_without_its_details() {
+        let status = status_of(ApiError::Database(sqlx::Error::RowNotFound));
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::Internal, "database error")
+        );
+        assert!(status.metadata().get("retry-after").is_none());
     }
 }

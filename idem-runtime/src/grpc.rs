@@ -60,6 +60,34 @@ pub trait FromMetadata: Sized {
     fn from_metadata(metadata: &MetadataMap, extensions: &Extensions) -> Result<Self, Status>;
 }
 
+/// A status that asks the caller to retry after `after`: metadata `retry-after` (whole
+/// seconds, at least one) and gRFC A6's `grpc-retry-pushback-ms`, which idem's client, tonic's
+/// and grpc-go's clients honour. idem answers its own `ABORTED` and `UNAVAILABLE` this way; a
+/// method answers a fault that passes (its database failing over, say) the same way:
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::grpc::retry_later;
+///
+/// let status = retry_later(tonic::Code::Unavailable, "the database failed over", Duration::from_secs(1));
+/// assert_eq!(status.metadata().get("grpc-retry-pushback-ms").unwrap(), "1000");
+/// ```
+pub fn retry_later(
+    code: tonic::Code,
+    message: impl Into<String>,
+    after: std::time::Duration,
+) -> Status {
+    let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    let seconds = seconds.max(1);
+    let mut metadata = MetadataMap::new();
+    metadata.insert("retry-after", seconds.into());
+    metadata.insert(
+        "grpc-retry-pushback-ms",
+        seconds.saturating_mul(1000).into(),
+    );
+    Status::with_metadata(code, message, metadata)
+}
+
 /// A step that failed, as the status a tonic method answers with (`?` on
 /// [`Steps::step`](crate::Steps::step) in a method that returns `Result<_, Status>`): `ABORTED` when
 /// another call took the key over, `UNAVAILABLE` when the store failed (both retried, nothing of
@@ -70,20 +98,15 @@ impl From<crate::StepError> for Status {
     fn from(error: crate::StepError) -> Self {
         let message = error.to_string();
         // Both are retried, after a second as idem's own `ABORTED` and `UNAVAILABLE` say.
-        let retry_later = |code| {
-            let mut metadata = tonic::metadata::MetadataMap::new();
-            metadata.insert("retry-after", 1u64.into());
-            metadata.insert("grpc-retry-pushback-ms", 1000u64.into());
-            Status::with_metadata(code, message.clone(), metadata)
-        };
+        let second = std::time::Duration::from_secs(1);
         match error.kind() {
             crate::ProblemKind::InProgress => {
                 tracing::warn!(%message, "a step failed");
-                retry_later(tonic::Code::Aborted)
+                retry_later(tonic::Code::Aborted, message, second)
             }
             crate::ProblemKind::StoreUnavailable => {
                 tracing::warn!(%message, "a step failed");
-                retry_later(tonic::Code::Unavailable)
+                retry_later(tonic::Code::Unavailable, message, second)
             }
             _ => {
                 tracing::error!(%message, "a step failed");

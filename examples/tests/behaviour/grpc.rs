@@ -56,7 +56,8 @@ on_every_database!(
     a_key_reused_with_another_message_or_over_http_is_failed_precondition,
     a_declined_payment_is_failed_precondition_recorded_and_replayed,
     an_unavailable_processor_is_unavailable_not_stored_and_a_retry_runs_again,
-    an_invalid_amount_is_the_methods_invalid_argument_stored_and_replayed,
+    an_invalid_amount_or_currency_is_the_methods_invalid_argument_stored_and_replayed,
+    get_payment_reads_only_the_callers_payments_and_needs_to_know_the_caller,
     a_retry_while_the_first_runs_is_aborted_at_once_with_retry_after_and_pushback,
     a_retry_that_prefers_to_wait_gets_the_outcome_with_preference_applied,
     two_encodings_of_one_message_are_the_same_request,
@@ -292,6 +293,16 @@ async fn a_key_reused_with_another_message_or_over_http_is_failed_precondition(d
             .await,
         Code::FailedPrecondition,
     );
+    // And the other way: a gRPC payment's key, sent again over HTTP with the same values.
+    let http = reqwest::Client::new()
+        .post(format!("{}/v1/payments", service.http))
+        .bearer_auth("t1")
+        .header("idempotency-key", "k1")
+        .json(&serde_json::json!({"amount": 100, "currency": "usd", "customer": "cus_1"}))
+        .send()
+        .await
+        .expect("the HTTP payment");
+    assert_eq!(http.status(), 422);
     assert_eq!(database.count("payments").await, 2);
 }
 
@@ -332,7 +343,9 @@ async fn an_unavailable_processor_is_unavailable_not_stored_and_a_retry_runs_aga
     assert_eq!(database.count("idem_keys").await, 0);
 }
 
-async fn an_invalid_amount_is_the_methods_invalid_argument_stored_and_replayed(database: Database) {
+async fn an_invalid_amount_or_currency_is_the_methods_invalid_argument_stored_and_replayed(
+    database: Database,
+) {
     let service = Service::start(&database).await;
     let first = expect_status(
         service
@@ -349,6 +362,42 @@ async fn an_invalid_amount_is_the_methods_invalid_argument_stored_and_replayed(d
     );
     assert!(replayed(retry.metadata()), "{retry:?}");
     assert_eq!(database.key_status("k1").await, "completed");
+    let mut currency = payment(100, "cus_1");
+    currency.currency = "us".to_owned();
+    let refused = expect_status(
+        service.pay("t1", Some("k2"), currency, &[]).await,
+        Code::InvalidArgument,
+    );
+    assert!(refused.message().contains("currency"), "{refused:?}");
+    assert_eq!(database.count("payments").await, 0);
+}
+
+async fn get_payment_reads_only_the_callers_payments_and_needs_to_know_the_caller(
+    database: Database,
+) {
+    let service = Service::start(&database).await;
+    let paid = service
+        .pay("t1", Some("k1"), payment(100, "cus_1"), &[])
+        .await
+        .expect("the payment")
+        .into_inner();
+    let read = |tenant: Option<&str>, id: &str| {
+        let mut request = Request::new(GetPaymentRequest { id: id.to_owned() });
+        if let Some(tenant) = tenant {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {tenant}").parse().unwrap());
+        }
+        let mut client = service.caller.client.clone();
+        async move { client.get_payment(request).await }
+    };
+    assert_eq!(
+        read(Some("t1"), &paid.id).await.expect("read").into_inner(),
+        paid
+    );
+    expect_status(read(Some("t1"), "pay_unknown").await, Code::NotFound);
+    expect_status(read(Some("t2"), &paid.id).await, Code::NotFound);
+    expect_status(read(None, &paid.id).await, Code::Unauthenticated);
 }
 
 async fn a_retry_while_the_first_runs_is_aborted_at_once_with_retry_after_and_pushback(

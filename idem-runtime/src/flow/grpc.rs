@@ -299,17 +299,14 @@ fn status_of_problem(status: StatusCode, headers: &HeaderMap, detail: String) ->
         _ if status.is_client_error() => Code::FailedPrecondition,
         _ => Code::Internal,
     };
-    let mut metadata = MetadataMap::new();
     let retry_after = headers
         .get(http::header::RETRY_AFTER)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u64>().ok());
-    if let Some(seconds) = retry_after {
-        metadata.insert("retry-after", seconds.into());
-        metadata.insert(
-            "grpc-retry-pushback-ms",
-            seconds.saturating_mul(1000).into(),
-        );
+    match retry_after {
+        Some(seconds) => {
+            crate::grpc::retry_later(code, detail, std::time::Duration::from_secs(seconds))
+        }
+        None => Status::new(code, detail),
     }
-    Status::with_metadata(code, detail, metadata)
 }
