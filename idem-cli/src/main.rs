@@ -147,11 +147,13 @@ async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Er
     match command {
         Command::Stats => output::stats(&db.stats().await?, json),
         Command::Inspect { scope, key, body } => {
-            let Some(found) = db.inspect(&scope, &key, body).await? else {
+            // The body is read whatever `--body` says: a gRPC answer's code is in it. It is
+            // printed only when asked.
+            let Some(found) = db.inspect(&scope, &key, true).await? else {
                 eprintln!("idem: no key {key:?} in scope {scope:?}");
                 return Ok(ExitCode::FAILURE);
             };
-            output::key(&found, json);
+            output::key(&found, body, json);
         }
         Command::InFlight { older_than } => output::keys(&db.in_flight(older_than).await?, json),
         Command::Release { scope, key } => match db.release_claim(&scope, &key).await? {

@@ -3,7 +3,7 @@
 use comfy_table::Table;
 use serde_json::json;
 
-use idem_runtime::admin::{KeyInfo as Key, ParkedClaim, Stats};
+use idem_runtime::admin::{GrpcAnswer, KeyInfo as Key, ParkedClaim, Stats};
 
 /// Prints `value` as indented JSON, for scripts.
 fn print_json<T: serde::Serialize + ?Sized>(value: &T) {
@@ -64,13 +64,50 @@ pub fn stats(stats: &Stats, json: bool) {
     println!("{table}");
 }
 
-pub fn key(key: &Key, json: bool) {
-    let body = key
-        .response_body
-        .as_deref()
-        .map(|body| String::from_utf8_lossy(body).into_owned());
+/// A gRPC code as gRPC spells it (`NOT_FOUND`).
+fn code_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+/// What `inspect` prints of a stored answer: its status (a gRPC call's code, which the HTTP
+/// status it is kept under does not tell), and its body when asked (a gRPC status's message,
+/// a protobuf message in hex, an HTTP body as text).
+fn answer(key: &Key, with_body: bool) -> (String, Option<String>) {
+    let http_status = || {
+        key.response_status
+            .map(|s| s.to_string())
+            .unwrap_or_default()
+    };
+    let (status, body) = match key.grpc_answer() {
+        Some(GrpcAnswer::Message(bytes)) => (
+            format!("OK (a message of {} bytes)", bytes.len()),
+            Some(bytes.iter().map(|byte| format!("{byte:02x}")).collect()),
+        ),
+        Some(GrpcAnswer::Status(code, message)) => (code_name(code), Some(message)),
+        None => (
+            http_status(),
+            key.response_body
+                .as_deref()
+                .map(|body| String::from_utf8_lossy(body).into_owned()),
+        ),
+    };
+    (status, body.filter(|_| with_body))
+}
+
+pub fn key(key: &Key, with_body: bool, json: bool) {
+    let (status, body) = answer(key, with_body);
     if json {
         let mut value = serde_json::to_value(key).unwrap_or_default();
+        if let Some(GrpcAnswer::Message(_) | GrpcAnswer::Status(..)) = key.grpc_answer() {
+            value["grpc_status"] = json!(status);
+        }
         if let Some(body) = body {
             value["response_body"] = json!(body);
         }
@@ -83,12 +120,7 @@ pub fn key(key: &Key, json: bool) {
         ("key", key.key.clone()),
         ("status", key.status.clone()),
         ("route", format!("{} {}", key.method, key.path)),
-        (
-            "response status",
-            key.response_status
-                .map(|s| s.to_string())
-                .unwrap_or_default(),
-        ),
+        ("response status", status),
         ("age", ago(Some(key.age_ms))),
         ("expires in", signed(Some(key.expires_in_ms))),
         ("claimed", ago(key.claimed_ms)),

@@ -1,6 +1,7 @@
 //! The `idem` command against real databases (PostgreSQL, a SQLite file, MariaDB or MySQL), on
-//! a key table that holds a completed key, a claim stuck in flight with a recorded step, an
-//! expired key, and two claims the recovery parked (past their key's expiry).
+//! a key table that holds a completed key, two completed gRPC calls (a message and a status), a
+//! claim stuck in flight with a recorded step, an expired key, and two claims the recovery
+//! parked (past their key's expiry).
 
 use std::process::{Command, Output};
 
@@ -18,7 +19,12 @@ INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, response_s
 VALUES ('t1', 'done', 'POST', '/v1/payments', '\x00', 'completed', 201, '[]',
         convert_to('SECRET-BODY-7f3a', 'UTF8'), now(), now() + interval '1 day'),
        ('t2', 'old', 'POST', '/v1/payments', '\x00', 'completed', 201, '[]', '\x00',
-        now() - interval '2 days', now() - interval '1 hour');
+        now() - interval '2 days', now() - interval '1 hour'),
+       ('t1', 'grpc-declined', 'GRPC', '/idem.example.v1.Payments/CreatePayment', '\x00',
+        'completed', 400, '[]', '\x0809120d63617264206465636c696e6564', now(),
+        now() + interval '1 day'),
+       ('t1', 'grpc-paid', 'GRPC', '/idem.example.v1.Payments/CreatePayment', '\x00',
+        'completed', 200, '[]', '\x0a03706179', now(), now() + interval '1 day');
 INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at, expires_at,
                        locked_at, lease_until, claim_token, steps)
 VALUES ('t1', 'stuck', 'POST', '/v1/orders', '\x00', 'started', now() - interval '10 minutes',
@@ -39,7 +45,12 @@ INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, response_s
 VALUES ('t1', 'done', 'POST', '/v1/payments', x'00', 'completed', 201, '[]',
         CAST('SECRET-BODY-7f3a' AS BLOB), unixepoch() * 1000, unixepoch() * 1000 + 86400000),
        ('t2', 'old', 'POST', '/v1/payments', x'00', 'completed', 201, '[]', x'00',
-        unixepoch() * 1000 - 172800000, unixepoch() * 1000 - 3600000);
+        unixepoch() * 1000 - 172800000, unixepoch() * 1000 - 3600000),
+       ('t1', 'grpc-declined', 'GRPC', '/idem.example.v1.Payments/CreatePayment', x'00',
+        'completed', 400, '[]', x'0809120d63617264206465636c696e6564', unixepoch() * 1000,
+        unixepoch() * 1000 + 86400000),
+       ('t1', 'grpc-paid', 'GRPC', '/idem.example.v1.Payments/CreatePayment', x'00',
+        'completed', 200, '[]', x'0a03706179', unixepoch() * 1000, unixepoch() * 1000 + 86400000);
 INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at, expires_at,
                        locked_at, lease_until, claim_token, steps)
 VALUES ('t1', 'stuck', 'POST', '/v1/orders', x'00', 'started', unixepoch() * 1000 - 600000,
@@ -61,7 +72,12 @@ INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, response
 VALUES ('t1', 'done', 'POST', '/v1/payments', x'00', 'completed', 201, '[]',
         'SECRET-BODY-7f3a', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 DAY),
        ('t2', 'old', 'POST', '/v1/payments', x'00', 'completed', 201, '[]', x'00',
-        UTC_TIMESTAMP(6) - INTERVAL 2 DAY, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR);
+        UTC_TIMESTAMP(6) - INTERVAL 2 DAY, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR),
+       ('t1', 'grpc-declined', 'GRPC', '/idem.example.v1.Payments/CreatePayment', x'00',
+        'completed', 400, '[]', x'0809120d63617264206465636c696e6564', UTC_TIMESTAMP(6),
+        UTC_TIMESTAMP(6) + INTERVAL 1 DAY),
+       ('t1', 'grpc-paid', 'GRPC', '/idem.example.v1.Payments/CreatePayment', x'00',
+        'completed', 200, '[]', x'0a03706179', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 DAY);
 INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, created_at, expires_at,
                        locked_at, lease_until, claim_token, steps)
 VALUES ('t1', 'stuck', 'POST', '/v1/orders', x'00', 'started',
@@ -116,7 +132,7 @@ where
 {
     // stats
     let stats = json(&idem(url, &["--json", "stats"]));
-    assert_eq!(stats["completed"], 2);
+    assert_eq!(stats["completed"], 4);
     assert_eq!(stats["started"], 1);
     assert_eq!(stats["expired"], 1, "parked claims are not the purge's");
     assert_eq!(stats["parked"], 2);
@@ -159,6 +175,55 @@ where
     );
     let missing = idem(url, &["inspect", "--scope", "t1", "--key", "nope"]);
     assert_eq!(missing.status.code(), Some(1));
+
+    // inspect a gRPC call's answer: its code (several share the HTTP status it is kept under),
+    // its message only when asked
+    let declined = json(&idem(
+        url,
+        &[
+            "--json",
+            "inspect",
+            "--scope",
+            "t1",
+            "--key",
+            "grpc-declined",
+        ],
+    ));
+    assert_eq!(declined["grpc_status"], "FAILED_PRECONDITION", "{declined}");
+    assert!(declined.get("response_body").is_none(), "{declined}");
+    let declined = idem(
+        url,
+        &[
+            "inspect",
+            "--scope",
+            "t1",
+            "--key",
+            "grpc-declined",
+            "--body",
+        ],
+    );
+    let shown = text(&declined.stdout);
+    assert!(
+        shown.contains("FAILED_PRECONDITION") && shown.contains("card declined"),
+        "{shown}"
+    );
+    let paid = json(&idem(
+        url,
+        &[
+            "--json",
+            "inspect",
+            "--scope",
+            "t1",
+            "--key",
+            "grpc-paid",
+            "--body",
+        ],
+    ));
+    assert_eq!(paid["grpc_status"], "OK (a message of 5 bytes)", "{paid}");
+    assert_eq!(
+        paid["response_body"], "0a03706179",
+        "the message in hex: {paid}"
+    );
 
     // in-flight
     let flying = json(&idem(url, &["--json", "in-flight", "--older-than", "5m"]));
@@ -253,7 +318,7 @@ where
     let purged = json(&idem(url, &["--json", "purge"]));
     assert_eq!(purged["expired"], 1);
     assert_eq!(count(Some("old")).await, 0);
-    assert_eq!(count(None).await, 1, "only the live key is left");
+    assert_eq!(count(None).await, 3, "only the live keys are left");
 }
 
 #[sqlx::test(migrations = false)]
@@ -457,7 +522,7 @@ async fn mysql_the_command_does_what_it_says() {
     let purged = json(&idem(&url, &["--json", "purge"]));
     assert_eq!(purged["expired"], 1, "{purged}");
     assert_eq!(count(Some("committed")).await, 0);
-    assert_eq!(count(None).await, 1, "only the live key is left");
+    assert_eq!(count(None).await, 3, "only the live keys are left");
 
     pool.close().await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))

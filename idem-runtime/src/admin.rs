@@ -105,6 +105,36 @@ pub struct KeyInfo {
     pub response_body: Option<Vec<u8>>,
 }
 
+/// A gRPC call's stored answer, as an operator reads it (see [`KeyInfo::grpc_answer`]).
+#[cfg(feature = "grpc")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrpcAnswer {
+    /// The method's message, protobuf-encoded: its type is the service's, unknown here.
+    Message(Vec<u8>),
+    /// The method's status: its code and message.
+    Status(tonic::Code, String),
+}
+
+#[cfg(feature = "grpc")]
+impl KeyInfo {
+    /// The stored answer of a gRPC call (a key whose method is `GRPC`), read from the body
+    /// fetched with the key ([`Store::inspect`] with `with_body`): `None` for an HTTP key, a
+    /// claim without an answer, or a key read without its body. The key's `response_status`
+    /// is only the HTTP status the answer is kept under (several codes share one).
+    #[must_use]
+    pub fn grpc_answer(&self) -> Option<GrpcAnswer> {
+        if self.method != crate::flow::grpc::GRPC_METHOD {
+            return None;
+        }
+        let body = self.response_body.as_deref()?;
+        match self.response_status? {
+            200 => Some(GrpcAnswer::Message(body.to_vec())),
+            _ => crate::flow::grpc::stored_status(body)
+                .map(|(code, message)| GrpcAnswer::Status(code, message)),
+        }
+    }
+}
+
 /// What [`Store::release_claim`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Released {

@@ -35,7 +35,7 @@ pub(crate) const GRPC_STATUS: &str = "application/x-idem-grpc-status+proto";
 
 /// The request method gRPC calls are stored under: no HTTP request has it, so a key used on
 /// HTTP and then on gRPC (or the other way) is always another request.
-const GRPC_METHOD: &str = "GRPC";
+pub(crate) const GRPC_METHOD: &str = "GRPC";
 
 /// A method's final status as stored.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -46,6 +46,13 @@ struct StoredStatus {
     message: String,
     #[prost(bytes = "bytes", tag = "3")]
     details: Bytes,
+}
+
+/// The code and message of a status stored by [`into_http`], or `None` for a body that is not
+/// one.
+pub(crate) fn stored_status(body: &[u8]) -> Option<(Code, String)> {
+    let stored = <StoredStatus as prost::Message>::decode(body).ok()?;
+    Some((Code::from_i32(stored.code), stored.message))
 }
 
 /// Takes the call's key from its metadata and fingerprints it: the method's full name and the
