@@ -5,49 +5,15 @@
 
 use std::time::Duration;
 
-use crate::support::{self, Database, Process, free_addr, spawn_payments_with, wait_until};
+use crate::support::{
+    Database, Process, free_addr, on_every_database, spawn_payments_with, wait_until,
+};
 
 use idem_examples::grpc::proto::{
     CreatePaymentRequest, GetPaymentRequest, Payment, payments_client::PaymentsClient,
 };
 use prost::Message;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tonic::{Code, Request, Status, metadata::MetadataMap, transport::Channel};
-
-/// One test per database: `$name` runs `$test(database)` as `postgres_$name`, `sqlite_$name`
-/// and `mysql_$name`.
-macro_rules! on_every_database {
-    ($($test:ident),* $(,)?) => {
-        mod postgres {
-            use super::*;
-            $(
-                #[sqlx::test(migrations = false)]
-                async fn $test(_: PgPoolOptions, connect: PgConnectOptions) {
-                    super::$test(support::postgres(connect).await).await;
-                }
-            )*
-        }
-        mod sqlite {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    let dir = tempfile::tempdir().expect("a temporary directory");
-                    super::$test(support::sqlite(&dir).await).await;
-                }
-            )*
-        }
-        mod mysql {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    support::on_mysql(super::$test).await;
-                }
-            )*
-        }
-    };
-}
 
 on_every_database!(
     a_payment_runs_once_and_a_retry_gets_it_back_marked_replayed,

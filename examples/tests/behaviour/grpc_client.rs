@@ -4,8 +4,8 @@
 //! the test that answers as it is told, to count attempts and read the waits asked; and `pay
 //! --grpc`. Each logical call sends one key, retried until an answer, and makes one payment.
 //!
-//! On SQLite: the caller's rules do not depend on the store, and the service's own answers are
-//! tested on every database in `grpc.rs`.
+//! The tests against the example's service run on PostgreSQL, SQLite and MySQL; the caller's
+//! rules against the test's own server do not depend on a store.
 
 use std::{
     collections::VecDeque,
@@ -14,7 +14,9 @@ use std::{
     time::Duration,
 };
 
-use crate::support::{self, Database, Process, free_addr, spawn_payments_with, wait_until};
+use crate::support::{
+    Database, Process, free_addr, on_every_database, spawn_payments_with, wait_until,
+};
 
 use idem_client::{
     Attempt, RetryPolicy,
@@ -31,6 +33,12 @@ use tonic::{
     metadata::MetadataMap,
     transport::{Channel, Endpoint},
 };
+
+on_every_database!(
+    answers_dropped_after_the_service_ran_are_retried_with_the_same_key_and_pay_once,
+    a_first_attempt_that_meets_its_duplicate_running_is_retried_after_the_pushback,
+    pay_over_grpc_pays_replays_after_a_lost_answer_and_says_why_it_fails,
+);
 
 /// Retries that come quickly: the tests wait for outcomes, not for backoffs.
 fn quick() -> RetryPolicy {
@@ -132,18 +140,15 @@ async fn pay(
     .await
 }
 
-/// The example's payments service in a process of its own, on SQLite.
+/// The example's payments service in a process of its own.
 struct Service {
     _process: Process,
     grpc: String,
     database: Database,
-    _dir: tempfile::TempDir,
 }
 
 impl Service {
-    async fn start() -> Self {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let database = support::sqlite(&dir).await;
+    async fn start(database: Database) -> Self {
         let grpc = free_addr();
         let (process, _) =
             spawn_payments_with(&database, "http://127.0.0.1:9", &[("GRPC_ADDR", &grpc)]);
@@ -155,7 +160,6 @@ impl Service {
             _process: process,
             grpc,
             database,
-            _dir: dir,
         }
     }
 
@@ -164,9 +168,10 @@ impl Service {
     }
 }
 
-#[tokio::test]
-async fn answers_dropped_after_the_service_ran_are_retried_with_the_same_key_and_pay_once() {
-    let service = Service::start().await;
+async fn answers_dropped_after_the_service_ran_are_retried_with_the_same_key_and_pay_once(
+    database: Database,
+) {
+    let service = Service::start(database).await;
     let proxy = AnswerDropper::start(service.grpc.clone()).await;
     let channel = channel(proxy.url());
     let retry = GrpcRetry::new(quick()).with_metadata(authorized("t1"));
@@ -226,9 +231,10 @@ async fn answers_dropped_after_the_service_ran_are_retried_with_the_same_key_and
     assert_eq!(service.database.count("payments").await, 2);
 }
 
-#[tokio::test]
-async fn a_first_attempt_that_meets_its_duplicate_running_is_retried_after_the_pushback() {
-    let service = Service::start().await;
+async fn a_first_attempt_that_meets_its_duplicate_running_is_retried_after_the_pushback(
+    database: Database,
+) {
+    let service = Service::start(database).await;
     let channel = channel(&service.url());
     // Another client's attempt of the same call (same key, same message) is running: the
     // payment of `cus_slow` takes a second.
@@ -458,9 +464,8 @@ async fn a_server_that_cannot_be_reached_is_retried_until_the_attempts_run_out()
     assert!(sent.iter().all(|s| s.key == sent[0].key));
 }
 
-#[tokio::test]
-async fn pay_over_grpc_pays_replays_after_a_lost_answer_and_says_why_it_fails() {
-    let service = Service::start().await;
+async fn pay_over_grpc_pays_replays_after_a_lost_answer_and_says_why_it_fails(database: Database) {
+    let service = Service::start(database).await;
     let proxy = AnswerDropper::start(service.grpc.clone()).await;
     let dir = tempfile::tempdir().expect("a temporary directory");
     let key_file = dir.path().join("pay.key");

@@ -263,6 +263,42 @@ pub async fn on_mysql<F: Future<Output = ()>>(test: impl FnOnce(Database) -> F) 
     idem_tests::MySqlDb::drop_named(&name).await;
 }
 
+/// One test per database: each `$test` is an `async fn $test(database: Database)` of the
+/// calling module, run as `postgres::$test`, `sqlite::$test` and `mysql::$test`.
+macro_rules! on_every_database {
+    ($($test:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[sqlx::test(migrations = false)]
+                async fn $test(
+                    _: sqlx::postgres::PgPoolOptions,
+                    connect: sqlx::postgres::PgConnectOptions,
+                ) {
+                    super::$test(crate::support::postgres(connect).await).await;
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let dir = tempfile::tempdir().expect("a temporary directory");
+                    super::$test(crate::support::sqlite(&dir).await).await;
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    crate::support::on_mysql(super::$test).await;
+                }
+            )*
+        }
+    };
+}
+pub(crate) use on_every_database;
+
 /// The example's processor on a loopback port of the test process (it outlives the service's
 /// process either way). It notes the `Idempotency-Key` of every `POST`, per path; with a `held`
 /// path, its first answer there waits (after the refund or charge is made) until [`gate`] has a
