@@ -1,6 +1,6 @@
 //! The attribute's arguments, each declared once in [`ARGUMENTS`]: `scope`, `global`,
 //! `retention`, `replay_5xx`, `external`, `lease`, `timeout`, `wait`, `backend`, `state`,
-//! `fingerprint_only`, `fingerprint_except` (and `lock_timeout`, the old name of `lease`, refused
+//! `fingerprint_only`, `fingerprint_except`, `rpc` (and `lock_timeout`, the old name of `lease`, refused
 //! with an error that names the new one).
 
 use proc_macro2::{Span, TokenStream};
@@ -34,6 +34,7 @@ const ARGUMENTS: &[(&str, ParseArgument)] = &[
     ("state", parse_state),
     ("fingerprint_only", parse_fingerprint_only),
     ("fingerprint_except", parse_fingerprint_except),
+    ("rpc", parse_rpc),
 ];
 
 /// Seconds in the default lease of external mode.
@@ -71,6 +72,8 @@ pub struct Args {
     pub state: Option<syn::Type>,
     /// Which fields of a JSON body count in the fingerprint.
     pub body_fields: BodyFields,
+    /// A tonic method's name in the `.proto`, when it is not the Rust name in upper camel case.
+    pub rpc: Option<LitStr>,
 }
 
 #[derive(Default)]
@@ -88,6 +91,7 @@ struct Raw {
     backend: Option<syn::Type>,
     state: Option<syn::Type>,
     body_fields: Option<BodyFields>,
+    rpc: Option<LitStr>,
 }
 
 /// Parses the arguments, collecting every error; the values that could be read are returned
@@ -109,6 +113,7 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
         backend: raw.backend,
         state: raw.state,
         body_fields: raw.body_fields.unwrap_or_default(),
+        rpc: raw.rpc,
     };
     (args, errors)
 }
@@ -307,6 +312,38 @@ fn parse_state(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
     }
     raw.state = Some(type_value(meta, "state = AppState")?);
     Ok(())
+}
+
+fn parse_rpc(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.rpc.is_some() {
+        return Err(repeated(meta, "rpc"));
+    }
+    match value(meta, "rpc = \"GetHTTPStatus\"")? {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(name),
+            ..
+        }) => {
+            let text = name.value();
+            let mut chars = text.chars();
+            let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(syn::Error::new_spanned(
+                    &name,
+                    format!(
+                        "`rpc` is the method's name in the `.proto` (letters, digits and `_`, \
+                         a letter first), not {text:?}"
+                    ),
+                ));
+            }
+            raw.rpc = Some(name);
+            Ok(())
+        }
+        other => Err(syn::Error::new_spanned(
+            other,
+            "expected a string: `rpc = \"GetHTTPStatus\"`",
+        )),
+    }
 }
 
 fn parse_fingerprint_only(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {

@@ -5,7 +5,9 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
-use syn::{FnArg, ImplItem, ImplItemFn, ItemFn, ItemImpl, Meta, Path, Type, spanned::Spanned};
+use syn::{
+    FnArg, ImplItem, ImplItemFn, ItemFn, ItemImpl, LitStr, Meta, Path, Type, spanned::Spanned,
+};
 
 use crate::{
     args::{self, Args},
@@ -233,6 +235,7 @@ fn rewrite(
     }
     let (args, mut errors) = args::parse(tokens);
     errors.extend(grpc_only_checks(&args, attr.span()));
+    errors.extend(check_rpc(args.rpc.as_ref(), &method.sig.ident));
     let item = ItemFn {
         attrs: method.attrs.clone(),
         vis: method.vis.clone(),
@@ -268,7 +271,10 @@ fn rewrite(
     };
     let target = GrpcTarget {
         service: name.clone(),
-        method: proto_name(&method.sig.ident),
+        method: args
+            .rpc
+            .as_ref()
+            .map_or_else(|| proto_name(&method.sig.ident), LitStr::value),
         attribute: attr.path().clone(),
     };
     Ok(expand::grpc_method(&args, &handler, &target))
@@ -401,8 +407,28 @@ fn last_segment_is(ty: &Type, name: &str) -> bool {
     matches!(ty, Type::Path(path) if path.path.segments.last().is_some_and(|segment| segment.ident == name))
 }
 
+/// An `rpc` name tonic would not have made `ident` of: the name in the `.proto` that its code
+/// generator (prost-build's, heck's snake case) turns into the Rust method's name.
+fn check_rpc(rpc: Option<&LitStr>, ident: &syn::Ident) -> Option<syn::Error> {
+    let rpc = rpc?;
+    let rust = ident.to_string();
+    let rust = rust.strip_prefix("r#").unwrap_or(&rust);
+    let generated = heck::ToSnakeCase::to_snake_case(rpc.value().as_str());
+    (generated != rust).then(|| {
+        syn::Error::new_spanned(
+            rpc,
+            format!(
+                "tonic names the method of `rpc {}` `{generated}`, not `{rust}`: `rpc` is the name \
+                 in the `.proto` of the method it marks",
+                rpc.value()
+            ),
+        )
+    })
+}
+
 /// The method's name in the `.proto`, from the Rust name tonic made of it: `create_payment` is
-/// `CreatePayment`.
+/// `CreatePayment`. A name that is not in upper camel case (`GetHTTPStatus`, whose method is
+/// `get_http_status`) is given with `rpc`.
 fn proto_name(ident: &syn::Ident) -> String {
     let rust = ident.to_string();
     let rust = rust.strip_prefix("r#").unwrap_or(&rust);
@@ -453,5 +479,23 @@ mod tests {
         assert_eq!(name("create_payment"), "CreatePayment");
         assert_eq!(name("get"), "Get");
         assert_eq!(name("get_v2_item"), "GetV2Item");
+    }
+
+    #[test]
+    fn an_rpc_name_is_taken_when_tonic_makes_the_methods_name_of_it() {
+        let check = |rpc: &str, rust: &str| {
+            check_rpc(
+                Some(&LitStr::new(rpc, Span::call_site())),
+                &syn::Ident::new(rust, Span::call_site()),
+            )
+            .map(|error| error.to_string())
+        };
+        assert_eq!(check("GetHTTPStatus", "get_http_status"), None);
+        assert_eq!(check("CreatePayment", "create_payment"), None);
+        let refused = check("GetHTTPStatus", "get_status").expect("refused");
+        assert!(
+            refused.contains("`get_http_status`, not `get_status`"),
+            "{refused}"
+        );
     }
 }

@@ -97,7 +97,9 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// `FromMetadata`), the transaction (`&mut sqlx::Transaction<'_, DB>`, or nothing in external
 /// mode), and last the call's `tonic::Request<Message>`; it returns `Result<Response<Reply>,
 /// Status>`. The service provides the store through `FromRef`. Its arguments are those of
-/// `#[idempotent]` on an Axum handler, but `state` and the `fingerprint_*` ones.
+/// `#[idempotent]` on an Axum handler, but `state` and the `fingerprint_*` ones; and `rpc =
+/// "GetHTTPStatus"` gives the method's name in the `.proto` when it is not the Rust name in
+/// upper camel case (checked against the name tonic makes of it).
 #[proc_macro_attribute]
 pub fn grpc(attr: TokenStream, item: TokenStream) -> TokenStream {
     grpc::service(attr.into(), item.into()).into()
@@ -128,6 +130,12 @@ fn parse_and_validate(
     item: proc_macro2::TokenStream,
 ) -> Result<(args::Args, handler::Handler), syn::Error> {
     let (args, mut errors) = args::parse(attr);
+    if let Some(rpc) = &args.rpc {
+        errors.push(syn::Error::new_spanned(
+            rpc,
+            "`rpc` names a method of a tonic service, in an impl marked `#[idem_runtime::grpc]`; an Axum handler's route is its path",
+        ));
+    }
     let validated = match syn::parse2::<syn::ItemFn>(item) {
         Ok(item) => handler::analyse(item, &args),
         Err(error) => Err(syn::Error::new(

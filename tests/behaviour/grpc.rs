@@ -132,6 +132,15 @@ impl<DB: Backend> Jobs for JobsApi<DB> {
     ) -> Result<Response<Receipt>, Status> {
         answer_with_its_code(&self.counters, tx, request.into_inner())
     }
+
+    #[idempotent(global, rpc = "GetHTTPReceipt")]
+    async fn get_http_receipt(
+        &self,
+        tx: &mut Transaction<'_, DB>,
+        request: Request<Job>,
+    ) -> Result<Response<Receipt>, Status> {
+        answer_with_its_code(&self.counters, tx, request.into_inner())
+    }
 }
 
 /// `Answer`'s body: counts the run, and answers the status of the job's code (a receipt for
@@ -411,6 +420,21 @@ async fn the_idem_commands_queries_show_a_grpc_key_by_its_method<DB: Backend>(
     assert_eq!(key.status, "completed");
     assert_eq!(key.path, "/idem.test.v1.Jobs/Send");
     assert_eq!(key.response_status, Some(200));
+
+    // A method whose name in the `.proto` is not its Rust name in upper camel case, as `rpc`
+    // gives it.
+    served
+        .client
+        .clone()
+        .get_http_receipt(coded(Code::Ok, "k2"))
+        .await
+        .expect("the call");
+    let key = store
+        .inspect("", "k2", false)
+        .await
+        .expect("inspect")
+        .expect("the key");
+    assert_eq!(key.path, "/idem.test.v1.Jobs/GetHTTPReceipt");
 }
 
 /// The codes of a method's status that a retry may change: not stored (a retry runs the method
