@@ -52,12 +52,16 @@ impl Sample {
     /// processes or threads.
     pub fn per_request(self, requests: u64, database: Server) -> (f64, f64) {
         let per = |d: Duration| d.as_secs_f64() * 1e6 / requests.max(1) as f64;
-        let database = match database {
+        (per(self.service), per(self.of(database)))
+    }
+
+    /// The time of `database`'s processes or threads.
+    pub fn of(self, database: Server) -> Duration {
+        match database {
             Server::Postgres => self.postgres,
             Server::Sqlite => self.sqlite,
             Server::Mysql => self.mysql,
-        };
-        (per(self.service), per(database))
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! `purge`: how fast the purge task empties a table of expired keys on a database with nothing
 //! else to do, and, on a table seeded again, how fast beside live requests and how much it
-//! slows them.
+//! slows them. On PostgreSQL, or on MySQL or MariaDB with `--backend mysql`: what differs
+//! between them is a [`Target`]'s few statements; the measuring is the same.
 
 use std::{
+    net::SocketAddr,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -14,6 +16,7 @@ use idem_runtime::{
     Store,
     tasks::{Pacing, PurgeOptions},
 };
+use sqlx::mysql::MySqlPoolOptions;
 
 use crate::{
     cpu, db,
@@ -40,41 +43,191 @@ pub struct Args {
     /// Seconds of each window of live load, alone or beside the purge (they alternate).
     #[arg(long, default_value_t = 3)]
     window_secs: u64,
+    /// The database to purge.
+    #[arg(long, value_enum, default_value_t = Database::Postgres)]
+    backend: Database,
+}
+
+/// A database the purge benchmark runs on.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Database {
+    /// PostgreSQL at `$DATABASE_URL` (a scratch database is created and dropped).
+    Postgres,
+    /// MySQL or MariaDB at `$MYSQL_URL` (a scratch database is created and dropped).
+    Mysql,
 }
 
 /// Runs the benchmark and prints its table.
 pub async fn run(args: Args) -> Result<(), db::Error> {
-    let scratch = db::Scratch::create(args.concurrency as u32 + 4).await?;
-    let result = measure(&args, &scratch).await;
-    scratch.drop().await?;
-    result
+    match args.backend {
+        Database::Postgres => {
+            let scratch = db::Scratch::create(args.concurrency as u32 + 4).await?;
+            let store = Store::new(scratch.pool.clone());
+            let result = measure(&args, &Postgres(&scratch), &store).await;
+            scratch.drop().await?;
+            result
+        }
+        Database::Mysql => {
+            let scratch = db::MySqlScratch::create().await?;
+            let result = async {
+                let pool = MySqlPoolOptions::new()
+                    .max_connections(4)
+                    .connect(&scratch.url)
+                    .await?;
+                let store = Store::new(pool.clone());
+                let target = MySql {
+                    url: &scratch.url,
+                    pool: pool.clone(),
+                };
+                let result = measure(&args, &target, &store).await;
+                pool.close().await;
+                result
+            }
+            .await;
+            scratch.drop().await?;
+            result
+        }
+    }
 }
 
-/// Inserts `rows` expired keys, and has PostgreSQL analyse the table.
-async fn seed(pool: &sqlx::PgPool, rows: i64) -> Result<(), db::Error> {
-    eprintln!("seeding {rows} expired keys...");
-    sqlx::query(
-        "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, response_status, \
-           response_headers, response_body, created_at, expires_at) \
-         SELECT 'tenant_' || (g % 1000), 'key-' || g, 'POST', '/v1/payments', \
-           sha256(g::text::bytea), 'completed', 201, \
-           '[[\"content-type\",\"application/json\"]]'::jsonb, \
-           convert_to(repeat('x', 120), 'UTF8'), now() - interval '2 days', \
-           now() - interval '1 day' + make_interval(secs => g % 3600) \
-         FROM generate_series(1, $1) g",
-    )
-    .bind(rows)
-    .execute(pool)
-    .await?;
-    sqlx::raw_sql("VACUUM ANALYZE idem_keys")
+/// What the benchmark needs of a database; the measuring is the same on each.
+trait Target {
+    /// The database of the store the purge runs on.
+    type Db: idem_runtime::Backend;
+    /// The database's name in the table.
+    const NAME: &'static str;
+    /// Whose CPU time is the database's.
+    const SERVER: cpu::Server;
+    /// Inserts `rows` expired keys, and has the database analyse the table.
+    async fn insert_expired(&self, rows: i64) -> Result<(), db::Error>;
+    /// How many keys are past their expiry.
+    async fn expired(&self) -> Result<i64, db::Error>;
+    /// How many of the purge's statements are running on other connections (a statement cut
+    /// off by the end of a window runs on in the server).
+    async fn purge_statements(&self) -> Result<i64, db::Error>;
+    /// Serves the example over the database with `connections` connections of its own.
+    async fn serve(&self, connections: u32) -> Result<SocketAddr, db::Error>;
+}
+
+/// PostgreSQL, on the scratch database's pool.
+struct Postgres<'a>(&'a db::Scratch);
+
+impl Target for Postgres<'_> {
+    type Db = sqlx::Postgres;
+    const NAME: &'static str = "PostgreSQL";
+    const SERVER: cpu::Server = cpu::Server::Postgres;
+
+    async fn insert_expired(&self, rows: i64) -> Result<(), db::Error> {
+        let pool = &self.0.pool;
+        sqlx::query(
+            "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, response_status, \
+               response_headers, response_body, created_at, expires_at) \
+             SELECT 'tenant_' || (g % 1000), 'key-' || g, 'POST', '/v1/payments', \
+               sha256(g::text::bytea), 'completed', 201, \
+               '[[\"content-type\",\"application/json\"]]'::jsonb, \
+               convert_to(repeat('x', 120), 'UTF8'), now() - interval '2 days', \
+               now() - interval '1 day' + make_interval(secs => g % 3600) \
+             FROM generate_series(1, $1) g",
+        )
+        .bind(rows)
         .execute(pool)
         .await?;
-    Ok(())
+        sqlx::raw_sql("VACUUM ANALYZE idem_keys")
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn expired(&self) -> Result<i64, db::Error> {
+        Ok(
+            sqlx::query_scalar("SELECT count(*) FROM idem_keys WHERE expires_at <= now()")
+                .fetch_one(&self.0.pool)
+                .await?,
+        )
+    }
+
+    async fn purge_statements(&self) -> Result<i64, db::Error> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND state = 'active' \
+               AND pid <> pg_backend_pid() AND query LIKE 'WITH purged AS%'",
+        )
+        .fetch_one(&self.0.pool)
+        .await?)
+    }
+
+    async fn serve(&self, connections: u32) -> Result<SocketAddr, db::Error> {
+        load::serve(self.0.url.clone(), connections).await
+    }
 }
 
-async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
-    let pool = &scratch.pool;
-    let store = Store::new(pool.clone());
+/// MySQL or MariaDB, on a pool of the benchmark's own.
+struct MySql<'a> {
+    url: &'a str,
+    pool: sqlx::MySqlPool,
+}
+
+impl Target for MySql<'_> {
+    type Db = sqlx::MySql;
+    const NAME: &'static str = "MariaDB";
+    const SERVER: cpu::Server = cpu::Server::Mysql;
+
+    /// The same rows as on PostgreSQL, from MariaDB's Sequence engine, in primary key order
+    /// (InnoDB then appends to each page instead of splitting pages all over the table).
+    async fn insert_expired(&self, rows: i64) -> Result<(), db::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, \
+               response_status, response_headers, response_body, created_at, expires_at) \
+             SELECT CONCAT('tenant_', seq % 1000), CONCAT('key-', seq), 'POST', '/v1/payments', \
+               UNHEX(SHA2(seq, 256)), 'completed', 201, \
+               '[[\"content-type\",\"application/json\"]]', REPEAT('x', 120), \
+               UTC_TIMESTAMP(6) - INTERVAL 2 DAY, \
+               UTC_TIMESTAMP(6) - INTERVAL 1 DAY + INTERVAL (seq % 3600) SECOND \
+             FROM seq_1_to_{rows} ORDER BY 1, 2; \
+             ANALYZE TABLE idem_keys"
+        )))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn expired(&self) -> Result<i64, db::Error> {
+        Ok(sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idem_keys WHERE expires_at <= UTC_TIMESTAMP(6)",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// The purge's locking read and its delete; and a cut-off transaction's rollback, which
+    /// the server runs when it finds the connection closed (`Killed`, with no statement).
+    async fn purge_statements(&self) -> Result<i64, db::Error> {
+        Ok(sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND <> 'Sleep' \
+               AND (COMMAND = 'Killed' OR INFO LIKE 'DELETE idem_keys FROM%' \
+                 OR INFO LIKE 'SELECT scope, `key` FROM idem_keys%')",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    async fn serve(&self, connections: u32) -> Result<SocketAddr, db::Error> {
+        load::serve_mysql(self.url.to_owned(), connections).await
+    }
+}
+
+/// Inserts `rows` expired keys into `target`'s table.
+async fn seed<T: Target>(target: &T, rows: i64) -> Result<(), db::Error> {
+    eprintln!("seeding {rows} expired keys...");
+    target.insert_expired(rows).await
+}
+
+async fn measure<T: Target>(
+    args: &Args,
+    target: &T,
+    store: &Store<T::Db>,
+) -> Result<(), db::Error> {
     let pacing = args.pause_ms.map_or(Pacing::Adaptive, |ms| {
         Pacing::Fixed(Duration::from_millis(ms))
     });
@@ -83,7 +236,7 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         .with_pacing(pacing);
 
     // The purge alone: nothing else runs on the database.
-    seed(pool, args.rows).await?;
+    seed(target, args.rows).await?;
     eprintln!("purging alone...");
     let started = cpu::Sample::now();
     let report = store.purge_expired(options).await?;
@@ -106,15 +259,16 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         report.rows as f64 / report.elapsed.as_secs_f64()
     );
     println!(
-        "  purge CPU        {:>8.1} µs/row of PostgreSQL",
-        cpu_alone.postgres.as_secs_f64() * 1e6 / report.rows.max(1) as f64
+        "  purge CPU        {:>8.1} µs/row of {}",
+        cpu_alone.of(T::SERVER).as_secs_f64() * 1e6 / report.rows.max(1) as f64,
+        T::NAME
     );
     println!();
 
     // Beside live requests, on a table seeded again.
-    seed(pool, args.rows).await?;
+    seed(target, args.rows).await?;
     let connections = args.concurrency as u32 + 4;
-    let client = load::Client::new(load::serve(scratch.url.clone(), connections).await?);
+    let client = load::Client::new(target.serve(connections).await?);
     let window = Duration::from_secs(args.window_secs);
 
     eprintln!("warming up...");
@@ -124,11 +278,11 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
     // is done. Each round's two windows make a pair, and the live requests' change is the
     // median of the pairs' ratios; which window comes first alternates, so that a drift of the
     // host over the run favours neither side.
-    let seeded = expired(pool).await?;
+    let seeded = target.expired().await?;
     let mut pairs = Vec::new();
     let mut purging = Duration::ZERO;
     let mut round = 0;
-    while expired(pool).await? > 0 {
+    while target.expired().await? > 0 {
         round += 1;
         eprintln!(
             "round {round}: {} s alone and {} s beside the purge",
@@ -138,16 +292,16 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
             let alone = alone(&client, args, window).await;
             (
                 alone,
-                beside(&client, &store, options, args, window, pool).await?,
+                beside(&client, target, store, options, args, window).await?,
             )
         } else {
-            let beside = beside(&client, &store, options, args, window, pool).await?;
+            let beside = beside(&client, target, store, options, args, window).await?;
             (alone(&client, args, window).await, beside)
         };
         purging += beside.purging;
         pairs.push((alone, beside));
     }
-    let purged = (seeded - expired(pool).await?) as u64;
+    let purged = (seeded - target.expired().await?) as u64;
     println!(
         "purge of {} expired keys beside live requests, batches of {}, {pacing_name}, {} live \
          clients, {} rounds of {} s alone and {} s beside the purge",
@@ -162,25 +316,23 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         "  rate             {:>10.0} rows/s",
         purged as f64 / purging.as_secs_f64()
     );
-    // PostgreSQL's CPU beside the purge, less what the live requests answered meanwhile cost
+    // The database's CPU beside the purge, less what the live requests answered meanwhile cost
     // at the rate of their round's window alone: what the purge itself cost.
     let purge_cpu: f64 = pairs
         .iter()
         .map(|(alone, beside)| {
             let live = alone
                 .cpu
-                .per_request(
-                    alone.live.ok + alone.live.errors,
-                    crate::cpu::Server::Postgres,
-                )
+                .per_request(alone.live.ok + alone.live.errors, T::SERVER)
                 .1;
             let requests = beside.live.ok + beside.live.errors;
-            beside.cpu.postgres.as_secs_f64() * 1e6 - live * requests as f64
+            beside.cpu.of(T::SERVER).as_secs_f64() * 1e6 - live * requests as f64
         })
         .sum();
     println!(
-        "  purge CPU        {:>8.1} µs/row of PostgreSQL, {:.2} of {} cores while it ran",
+        "  purge CPU        {:>8.1} µs/row of {}, {:.2} of {} cores while it ran",
         purge_cpu / purged.max(1) as f64,
+        T::NAME,
         purge_cpu / 1e6 / purging.as_secs_f64(),
         std::thread::available_parallelism().map_or(1, usize::from),
     );
@@ -219,6 +371,11 @@ async fn measure(args: &Args, scratch: &db::Scratch) -> Result<(), db::Error> {
         ratio(&|s| s.ms(0.5)),
         ratio(&|s| s.ms(0.99))
     );
+    for (name, stats) in [("alone", &all_alone), ("beside the purge", &all_beside)] {
+        if let Some(first) = &stats.first_error {
+            println!("  first unexpected answer {name}: {first}");
+        }
+    }
     Ok(())
 }
 
@@ -245,13 +402,13 @@ async fn alone(client: &load::Client, args: &Args, window: Duration) -> Window {
 }
 
 /// A window of live load beside the purge.
-async fn beside(
+async fn beside<T: Target>(
     client: &load::Client,
-    store: &Store<sqlx::Postgres>,
+    target: &T,
+    store: &Store<T::Db>,
     options: PurgeOptions,
     args: &Args,
     window: Duration,
-    pool: &sqlx::PgPool,
 ) -> Result<Window, db::Error> {
     let started = cpu::Sample::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -274,20 +431,10 @@ async fn beside(
     if let Ok(report) = outcome {
         report?;
     }
-    // A statement cut off mid-way still runs to its end in PostgreSQL: wait for it, so that its
+    // A statement cut off mid-way still runs to its end in the server: wait for it, so that its
     // rows and CPU count in this window and not in the next.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let running: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND state = 'active' \
-               AND pid <> pg_backend_pid() AND query LIKE 'WITH purged AS%'",
-        )
-        .fetch_one(pool)
-        .await?;
-        if running == 0 {
-            break;
-        }
+    while target.purge_statements().await? > 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "a purge statement cut off at the window's end was still running 30 s later"
@@ -299,13 +446,4 @@ async fn beside(
         cpu: cpu::Sample::now().since(started),
         purging,
     })
-}
-
-/// How many keys are past their expiry.
-async fn expired(pool: &sqlx::PgPool) -> Result<i64, db::Error> {
-    Ok(
-        sqlx::query_scalar("SELECT count(*) FROM idem_keys WHERE expires_at <= now()")
-            .fetch_one(pool)
-            .await?,
-    )
 }
