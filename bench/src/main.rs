@@ -35,7 +35,7 @@ enum Scenario {
     /// Claim latency with millions of keys in the table against an empty table.
     Scale(scale::Args),
     /// Purge throughput on a table of expired keys, and live request latency while it runs, on
-    /// PostgreSQL or (`--backend mysql`) MySQL/MariaDB.
+    /// PostgreSQL or (`--backend mysql`) MariaDB.
     Purge(purge::Args),
     /// What duplicates that wait (`Prefer: wait`) cost the database, next to 409-and-retry.
     Wait(wait::Args),

@@ -91,7 +91,7 @@ fn answer(key: &Key, with_body: bool) -> (String, Option<String>) {
             Some(bytes.iter().map(|byte| format!("{byte:02x}")).collect()),
         ),
         Some(GrpcAnswer::Status(code, message)) => (code_name(code), Some(message)),
-        None => (
+        _ => (
             http_status(),
             key.response_body
                 .as_deref()
@@ -105,8 +105,13 @@ pub fn key(key: &Key, with_body: bool, json: bool) {
     let (status, body) = answer(key, with_body);
     if json {
         let mut value = serde_json::to_value(key).unwrap_or_default();
-        if let Some(GrpcAnswer::Message(_) | GrpcAnswer::Status(..)) = key.grpc_answer() {
-            value["grpc_status"] = json!(status);
+        match key.grpc_answer() {
+            Some(GrpcAnswer::Message(bytes)) => {
+                value["grpc_status"] = json!("OK");
+                value["grpc_message_bytes"] = json!(bytes.len());
+            }
+            Some(GrpcAnswer::Status(code, _)) => value["grpc_status"] = json!(code_name(code)),
+            _ => {}
         }
         if let Some(body) = body {
             value["response_body"] = json!(body);

@@ -219,7 +219,11 @@ where
             "--body",
         ],
     ));
-    assert_eq!(paid["grpc_status"], "OK (a message of 5 bytes)", "{paid}");
+    assert_eq!(
+        (&paid["grpc_status"], &paid["grpc_message_bytes"]),
+        (&"OK".into(), &5.into()),
+        "{paid}"
+    );
     assert_eq!(
         paid["response_body"], "0a03706179",
         "the message in hex: {paid}"

@@ -108,6 +108,7 @@ pub struct KeyInfo {
 /// A gRPC call's stored answer, as an operator reads it (see [`KeyInfo::grpc_answer`]).
 #[cfg(feature = "grpc")]
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GrpcAnswer {
     /// The method's message, protobuf-encoded: its type is the service's, unknown here.
     Message(Vec<u8>),

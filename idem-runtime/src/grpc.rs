@@ -61,8 +61,8 @@ pub trait FromMetadata: Sized {
 }
 
 /// A status that asks the caller to retry after `after`: metadata `retry-after` (whole
-/// seconds, at least one) and gRFC A6's `grpc-retry-pushback-ms`, which idem's client, tonic's
-/// and grpc-go's clients honour. idem answers its own `ABORTED` and `UNAVAILABLE` this way; a
+/// seconds, at least one) and gRFC A6's `grpc-retry-pushback-ms`, which idem's client and the
+/// retry policies of grpc-go and grpc-java honour. idem answers its own `ABORTED` and `UNAVAILABLE` this way; a
 /// method answers a fault that passes (its database failing over, say) the same way:
 ///
 /// ```
@@ -77,7 +77,9 @@ pub fn retry_later(
     message: impl Into<String>,
     after: std::time::Duration,
 ) -> Status {
-    let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    let seconds = after
+        .as_secs()
+        .saturating_add(u64::from(after.subsec_nanos() > 0));
     let seconds = seconds.max(1);
     let mut metadata = MetadataMap::new();
     metadata.insert("retry-after", seconds.into());
