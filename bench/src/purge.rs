@@ -1,6 +1,7 @@
 //! `purge`: how fast the purge task empties a table of expired keys on a database with nothing
-//! else to do, and, on a table seeded again, how fast beside live requests and how much it
-//! slows them. On PostgreSQL, or on MariaDB with `--backend mysql`: what differs
+//! else to do, against a bare loop of `DELETE` statements emptying the same table (the
+//! baseline), and, on a table seeded again, how fast beside live requests and how much it slows
+//! them. On PostgreSQL, or on MariaDB with `--backend mysql`: what differs
 //! between them is a [`Target`]'s few statements; the measuring is the same.
 
 use std::{
@@ -46,6 +47,10 @@ pub struct Args {
     /// The database to purge.
     #[arg(long, value_enum, default_value_t = Database::Postgres)]
     backend: Database,
+    /// Measures the purge alone only, without the phase beside live requests (on MariaDB, a
+    /// million keys take most of an hour beside them).
+    #[arg(long)]
+    alone_only: bool,
 }
 
 /// A database the purge benchmark runs on.
@@ -99,10 +104,19 @@ trait Target {
     const NAME: &'static str;
     /// Whose CPU time is the database's.
     const SERVER: cpu::Server;
-    /// Inserts `rows` expired keys, and has the database analyse the table.
+    /// Empties the table into a new one (`TRUNCATE`), so that each phase starts from the same
+    /// fresh table and not from the pages the phase before emptied; inserts `rows` expired
+    /// keys, and has the database analyse the table.
     async fn insert_expired(&self, rows: i64) -> Result<(), db::Error>;
     /// How many keys are past their expiry.
     async fn expired(&self) -> Result<i64, db::Error>;
+    /// Deletes up to `batch` of the oldest expired keys in one bare statement, as a loop written
+    /// by hand would: the baseline of the purge alone.
+    async fn delete_bare(&self, batch: u32) -> Result<u64, db::Error>;
+    /// Whether any key is past its expiry (cheaper than counting them).
+    async fn any_expired(&self) -> Result<bool, db::Error>;
+    /// What of the server's configuration bears on the purge's speed, with the table's size.
+    async fn describe(&self) -> Result<String, db::Error>;
     /// How many of the purge's statements are running on other connections (a statement cut
     /// off by the end of a window runs on in the server).
     async fn purge_statements(&self) -> Result<i64, db::Error>;
@@ -120,6 +134,7 @@ impl Target for Postgres<'_> {
 
     async fn insert_expired(&self, rows: i64) -> Result<(), db::Error> {
         let pool = &self.0.pool;
+        sqlx::raw_sql("TRUNCATE idem_keys").execute(pool).await?;
         sqlx::query(
             "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, response_status, \
                response_headers, response_body, created_at, expires_at) \
@@ -145,6 +160,38 @@ impl Target for Postgres<'_> {
                 .fetch_one(&self.0.pool)
                 .await?,
         )
+    }
+
+    async fn delete_bare(&self, batch: u32) -> Result<u64, db::Error> {
+        Ok(sqlx::query(
+            "DELETE FROM idem_keys WHERE ctid = ANY (ARRAY ( \
+               SELECT ctid FROM idem_keys WHERE expires_at <= now() \
+               ORDER BY expires_at LIMIT $1))",
+        )
+        .bind(i64::from(batch))
+        .execute(&self.0.pool)
+        .await?
+        .rows_affected())
+    }
+
+    async fn any_expired(&self) -> Result<bool, db::Error> {
+        Ok(
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM idem_keys WHERE expires_at <= now())")
+                .fetch_one(&self.0.pool)
+                .await?,
+        )
+    }
+
+    async fn describe(&self) -> Result<String, db::Error> {
+        let (buffers, table): (String, i64) = sqlx::query_as(
+            "SELECT current_setting('shared_buffers'), pg_total_relation_size('idem_keys')",
+        )
+        .fetch_one(&self.0.pool)
+        .await?;
+        Ok(format!(
+            "shared_buffers {buffers}, table and indexes {} MiB",
+            table >> 20
+        ))
     }
 
     async fn purge_statements(&self) -> Result<i64, db::Error> {
@@ -176,8 +223,28 @@ impl Target for MySql<'_> {
     /// The same rows as on PostgreSQL, from MariaDB's Sequence engine, in primary key order
     /// (InnoDB then appends to each page instead of splitting pages all over the table).
     async fn insert_expired(&self, rows: i64) -> Result<(), db::Error> {
+        // The deletes of a phase before are still being cleaned up by InnoDB's purge thread,
+        // which would slow the next phase: it starts when they are.
+        let deadline = std::time::Instant::now() + Duration::from_secs(600);
+        loop {
+            let history: String = sqlx::query_scalar(
+                "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+                 WHERE VARIABLE_NAME = 'INNODB_HISTORY_LIST_LENGTH'",
+            )
+            .fetch_one(&self.pool)
+            .await?;
+            if history.parse::<u64>().is_ok_and(|length| length < 1000) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "InnoDB's history list was still {history} long after 10 minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, \
+            "TRUNCATE idem_keys; \
+             INSERT INTO idem_keys (scope, `key`, method, path, fingerprint, status, \
                response_status, response_headers, response_body, created_at, expires_at) \
              SELECT CONCAT('tenant_', seq % 1000), CONCAT('key-', seq), 'POST', '/v1/payments', \
                UNHEX(SHA2(seq, 256)), 'completed', 201, \
@@ -200,13 +267,49 @@ impl Target for MySql<'_> {
         .await?)
     }
 
-    /// The purge's locking read and its delete; and a cut-off transaction's rollback, which
+    async fn delete_bare(&self, batch: u32) -> Result<u64, db::Error> {
+        Ok(sqlx::query(
+            "DELETE FROM idem_keys WHERE expires_at <= UTC_TIMESTAMP(6) \
+             ORDER BY expires_at LIMIT ?",
+        )
+        .bind(batch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
+
+    async fn any_expired(&self) -> Result<bool, db::Error> {
+        let any: i64 = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM idem_keys WHERE expires_at <= UTC_TIMESTAMP(6))",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(any != 0)
+    }
+
+    async fn describe(&self) -> Result<String, db::Error> {
+        let (pool, table): (u64, i64) = sqlx::query_as(
+            "SELECT @@innodb_buffer_pool_size, \
+               CAST(DATA_LENGTH + INDEX_LENGTH AS SIGNED) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idem_keys'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(format!(
+            "innodb_buffer_pool_size {} MiB, table and indexes {} MiB",
+            pool >> 20,
+            table >> 20
+        ))
+    }
+
+    /// The purge's delete, or its locking read and deletes by key; and a cut-off transaction's rollback, which
     /// the server runs when it finds the connection closed (`Killed`, with no statement).
     async fn purge_statements(&self) -> Result<i64, db::Error> {
         Ok(sqlx::query_scalar(
             "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
              WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND <> 'Sleep' \
                AND (COMMAND = 'Killed' OR INFO LIKE 'DELETE idem_keys FROM%' \
+                 OR INFO LIKE 'SET STATEMENT innodb_lock_wait_timeout = 0 FOR DELETE%' \
                  OR INFO LIKE 'SELECT scope, `key` FROM idem_keys%')",
         )
         .fetch_one(&self.pool)
@@ -238,6 +341,19 @@ async fn measure<T: Target>(
 
     // The purge alone: nothing else runs on the database.
     seed(target, args.rows).await?;
+    let server = target.describe().await?;
+    eprintln!("deleting alone in a bare loop...");
+    let clock = std::time::Instant::now();
+    let mut bare_rows = 0;
+    loop {
+        let rows = target.delete_bare(args.batch).await?;
+        bare_rows += rows;
+        if rows < u64::from(args.batch) {
+            break;
+        }
+    }
+    let bare = bare_rows as f64 / clock.elapsed().as_secs_f64();
+    seed(target, args.rows).await?;
     eprintln!("purging alone...");
     let started = cpu::Sample::now();
     let report = store.purge_expired(options).await?;
@@ -250,14 +366,18 @@ async fn measure<T: Target>(
         "purge of {} expired keys alone, batches of {}, {pacing_name}",
         args.rows, args.batch
     );
+    println!("  {} ({server})", T::NAME);
     println!(
         "  cleared in       {:>11.2}s ({:.2}s of pauses)",
         report.elapsed.as_secs_f64(),
         report.paused.as_secs_f64()
     );
+    let rate = report.rows as f64 / report.elapsed.as_secs_f64();
     println!(
-        "  rate             {:>10.0} rows/s",
-        report.rows as f64 / report.elapsed.as_secs_f64()
+        "  rate             {rate:>10.0} rows/s, {:.2}x of a bare loop of DELETE statements \
+         ({bare:.0} rows/s, {:.2}s)",
+        rate / bare,
+        bare_rows as f64 / bare
     );
     println!(
         "  purge CPU        {:>8.1} µs/row of {}",
@@ -265,6 +385,9 @@ async fn measure<T: Target>(
         T::NAME
     );
     println!();
+    if args.alone_only {
+        return Ok(());
+    }
 
     // Beside live requests, on a table seeded again.
     seed(target, args.rows).await?;
@@ -283,7 +406,7 @@ async fn measure<T: Target>(
     let mut pairs = Vec::new();
     let mut purging = Duration::ZERO;
     let mut round = 0;
-    while target.expired().await? > 0 {
+    while target.any_expired().await? {
         round += 1;
         eprintln!(
             "round {round}: {} s alone and {} s beside the purge",

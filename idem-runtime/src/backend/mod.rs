@@ -49,9 +49,10 @@ pub(crate) struct Purged {
     /// Rows deleted.
     pub(crate) rows: u64,
     /// Where the batch ended, for the next batch to start from, on a database that keeps a
-    /// deleted row's index entries until a vacuum (PostgreSQL): the latest expiry it deleted,
-    /// in microseconds since the Unix epoch. Without it every batch would walk the index past
-    /// all the rows the batches before it deleted. `None` where the database has no use for it.
+    /// deleted row's index entries for a while (PostgreSQL until a vacuum, MariaDB until its
+    /// purge thread gets to them): the latest expiry it deleted, in microseconds since the Unix
+    /// epoch. Without it every batch would walk the index past all the rows the batches before
+    /// it deleted. `None` where the database has no use for it.
     pub(crate) last: Option<i64>,
 }
 

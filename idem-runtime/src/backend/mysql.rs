@@ -22,8 +22,9 @@
 use std::time::Duration;
 
 use sqlx::{
-    MySql, MySqlConnection, QueryBuilder, Row, SqlSafeStr, Transaction, migrate::Migrator,
-    mysql::MySqlDatabaseError,
+    MySql, MySqlConnection, QueryBuilder, Row, SqlSafeStr, Transaction,
+    migrate::Migrator,
+    mysql::{MySqlDatabaseError, MySqlRow},
 };
 
 use super::{Begun, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
@@ -130,9 +131,27 @@ const START_TAKEOVER: &str = "UPDATE idem_keys SET \
        claim_token = ?, response_status = NULL, response_headers = NULL, response_body = NULL \
      WHERE scope = ? AND `key` = ?";
 
-// The oldest expired rows, skipping rows a live request holds (an in-flight claim's row too).
-const PURGE_SELECT: &str = "SELECT scope, `key` FROM idem_keys \
-     WHERE expires_at <= UTC_TIMESTAMP(6) AND parked_at IS NULL \
+// The oldest expired rows, in one statement; refused at once when a live request holds one of
+// the rows it reaches (an in-flight claim's row, expired until its completion, among them).
+// Each batch starts at the expiry where the previous one ended (microseconds since the epoch):
+// the index keeps a deleted row's entry until InnoDB's purge thread gets to it, and at read
+// committed a scan from the oldest expiry slows with every entry it walks past (measured: a
+// batch of 1,000 took 6.8 ms at first and 20.6 ms at the tenth). `>=`: rows of the same expiry
+// as the last one deleted may be left.
+const PURGE: &str = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
+     DELETE FROM idem_keys \
+     WHERE expires_at >= TIMESTAMP'1970-01-01 00:00:00' + INTERVAL ? MICROSECOND \
+       AND expires_at <= UTC_TIMESTAMP(6) AND parked_at IS NULL \
+     ORDER BY expires_at LIMIT ? \
+     RETURNING TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', expires_at) AS expiry";
+
+// The oldest expired rows from the same expiry on, skipping rows a live request holds (an
+// in-flight claim's row too).
+const PURGE_SELECT: &str = "SELECT scope, `key`, \
+       TIMESTAMPDIFF(MICROSECOND, TIMESTAMP'1970-01-01 00:00:00', expires_at) AS expiry \
+     FROM idem_keys \
+     WHERE expires_at >= TIMESTAMP'1970-01-01 00:00:00' + INTERVAL ? MICROSECOND \
+       AND expires_at <= UTC_TIMESTAMP(6) AND parked_at IS NULL \
      ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED";
 
 const RECLAIM_SELECT: &str = "SELECT scope, `key` FROM idem_keys \
@@ -330,6 +349,19 @@ fn keys_of(rows: &[sqlx::mysql::MySqlRow]) -> Result<Vec<RowKey>, crate::Error> 
     rows.iter()
         .map(|row| Ok((row.try_get("scope")?, row.try_get("key")?)))
         .collect()
+}
+
+/// A purge batch of `deleted` rows, from `rows` (in expiry order) with their `expiry`: the
+/// next batch starts at the last one's.
+fn purged(rows: &[MySqlRow], deleted: u64) -> Result<Purged, crate::Error> {
+    let last = match rows.last() {
+        Some(row) => Some(row.try_get("expiry")?),
+        None => None,
+    };
+    Ok(Purged {
+        rows: deleted,
+        last,
+    })
 }
 
 /// At most this many keys per statement of [`push_chosen`]: two placeholders each, well under
@@ -553,23 +585,37 @@ impl Storage for MySql {
     async fn purge_batch(
         conn: &mut MySqlConnection,
         limit: i64,
-        _from: Option<i64>,
+        from: Option<i64>,
     ) -> Result<Purged, crate::Error> {
+        let from = from.unwrap_or(0);
+        // Read committed: the delete locks the rows it deletes and no gap, so a claim's insert
+        // beside it is never refused for a lock of the purge's.
+        let mut tx =
+            Transaction::<'_, MySql>::begin(&mut *conn, Some(BEGIN.into_sql_str())).await?;
+        match sqlx::query(PURGE)
+            .bind(from)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+        {
+            Ok(rows) => {
+                tx.commit().await?;
+                return purged(&rows, rows.len() as u64);
+            }
+            // A live request holds a row in the way. The statement was undone; the locks it had
+            // taken are let go with the transaction.
+            Err(error) if is_locked(&error) => tx.rollback().await?,
+            Err(error) => return Err(error.into()),
+        }
         // MySQL's DELETE cannot skip locked rows: the rows are chosen and locked first, then
         // deleted by key, in one short transaction.
         let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
         let rows = sqlx::query(PURGE_SELECT)
+            .bind(from)
             .bind(limit)
             .fetch_all(&mut *tx)
             .await?;
         let keys = keys_of(&rows)?;
-        if keys.is_empty() {
-            tx.commit().await?;
-            return Ok(Purged {
-                rows: 0,
-                last: None,
-            });
-        }
         let mut deleted = 0;
         for chunk in keys.chunks(KEYS_PER_STATEMENT) {
             let mut delete = QueryBuilder::<MySql>::new("DELETE idem_keys FROM ");
@@ -577,12 +623,7 @@ impl Storage for MySql {
             deleted += delete.build().execute(&mut *tx).await?.rows_affected();
         }
         tx.commit().await?;
-        // InnoDB's own purge thread removes the index entries of committed deletes as it goes;
-        // each batch starts from the oldest row left.
-        Ok(Purged {
-            rows: deleted,
-            last: None,
-        })
+        purged(&rows, deleted)
     }
 
     async fn reclaim_abandoned(
