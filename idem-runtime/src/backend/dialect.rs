@@ -69,6 +69,14 @@ pub(super) trait Dialect: sqlx::Database {
     const RECORDED_STEPS: &'static str =
         "SELECT steps FROM idem_keys WHERE scope = $1 AND key = $2 AND claim_token = $3";
 
+    /// How a statement that updates one key's row (`WHERE scope = … AND key = …` and more)
+    /// begins: `UPDATE idem_keys`, or a spelling that reaches the row by the primary key only,
+    /// where the optimizer could choose another index and lock other keys' rows on its way.
+    const UPDATE_BY_KEY: &'static str = "UPDATE idem_keys";
+
+    /// [`UPDATE_BY_KEY`](Dialect::UPDATE_BY_KEY) for a `DELETE`.
+    const DELETE_BY_KEY: &'static str = "DELETE FROM idem_keys";
+
     /// The migrations that create and upgrade the key table (`sqlx::migrate!` of the
     /// backend's directory); recorded in `_idem_migrations`.
     const MIGRATOR: Migrator;

@@ -190,7 +190,8 @@ where
     ) -> Result<Released, crate::Error> {
         // Never a parked claim: `abandon` is the operator's verb for it.
         let delete = format!(
-            "DELETE FROM idem_keys WHERE {} AND status = 'started' AND NOT ({PARKED})",
+            "{} WHERE {} AND status = 'started' AND NOT ({PARKED})",
+            Self::DELETE_BY_KEY,
             this_key::<DB>()
         );
         let mut conn = pool.acquire().await?;
@@ -300,9 +301,10 @@ trait Unparking: Dialect {
     /// retry meanwhile is still refused, not let take the claim over as a lapsed one.
     fn resume_sql() -> String {
         format!(
-            "UPDATE idem_keys SET recovery_attempts = 0, lease_until = {now}, \
+            "{update} SET recovery_attempts = 0, lease_until = {now}, \
                expires_at = CASE WHEN expires_at < {hour} THEN {hour} ELSE expires_at END \
              WHERE {this_key} AND {PARKED}",
+            update = Self::UPDATE_BY_KEY,
             now = Self::NOW,
             hour = Self::IN_AN_HOUR,
             this_key = this_key::<Self>(),
@@ -312,7 +314,8 @@ trait Unparking: Dialect {
     /// Deletes the parked claim: the next retry runs the handler.
     fn abandon_sql() -> String {
         format!(
-            "DELETE FROM idem_keys WHERE {} AND {PARKED}",
+            "{} WHERE {} AND {PARKED}",
+            Self::DELETE_BY_KEY,
             this_key::<Self>()
         )
     }

@@ -251,9 +251,10 @@ where
             String::new()
         };
         let sql = format!(
-            "UPDATE idem_keys SET {parked}recovery_error = COALESCE({reason}, recovery_error) \
+            "{update} SET {parked}recovery_error = COALESCE({reason}, recovery_error) \
              WHERE scope = {scope} AND {key} = {key_param} AND status = 'started' \
                AND claim_token = {token}",
+            update = DB::UPDATE_BY_KEY,
             reason = DB::param(1),
             scope = DB::param(2),
             key = DB::KEY_COLUMN,
