@@ -11,147 +11,13 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
-
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 use crate::tasks::{PurgeOptions, PurgeReport};
-use crate::{Backend, Store};
-
-/// The counts of the key table.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Keys with a stored response.
-    pub completed: i64,
-    /// Claims in flight: `started` rows with a lease (external mode; a transactional claim is
-    /// never visible outside its transaction).
-    pub started: i64,
-    /// The age of the oldest claim in flight, in milliseconds.
-    pub oldest_started_ms: Option<i64>,
-    /// Rows past their expiry that the purge has not deleted yet (parked claims, which the
-    /// purge passes over, not counted).
-    pub expired: i64,
-    /// Claims the recovery gave up on, waiting for an operator ([`Store::parked`]).
-    pub parked: i64,
-}
-
-/// A claim the recovery gave up on ([`RecoveryOptions::max_attempts`]): its request's route,
-/// never its body.
-///
-/// [`RecoveryOptions::max_attempts`]: crate::tasks::RecoveryOptions::max_attempts
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct ParkedClaim {
-    /// The scope (the caller).
-    pub scope: String,
-    /// The `Idempotency-Key`.
-    pub key: String,
-    /// The first request's method.
-    pub method: String,
-    /// The first request's path and query.
-    pub path: String,
-    /// The rounds the recovery's hook had at it.
-    pub attempts: i64,
-    /// The hook's last reason ([`Verdict::Failed`]); `None` when it only ever kept the claim.
-    ///
-    /// [`Verdict::Failed`]: crate::tasks::Verdict::Failed
-    pub last_error: Option<String>,
-    /// Since it was parked, in milliseconds.
-    pub parked_ms: i64,
-    /// Since its claim was taken, in milliseconds.
-    pub claimed_ms: Option<i64>,
-}
-
-/// What [`Store::resume_parked`] or [`Store::abandon_parked`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unparked {
-    /// Done: resumed (the recovery's next pass hands it to the hook again) or abandoned (the
-    /// next retry runs the handler).
-    Done,
-    /// The key exists but is not a parked claim: nothing done.
-    NotParked,
-    /// No such key.
-    Missing,
-}
-
-/// One key's row, as an operator sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct KeyInfo {
-    /// The scope (the caller).
-    pub scope: String,
-    /// The `Idempotency-Key`.
-    pub key: String,
-    /// `started` or `completed`.
-    pub status: String,
-    /// The first request's method.
-    pub method: String,
-    /// The first request's path and query.
-    pub path: String,
-    /// The stored response's status.
-    pub response_status: Option<i64>,
-    /// Since the row was written, in milliseconds.
-    pub age_ms: i64,
-    /// Until it expires (negative: expired), in milliseconds.
-    pub expires_in_ms: i64,
-    /// Since the claim was taken, in milliseconds.
-    pub claimed_ms: Option<i64>,
-    /// Until the claim's lease ends (negative: ended), in milliseconds.
-    pub lease_left_ms: Option<i64>,
-    /// The recorded steps (recovery points), as JSON.
-    pub steps: Option<String>,
-    /// The stored response's body, only when asked for.
-    #[serde(skip)]
-    pub response_body: Option<Vec<u8>>,
-}
-
-/// A gRPC call's stored answer, as an operator reads it (see [`KeyInfo::grpc_answer`]).
-#[cfg(feature = "grpc")]
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum GrpcAnswer {
-    /// The method's message, protobuf-encoded: its type is the service's, unknown here.
-    Message(Vec<u8>),
-    /// The method's status: its code and message.
-    Status(tonic::Code, String),
-}
+use crate::{backend::Backend, store::Store};
 
 #[cfg(feature = "grpc")]
-impl KeyInfo {
-    /// The stored answer of a gRPC call (a key whose method is `GRPC`), read from the body
-    /// fetched with the key ([`Store::inspect`] with `with_body`): `None` for an HTTP key, a
-    /// claim without an answer, or a key read without its body. The key's `response_status`
-    /// is only the HTTP status the answer is kept under (several codes share one).
-    #[must_use]
-    pub fn grpc_answer(&self) -> Option<GrpcAnswer> {
-        if self.method != crate::flow::grpc::GRPC_METHOD {
-            return None;
-        }
-        let body = self.response_body.as_deref()?;
-        match self.response_status? {
-            200 => Some(GrpcAnswer::Message(body.to_vec())),
-            _ => crate::flow::grpc::stored_status(body)
-                .map(|(code, message)| GrpcAnswer::Status(code, message)),
-        }
-    }
-}
-
-/// What [`Store::release_claim`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Released {
-    /// The claim in flight was deleted: the next retry runs the handler again.
-    Done,
-    /// The key has a stored response, which retries replay: not released.
-    Completed,
-    /// The claim was parked by the recovery: not released here; [`Store::abandon_parked`]
-    /// is the operator's way to let it go (or [`Store::resume_parked`]).
-    Parked,
-    /// No such key.
-    Missing,
-    /// Another transaction is writing the key's row this instant (a completion, a renewal, a
-    /// transactional claim on MySQL): not released; ask again to see where it stands.
-    Busy,
-}
+pub use crate::report::GrpcAnswer;
+pub use crate::report::{KeyInfo, ParkedClaim, Released, Stats, Unparked};
 
 impl<DB: Backend> Store<DB> {
     /// The counts of the key table: completed keys, claims in flight and the oldest one's age,
@@ -159,9 +25,9 @@ impl<DB: Backend> Store<DB> {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`](crate::Error::Database) when a statement fails (a database without
-    /// the key table: [`Error::is_missing_key_table`](crate::Error::is_missing_key_table)).
-    pub async fn stats(&self) -> Result<Stats, crate::Error> {
+    /// [`Error::Database`](crate::error::Error::Database) when a statement fails (a database without
+    /// the key table: [`Error::is_missing_key_table`](crate::error::Error::is_missing_key_table)).
+    pub async fn stats(&self) -> Result<Stats, crate::error::Error> {
         DB::stats(self.pool()).await
     }
 
@@ -175,7 +41,7 @@ impl<DB: Backend> Store<DB> {
         scope: &str,
         key: &str,
         with_body: bool,
-    ) -> Result<Option<KeyInfo>, crate::Error> {
+    ) -> Result<Option<KeyInfo>, crate::error::Error> {
         DB::inspect(self.pool(), scope, key, with_body).await
     }
 
@@ -184,7 +50,10 @@ impl<DB: Backend> Store<DB> {
     /// # Errors
     ///
     /// As [`stats`](Store::stats).
-    pub async fn in_flight(&self, older_than: Duration) -> Result<Vec<KeyInfo>, crate::Error> {
+    pub async fn in_flight(
+        &self,
+        older_than: Duration,
+    ) -> Result<Vec<KeyInfo>, crate::error::Error> {
         DB::in_flight(self.pool(), older_than).await
     }
 
@@ -194,7 +63,11 @@ impl<DB: Backend> Store<DB> {
     /// # Errors
     ///
     /// As [`stats`](Store::stats).
-    pub async fn release_claim(&self, scope: &str, key: &str) -> Result<Released, crate::Error> {
+    pub async fn release_claim(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> Result<Released, crate::error::Error> {
         DB::release_claim(self.pool(), scope, key).await
     }
 
@@ -203,7 +76,7 @@ impl<DB: Backend> Store<DB> {
     /// # Errors
     ///
     /// As [`stats`](Store::stats).
-    pub async fn parked(&self) -> Result<Vec<ParkedClaim>, crate::Error> {
+    pub async fn parked(&self) -> Result<Vec<ParkedClaim>, crate::error::Error> {
         DB::parked(self.pool()).await
     }
 
@@ -215,7 +88,11 @@ impl<DB: Backend> Store<DB> {
     /// # Errors
     ///
     /// As [`stats`](Store::stats).
-    pub async fn resume_parked(&self, scope: &str, key: &str) -> Result<Unparked, crate::Error> {
+    pub async fn resume_parked(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> Result<Unparked, crate::error::Error> {
         DB::unpark(self.pool(), scope, key, true).await
     }
 
@@ -226,7 +103,11 @@ impl<DB: Backend> Store<DB> {
     /// # Errors
     ///
     /// As [`stats`](Store::stats).
-    pub async fn abandon_parked(&self, scope: &str, key: &str) -> Result<Unparked, crate::Error> {
+    pub async fn abandon_parked(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> Result<Unparked, crate::error::Error> {
         DB::unpark(self.pool(), scope, key, false).await
     }
 }
@@ -274,11 +155,11 @@ impl AnyStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Setup`](crate::Error::Setup) when the URL names a database whose feature is
+    /// [`Error::Setup`](crate::error::Error::Setup) when the URL names a database whose feature is
     /// off or none at all, or the database has no key table (it names
-    /// [`migrate`](crate::migrate)); [`Error::Database`](crate::Error::Database) when the URL
+    /// [`migrate`](crate::backend::migrate)); [`Error::Database`](crate::error::Error::Database) when the URL
     /// does not parse or the database cannot be reached.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, crate::Error> {
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, crate::error::Error> {
         let scheme = url.split(':').next().unwrap_or_default();
         let store = match scheme {
             #[cfg(feature = "sqlite")]
@@ -308,7 +189,7 @@ impl AnyStore {
                     .await?,
             )),
             other => {
-                return Err(crate::Error::Setup {
+                return Err(crate::error::Error::Setup {
                     reason: format!(
                         "the URL's scheme `{other}` names no database this build of idem \
                          supports ({})",
@@ -319,11 +200,11 @@ impl AnyStore {
         };
         // A statement that reads no row: a check that costs nothing on a table of any size.
         let probe = "SELECT 1 FROM idem_keys WHERE 1 = 0";
-        let probed: Result<(), crate::Error> = on_store!(&store, store => {
+        let probed: Result<(), crate::error::Error> = on_store!(&store, store => {
             sqlx::query(probe).fetch_optional(store.pool()).await.map(|_| ()).map_err(Into::into)
         });
         match probed {
-            Err(error) if error.is_missing_key_table() => Err(crate::Error::Setup {
+            Err(error) if error.is_missing_key_table() => Err(crate::error::Error::Setup {
                 reason: "the database has no idem_keys table: is it the service's database, \
                          and has the service run `idem_runtime::migrate` on it?"
                     .to_owned(),
@@ -338,7 +219,7 @@ impl AnyStore {
     /// # Errors
     ///
     /// As [`Store::stats`].
-    pub async fn stats(&self) -> Result<Stats, crate::Error> {
+    pub async fn stats(&self) -> Result<Stats, crate::error::Error> {
         on_store!(self, store => store.stats().await)
     }
 
@@ -352,7 +233,7 @@ impl AnyStore {
         scope: &str,
         key: &str,
         with_body: bool,
-    ) -> Result<Option<KeyInfo>, crate::Error> {
+    ) -> Result<Option<KeyInfo>, crate::error::Error> {
         on_store!(self, store => store.inspect(scope, key, with_body).await)
     }
 
@@ -361,7 +242,10 @@ impl AnyStore {
     /// # Errors
     ///
     /// As [`Store::in_flight`].
-    pub async fn in_flight(&self, older_than: Duration) -> Result<Vec<KeyInfo>, crate::Error> {
+    pub async fn in_flight(
+        &self,
+        older_than: Duration,
+    ) -> Result<Vec<KeyInfo>, crate::error::Error> {
         on_store!(self, store => store.in_flight(older_than).await)
     }
 
@@ -370,7 +254,11 @@ impl AnyStore {
     /// # Errors
     ///
     /// As [`Store::release_claim`].
-    pub async fn release_claim(&self, scope: &str, key: &str) -> Result<Released, crate::Error> {
+    pub async fn release_claim(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> Result<Released, crate::error::Error> {
         on_store!(self, store => store.release_claim(scope, key).await)
     }
 
@@ -379,7 +267,7 @@ impl AnyStore {
     /// # Errors
     ///
     /// As [`Store::parked`].
-    pub async fn parked(&self) -> Result<Vec<ParkedClaim>, crate::Error> {
+    pub async fn parked(&self) -> Result<Vec<ParkedClaim>, crate::error::Error> {
         on_store!(self, store => store.parked().await)
     }
 
@@ -388,7 +276,11 @@ impl AnyStore {
     /// # Errors
     ///
     /// As [`Store::resume_parked`].
-    pub async fn resume_parked(&self, scope: &str, key: &str) -> Result<Unparked, crate::Error> {
+    pub async fn resume_parked(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> Result<Unparked, crate::error::Error> {
         on_store!(self, store => store.resume_parked(scope, key).await)
     }
 
@@ -397,7 +289,11 @@ impl AnyStore {
     /// # Errors
     ///
     /// As [`Store::abandon_parked`].
-    pub async fn abandon_parked(&self, scope: &str, key: &str) -> Result<Unparked, crate::Error> {
+    pub async fn abandon_parked(
+        &self,
+        scope: &str,
+        key: &str,
+    ) -> Result<Unparked, crate::error::Error> {
         on_store!(self, store => store.abandon_parked(scope, key).await)
     }
 
@@ -406,7 +302,10 @@ impl AnyStore {
     /// # Errors
     ///
     /// As [`Store::purge_expired`].
-    pub async fn purge_expired(&self, options: PurgeOptions) -> Result<PurgeReport, crate::Error> {
+    pub async fn purge_expired(
+        &self,
+        options: PurgeOptions,
+    ) -> Result<PurgeReport, crate::error::Error> {
         on_store!(self, store => store.purge_expired(options).await)
     }
 }

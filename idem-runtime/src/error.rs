@@ -4,7 +4,7 @@
 /// What went wrong in the idempotency store.
 ///
 /// Requests never see it: the layer answers them with a problem (503 `StoreUnavailable` and the
-/// like) and logs it. It is what [`migrate`](crate::migrate) and the
+/// like) and logs it. It is what [`migrate`](crate::backend::migrate) and the
 /// [`tasks`](crate::tasks) return.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -16,7 +16,7 @@ pub enum Error {
     #[error("migrating idem's tables failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// The database did not answer within the store's
-    /// [`database_timeout`](crate::StoreOptions::database_timeout): the operation was abandoned and
+    /// [`database_timeout`](crate::store::StoreOptions::database_timeout): the operation was abandoned and
     /// its connection closed.
     #[error("the idempotency store's database did not answer within {}", crate::attribute::attribute_duration(*.after))]
     TimedOut {
@@ -76,7 +76,7 @@ impl Error {
         }
     }
 
-    /// Whether the database says that idem's key table does not exist: [`migrate`](crate::migrate)
+    /// Whether the database says that idem's key table does not exist: [`migrate`](crate::backend::migrate)
     /// was not run on it.
     pub fn is_missing_key_table(&self) -> bool {
         let Self::Database(sqlx::Error::Database(error)) = self else {
@@ -94,7 +94,7 @@ impl Error {
     }
 
     /// What to do about this error, when it says a step of setting up was missed: the key
-    /// table's absence names [`migrate`](crate::migrate).
+    /// table's absence names [`migrate`](crate::backend::migrate).
     pub(crate) fn setup_hint(&self) -> Option<&'static str> {
         self.is_missing_key_table().then_some(
             "the idempotency key table does not exist: run `idem_runtime::migrate(&pool)` on \

@@ -22,7 +22,7 @@
 //! }
 //! ```
 //!
-//! The service provides the [`Store`](crate::Store) as an Axum router's state does, through
+//! The service provides the [`Store`](crate::store::Store) as an Axum router's state does, through
 //! [`FromRef`](axum::extract::FromRef). The key comes from the `idempotency-key` metadata (the
 //! syntax and limits of the HTTP header), `prefer: wait=<seconds>` asks to wait as on HTTP, and
 //! the fingerprint covers the method's full name and the message re-encoded: two encodings of
@@ -88,56 +88,4 @@ pub fn retry_later(
         seconds.saturating_mul(1000).into(),
     );
     Status::with_metadata(code, message, metadata)
-}
-
-/// A step that failed, as the status a tonic method answers with (`?` on
-/// [`Steps::step`](crate::Steps::step) in a method that returns `Result<_, Status>`): `ABORTED` when
-/// another call took the key over, `UNAVAILABLE` when the store failed (both retried, nothing of
-/// the step kept), `INTERNAL` for a mistake of the method's own (a step name used twice, an
-/// output that cannot be recorded). None of them is stored unless the method has
-/// `replay_5xx = true`.
-impl From<crate::StepError> for Status {
-    fn from(error: crate::StepError) -> Self {
-        let message = error.to_string();
-        // Both are retried, after a second as idem's own `ABORTED` and `UNAVAILABLE` say.
-        let second = std::time::Duration::from_secs(1);
-        match error.kind() {
-            crate::ProblemKind::InProgress => {
-                tracing::warn!(%message, "a step failed");
-                retry_later(tonic::Code::Aborted, message, second)
-            }
-            crate::ProblemKind::StoreUnavailable => {
-                tracing::warn!(%message, "a step failed");
-                retry_later(tonic::Code::Unavailable, message, second)
-            }
-            _ => {
-                tracing::error!(%message, "a step failed");
-                Status::internal(message)
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_step_error_is_the_status_a_retry_reads_right() {
-        let lost = crate::StepError::Lost {
-            step: "charge".into(),
-        };
-        let lost = Status::from(lost);
-        assert_eq!(lost.code(), tonic::Code::Aborted);
-        assert_eq!(
-            lost.metadata()
-                .get("grpc-retry-pushback-ms")
-                .map(|v| v.to_str().unwrap()),
-            Some("1000")
-        );
-        let twice = crate::StepError::Duplicate {
-            step: "charge".into(),
-        };
-        assert_eq!(Status::from(twice).code(), tonic::Code::Internal);
-    }
 }

@@ -164,12 +164,7 @@ pub mod admin;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod policy;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 pub mod signature;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
-
 pub mod tasks;
 
 mod attribute;
@@ -178,13 +173,20 @@ mod checkout;
 mod context;
 mod error;
 mod flow;
+#[cfg(feature = "postgres")]
+mod pooler;
 mod prefer;
 mod problem;
 mod record;
 mod replay;
+mod report;
 mod scope;
+#[cfg(feature = "sqlite")]
+mod sqlite_file;
 mod steps;
 mod store;
+#[cfg(feature = "grpc")]
+mod stored_grpc;
 mod transient;
 
 pub use backend::{Backend, migrate};
@@ -196,20 +198,30 @@ pub use idem_macros::grpc;
 pub use idem_macros::idempotent;
 pub use problem::{DEFAULT_PROBLEM_TYPE_BASE, PROBLEM_JSON, Problem, ProblemKind};
 pub use record::RecordedStep;
-pub use scope::IdempotencyScope;
+pub use scope::{IdempotencyScope, MAX_SCOPE_LEN};
 pub use steps::{StepError, Steps};
 pub use store::{Store, StoreOptions};
 pub use transient::is_transient;
 
-/// The longest scope value keys can be stored under, in bytes; a longer one is answered 400
-/// [`ProblemKind::InvalidScope`]. It keeps `(scope, key)` within what a PostgreSQL index entry
-/// holds.
-pub const MAX_SCOPE_LEN: usize = 1024;
 pub use tokio_util::sync::CancellationToken;
 
 /// The sqlx idem is built on: a handler's `Transaction` and the pool given to [`Store`] must be
 /// this version's types.
 pub use sqlx;
+
+/// PostgreSQL behind a connection pooler: what the pooler lets through, told at start instead
+/// of as a bare sqlx error under load ([`check_pooler`](postgres::check_pooler)).
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    pub use crate::pooler::{Pooling, check_pooler};
+}
+
+/// Opening a SQLite file as idem expects it: one writer at a time, readers beside it
+/// ([`connect`](sqlite::connect)).
+#[cfg(feature = "sqlite")]
+pub mod sqlite {
+    pub use crate::sqlite_file::{connect, connect_options};
+}
 
 /// What the `#[idempotent]` macro's output names. Not a public API: it may change in any
 /// release, in step with the macro (which is pinned to this crate's exact version).

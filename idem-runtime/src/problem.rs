@@ -20,7 +20,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// the set of kinds keep the URIs. A release that adds a kind (its section is not at the old
 /// tag) moves the base to its own tag, which changes every URI: a breaking release.
 ///
-/// [`StoreOptions::with_problem_type_base`]: crate::StoreOptions::with_problem_type_base
+/// [`StoreOptions::with_problem_type_base`]: crate::store::StoreOptions::with_problem_type_base
 pub const DEFAULT_PROBLEM_TYPE_BASE: &str =
     "https://github.com/idem-rs/idem/blob/v0.1.0/docs/problems.md#";
 
@@ -48,13 +48,13 @@ pub enum ProblemKind {
     /// be stored; its writes were rolled back.
     ResponseTooLarge,
     /// 400: the value of the handler's scope parameter cannot scope keys: it is empty, holds
-    /// U+0000 (NUL), or is longer than [`MAX_SCOPE_LEN`](crate::MAX_SCOPE_LEN) bytes. It comes
+    /// U+0000 (NUL), or is longer than [`MAX_SCOPE_LEN`](crate::scope::MAX_SCOPE_LEN) bytes. It comes
     /// from the request (a path segment, a token), so the request is refused; nothing is stored.
     InvalidScope,
     /// 503: the idempotency store could not be reached or failed; nothing was stored.
     StoreUnavailable,
     /// 500: the idempotency store is not set up: its key table does not exist (the service did
-    /// not run [`migrate`](crate::migrate) on its database). Nothing ran and nothing was
+    /// not run [`migrate`](crate::backend::migrate) on its database). Nothing ran and nothing was
     /// stored; no retry succeeds until the service is fixed, so it carries no `Retry-After`.
     StoreNotSetUp,
     /// 500: the database refused to commit the handler's writes (a deferred constraint), or the
@@ -109,7 +109,7 @@ impl ProblemKind {
     /// The `type` URI of this kind under `base` (see [`StoreOptions::problem_type_base`]): the base
     /// and the kind's slug.
     ///
-    /// [`StoreOptions::problem_type_base`]: crate::StoreOptions::problem_type_base
+    /// [`StoreOptions::problem_type_base`]: crate::store::StoreOptions::problem_type_base
     pub fn type_uri_under(self, base: &str) -> String {
         format!("{base}{}", self.slug())
     }
@@ -172,8 +172,8 @@ impl ProblemKind {
 }
 
 /// Marks a response as a problem of the layer made where the store's settings cannot be seen
-/// (a [`StepError`](crate::StepError) the handler returns): the request flow answers it with
-/// its `type` under the store's [`StoreOptions::problem_type_base`](crate::StoreOptions).
+/// (a [`StepError`](crate::steps::StepError) the handler returns): the request flow answers it with
+/// its `type` under the store's [`StoreOptions::problem_type_base`](crate::store::StoreOptions).
 #[derive(Debug, Clone)]
 pub(crate) struct Rebasable {
     pub(crate) kind: ProblemKind,

@@ -103,15 +103,15 @@ impl RawRecord {
     ///
     /// # Errors
     ///
-    /// [`Error::CorruptRow`](crate::Error::CorruptRow) for an unknown status, a fingerprint that is not 32 bytes, or a
+    /// [`Error::CorruptRow`](crate::error::Error::CorruptRow) for an unknown status, a fingerprint that is not 32 bytes, or a
     /// status code out of range: the row was not written by idem.
-    pub fn check(self) -> Result<KeyRecord, crate::Error> {
+    pub fn check(self) -> Result<KeyRecord, crate::error::Error> {
         let status = match self.status.as_str() {
             "completed" => KeyStatus::Completed,
             "started" => KeyStatus::Started,
             "parked" => KeyStatus::Parked,
             other => {
-                return Err(crate::Error::corrupt(format!(
+                return Err(crate::error::Error::corrupt(format!(
                     "unknown idem_keys.status {other:?}"
                 )));
             }
@@ -119,7 +119,7 @@ impl RawRecord {
         let response = match self.response_status {
             Some(code) => Some(StoredResponse {
                 status: u16::try_from(code)
-                    .map_err(|_| crate::Error::corrupt(format!("response_status {code}")))?,
+                    .map_err(|_| crate::error::Error::corrupt(format!("response_status {code}")))?,
                 headers: self.response_headers.unwrap_or_default(),
                 body: self.response_body.unwrap_or_default(),
             }),
@@ -139,10 +139,10 @@ impl RawRecord {
 ///
 /// # Errors
 ///
-/// [`Error::CorruptRow`](crate::Error::CorruptRow) when it is not.
-pub fn checked_fingerprint(bytes: &[u8]) -> Result<Fingerprint, crate::Error> {
+/// [`Error::CorruptRow`](crate::error::Error::CorruptRow) when it is not.
+pub fn checked_fingerprint(bytes: &[u8]) -> Result<Fingerprint, crate::error::Error> {
     Fingerprint::from_slice(bytes)
-        .ok_or_else(|| crate::Error::corrupt("idem_keys.fingerprint is not 32 bytes"))
+        .ok_or_else(|| crate::error::Error::corrupt("idem_keys.fingerprint is not 32 bytes"))
 }
 
 /// A completed response to store.

@@ -2,6 +2,11 @@
 
 use std::borrow::Cow;
 
+/// The longest scope value keys can be stored under, in bytes; a longer one is answered 400
+/// [`ProblemKind::InvalidScope`](crate::problem::ProblemKind::InvalidScope). It keeps
+/// `(scope, key)` within what a PostgreSQL index entry holds.
+pub const MAX_SCOPE_LEN: usize = 1024;
+
 /// A value that identifies the caller of an idempotent handler: a tenant, an account, an API
 /// client. Keys are stored and looked up under `(scope, key)`, so two callers never see each
 /// other's keys or responses.
@@ -24,7 +29,7 @@ use std::borrow::Cow;
 /// ```
 ///
 /// The value must be stable for a caller: not empty, without U+0000, at most
-/// [`MAX_SCOPE_LEN`](crate::MAX_SCOPE_LEN) bytes (anything else is answered with a 400
+/// [`MAX_SCOPE_LEN`](crate::scope::MAX_SCOPE_LEN) bytes (anything else is answered with a 400
 /// `InvalidScope` problem rather than mixed with global keys or refused by the database).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as an idempotency scope",

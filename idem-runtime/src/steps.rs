@@ -10,8 +10,9 @@ use axum::response::{IntoResponse, Response};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    IdempotencyContext, ProblemKind,
     backend::Backend,
+    context::IdempotencyContext,
+    problem::ProblemKind,
     record::{KeyRef, RecordedStep},
     store::Store,
 };
@@ -161,13 +162,15 @@ impl<DB: Backend> Steps<DB> {
         // the pool only once its transaction has ended.
         let mut settled = false;
         let ran = tokio::time::timeout_at(deadline, async {
-            let mut tx = DB::begin_write(&mut conn)
+            let mut tx = store
+                .begin_write(&mut conn)
                 .await
                 .map_err(|e| StepError::store(name, e))?;
             let done: Result<(T, Vec<RecordedStep>), E> = async {
                 let output = work(&mut *tx).await?;
                 let steps = self.with_output(name, &output)?;
-                let owned = DB::record_steps(&mut *tx, &shared.key, shared.token, &steps)
+                let owned = store
+                    .record_steps_in(&mut tx, &shared.key, shared.token, &steps)
                     .await
                     .map_err(|e| StepError::store(name, e))?;
                 if !owned {
@@ -196,7 +199,7 @@ impl<DB: Backend> Steps<DB> {
         }
         let timeout = store.options().database_timeout();
         let (output, steps) = ran.unwrap_or_else(|_| {
-            Err(StepError::store(name, crate::Error::TimedOut { after: timeout }).into())
+            Err(StepError::store(name, crate::error::Error::TimedOut { after: timeout }).into())
         })?;
         self.recorded(name, steps);
         Ok(output)
@@ -226,20 +229,11 @@ impl<DB: Backend> Steps<DB> {
         let shared = &*self.shared;
         let output = call(&shared.context.derive(name)).await?;
         let steps = self.with_output(name, &output)?;
-        let owned = {
-            let store = &shared.store;
-            let deadline = store.deadline();
-            let _permit = store
-                .write_permit(deadline)
-                .await
-                .map_err(|e| StepError::store(name, e))?;
-            store
-                .on_connection(deadline, async |conn| {
-                    DB::record_steps(conn, &shared.key, shared.token, &steps).await
-                })
-                .await
-                .map_err(|e| StepError::store(name, e))?
-        };
+        let owned = shared
+            .store
+            .record_steps(&shared.key, shared.token, &steps)
+            .await
+            .map_err(|e| StepError::store(name, e))?;
         if !owned {
             return Err(StepError::Lost { step: name.into() }.into());
         }
@@ -385,7 +379,7 @@ pub enum StepError {
         /// The step.
         step: String,
         /// The database error.
-        source: crate::Error,
+        source: crate::error::Error,
     },
     /// The step's own database work failed (see [`StepError::database`]).
     #[error("the database work of a step failed: {0}")]
@@ -399,7 +393,7 @@ impl StepError {
         Self::Database(error)
     }
 
-    fn store(step: &str, source: crate::Error) -> Self {
+    fn store(step: &str, source: crate::error::Error) -> Self {
         Self::Store {
             step: step.into(),
             source,
@@ -433,5 +427,58 @@ impl IntoResponse for StepError {
             .extensions_mut()
             .insert(crate::problem::Rebasable { kind, detail });
         response
+    }
+}
+
+/// A step that failed, as the status a tonic method answers with (`?` on
+/// [`Steps::step`] in a method that returns `Result<_, Status>`): `ABORTED` when
+/// another call took the key over, `UNAVAILABLE` when the store failed (both retried, nothing of
+/// the step kept), `INTERNAL` for a mistake of the method's own (a step name used twice, an
+/// output that cannot be recorded). None of them is stored unless the method has
+/// `replay_5xx = true`.
+#[cfg(feature = "grpc")]
+impl From<StepError> for tonic::Status {
+    fn from(error: StepError) -> Self {
+        let message = error.to_string();
+        // Both are retried, after a second as idem's own `ABORTED` and `UNAVAILABLE` say.
+        let second = std::time::Duration::from_secs(1);
+        match error.kind() {
+            ProblemKind::InProgress => {
+                tracing::warn!(%message, "a step failed");
+                crate::grpc::retry_later(tonic::Code::Aborted, message, second)
+            }
+            ProblemKind::StoreUnavailable => {
+                tracing::warn!(%message, "a step failed");
+                crate::grpc::retry_later(tonic::Code::Unavailable, message, second)
+            }
+            _ => {
+                tracing::error!(%message, "a step failed");
+                tonic::Status::internal(message)
+            }
+        }
+    }
+}
+
+#[cfg(all(test, feature = "grpc"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_error_is_the_status_a_retry_reads_right() {
+        let lost = StepError::Lost {
+            step: "charge".into(),
+        };
+        let lost = tonic::Status::from(lost);
+        assert_eq!(lost.code(), tonic::Code::Aborted);
+        assert_eq!(
+            lost.metadata()
+                .get("grpc-retry-pushback-ms")
+                .map(|v| v.to_str().unwrap()),
+            Some("1000")
+        );
+        let twice = StepError::Duplicate {
+            step: "charge".into(),
+        };
+        assert_eq!(tonic::Status::from(twice).code(), tonic::Code::Internal);
     }
 }

@@ -15,7 +15,7 @@ use crate::record::Completion;
 /// A database backend supplies, in an `impl Dialect for` its sqlx database type:
 ///
 /// - the three statements whose SQL differs: [`COMPLETE`](Dialect::COMPLETE),
-///   [`FINISH`](Dialect::FINISH) and [`LAPSE`](Dialect::LAPSE), with the parameters
+///   [`COMPLETE_STARTED`](Dialect::COMPLETE_STARTED) and [`LAPSE`](Dialect::LAPSE), with the parameters
 ///   documented on each, bound in that order: the order in which the statements use them, so
 ///   that a database whose parameters are positional (MySQL's `?`) takes the same binds;
 /// - the type its `response_status` column holds ([`Status`](Dialect::Status), from
@@ -44,7 +44,7 @@ pub(super) trait Dialect: sqlx::Database {
     /// Completes the `started` row owned by `$7`: `$1` [`Status`](Dialect::Status), `$2`
     /// headers (JSON), `$3` body, `$4` an [`Expiry`](Dialect::Expiry) (`NULL` to keep the row's
     /// expiry), `$5` scope, `$6` key, `$7` claim token.
-    const FINISH: &'static str;
+    const COMPLETE_STARTED: &'static str;
 
     /// Ends the lease of the `started` row owned by `$3` now, keeping its recorded steps: `$1`
     /// scope, `$2` key, `$3` claim token.
@@ -93,7 +93,7 @@ pub(super) trait Dialect: sqlx::Database {
     /// # Errors
     ///
     /// When the column's type cannot hold `status`.
-    fn status(status: u16) -> Result<Self::Status, crate::Error>;
+    fn status(status: u16) -> Result<Self::Status, crate::error::Error>;
 
     /// A time to live as the statements bind it (`None`: keep the row's expiry).
     type Expiry: for<'q> Encode<'q, Self> + Type<Self> + Send;
@@ -119,7 +119,7 @@ pub(super) trait Dialect: sqlx::Database {
     fn run_completion<'q>(
         conn: &'q mut Self::Connection,
         completion: sqlx::query::Query<'q, Self, Self::Arguments>,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'q;
+    ) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + 'q;
 
     /// How many rows a statement wrote (sqlx gives each database's result type its own
     /// `rows_affected`, and no trait for it).
@@ -168,10 +168,10 @@ pub(super) trait Dialect: sqlx::Database {
     ///
     /// # Errors
     ///
-    /// [`Error::Pooler`](crate::Error::Pooler) with what to use instead; a database error.
+    /// [`Error::Pooler`](crate::error::Error::Pooler) with what to use instead; a database error.
     fn before_migrate(
         pool: &sqlx::Pool<Self>,
-    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_ {
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + '_ {
         let _ = pool;
         async { Ok(()) }
     }

@@ -1,4 +1,4 @@
-//! The operator's statements ([`crate::admin`]), written once over [`Dialect`]: counts, one
+//! The operator's statements (the `admin` module), written once over [`Dialect`]: counts, one
 //! key, the claims in flight, and releasing a claim by its key.
 
 use std::{future::Future, time::Duration};
@@ -8,7 +8,7 @@ use sqlx::{
 };
 
 use super::dialect::Dialect;
-use crate::admin::{KeyInfo, ParkedClaim, Released, Stats, Unparked};
+use crate::report::{KeyInfo, ParkedClaim, Released, Stats, Unparked};
 
 /// Claims in flight: `started` rows with a lease (external mode). A transactional claim is
 /// never one: on PostgreSQL and SQLite it has no row, on MySQL its row is uncommitted (nobody
@@ -22,53 +22,55 @@ const IN_FLIGHT: &str = "status = 'started' AND lease_until IS NOT NULL";
 /// again: the recovery's to take, no longer parked.
 const PARKED: &str = "status = 'started' AND lease_until IS NULL AND parked_at IS NOT NULL";
 
-/// What [`crate::admin`] runs on a database: implemented once, below, for every database with
+/// What the `admin` module runs on a database: implemented once, below, for every database with
 /// a [`Dialect`].
 pub(crate) trait Inspection: sqlx::Database + Sized {
-    /// See [`Store::stats`](crate::Store::stats).
-    fn stats(pool: &Pool<Self>) -> impl Future<Output = Result<Stats, crate::Error>> + Send + '_;
+    /// See [`Store::stats`](crate::store::Store::stats).
+    fn stats(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Stats, crate::error::Error>> + Send + '_;
 
-    /// See [`Store::inspect`](crate::Store::inspect).
+    /// See [`Store::inspect`](crate::store::Store::inspect).
     fn inspect<'a>(
         pool: &'a Pool<Self>,
         scope: &'a str,
         key: &'a str,
         with_body: bool,
-    ) -> impl Future<Output = Result<Option<KeyInfo>, crate::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Option<KeyInfo>, crate::error::Error>> + Send + 'a;
 
-    /// See [`Store::in_flight`](crate::Store::in_flight).
+    /// See [`Store::in_flight`](crate::store::Store::in_flight).
     fn in_flight(
         pool: &Pool<Self>,
         older_than: Duration,
-    ) -> impl Future<Output = Result<Vec<KeyInfo>, crate::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<Vec<KeyInfo>, crate::error::Error>> + Send + '_;
 
-    /// See [`Store::release_claim`](crate::Store::release_claim).
+    /// See [`Store::release_claim`](crate::store::Store::release_claim).
     fn release_claim<'a>(
         pool: &'a Pool<Self>,
         scope: &'a str,
         key: &'a str,
-    ) -> impl Future<Output = Result<Released, crate::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Released, crate::error::Error>> + Send + 'a;
 
     /// The claims the recovery's gauges report: parked ones, and ones in flight whose lease
     /// ran out (nobody is working on them: the recovery has not taken them, or does not take
     /// claims with steps). Both read the index of started claims by lease end.
     fn claim_counts(
         pool: &Pool<Self>,
-    ) -> impl Future<Output = Result<ClaimCounts, crate::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<ClaimCounts, crate::error::Error>> + Send + '_;
 
-    /// See [`Store::parked`](crate::Store::parked).
+    /// See [`Store::parked`](crate::store::Store::parked).
     fn parked(
         pool: &Pool<Self>,
-    ) -> impl Future<Output = Result<Vec<ParkedClaim>, crate::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<Vec<ParkedClaim>, crate::error::Error>> + Send + '_;
 
-    /// See [`Store::resume_parked`](crate::Store::resume_parked) (`resume`) and
-    /// [`Store::abandon_parked`](crate::Store::abandon_parked).
+    /// See [`Store::resume_parked`](crate::store::Store::resume_parked) (`resume`) and
+    /// [`Store::abandon_parked`](crate::store::Store::abandon_parked).
     fn unpark<'a>(
         pool: &'a Pool<Self>,
         scope: &'a str,
         key: &'a str,
         resume: bool,
-    ) -> impl Future<Output = Result<Unparked, crate::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Unparked, crate::error::Error>> + Send + 'a;
 }
 
 /// The columns of a [`KeyInfo`]; the stored body only `with_body`.
@@ -113,7 +115,7 @@ where
     String: for<'r> Decode<'r, DB> + Type<DB>,
     Vec<u8>: for<'r> Decode<'r, DB> + Type<DB>,
 {
-    async fn stats(pool: &Pool<DB>) -> Result<Stats, crate::Error> {
+    async fn stats(pool: &Pool<DB>) -> Result<Stats, crate::error::Error> {
         let mut conn = pool.acquire().await?;
         let count = |condition: &str| format!("SELECT COUNT(*) FROM idem_keys WHERE {condition}");
         let now = DB::NOW_MS;
@@ -148,7 +150,7 @@ where
         scope: &str,
         key: &str,
         with_body: bool,
-    ) -> Result<Option<KeyInfo>, crate::Error> {
+    ) -> Result<Option<KeyInfo>, crate::error::Error> {
         let sql = format!(
             "SELECT {} FROM idem_keys WHERE {}",
             key_columns::<DB>(with_body),
@@ -166,7 +168,7 @@ where
     async fn in_flight(
         pool: &Pool<DB>,
         older_than: Duration,
-    ) -> Result<Vec<KeyInfo>, crate::Error> {
+    ) -> Result<Vec<KeyInfo>, crate::error::Error> {
         let sql = format!(
             "SELECT {} FROM idem_keys WHERE {IN_FLIGHT} AND {} - {} >= {} ORDER BY locked_at",
             key_columns::<DB>(false),
@@ -187,7 +189,7 @@ where
         pool: &Pool<DB>,
         scope: &str,
         key: &str,
-    ) -> Result<Released, crate::Error> {
+    ) -> Result<Released, crate::error::Error> {
         // Never a parked claim: `abandon` is the operator's verb for it.
         let delete = format!(
             "{} WHERE {} AND status = 'started' AND NOT ({PARKED})",
@@ -224,7 +226,7 @@ where
         })
     }
 
-    async fn claim_counts(pool: &Pool<DB>) -> Result<ClaimCounts, crate::Error> {
+    async fn claim_counts(pool: &Pool<DB>) -> Result<ClaimCounts, crate::error::Error> {
         let mut conn = pool.acquire().await?;
         let count = |condition: &str| format!("SELECT COUNT(*) FROM idem_keys WHERE {condition}");
         Ok(ClaimCounts {
@@ -241,7 +243,7 @@ where
         })
     }
 
-    async fn parked(pool: &Pool<DB>) -> Result<Vec<ParkedClaim>, crate::Error> {
+    async fn parked(pool: &Pool<DB>) -> Result<Vec<ParkedClaim>, crate::error::Error> {
         let mut conn = pool.acquire().await?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(DB::list_sql()))
             .fetch_all(&mut *conn)
@@ -254,7 +256,7 @@ where
         scope: &str,
         key: &str,
         resume: bool,
-    ) -> Result<Unparked, crate::Error> {
+    ) -> Result<Unparked, crate::error::Error> {
         let sql = if resume {
             DB::resume_sql()
         } else {
@@ -322,7 +324,7 @@ trait Unparking: Dialect {
 }
 
 /// A [`ParkedClaim`] from a row of [`Unparking::list_sql`].
-fn parked_claim<DB>(row: &DB::Row) -> Result<ParkedClaim, crate::Error>
+fn parked_claim<DB>(row: &DB::Row) -> Result<ParkedClaim, crate::error::Error>
 where
     DB: sqlx::Database,
     &'static str: ColumnIndex<DB::Row>,
@@ -351,7 +353,10 @@ pub(crate) struct ClaimCounts {
 }
 
 /// Runs a statement that reads one integer, or none.
-async fn scalar<DB>(conn: &mut PoolConnection<DB>, sql: String) -> Result<Option<i64>, crate::Error>
+async fn scalar<DB>(
+    conn: &mut PoolConnection<DB>,
+    sql: String,
+) -> Result<Option<i64>, crate::error::Error>
 where
     DB: sqlx::Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -370,7 +375,7 @@ async fn exists<DB>(
     conn: &mut PoolConnection<DB>,
     scope: &str,
     key: &str,
-) -> Result<bool, crate::Error>
+) -> Result<bool, crate::error::Error>
 where
     DB: Dialect,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -395,7 +400,7 @@ async fn release_unheld<DB>(
     delete: &str,
     scope: &str,
     key: &str,
-) -> Result<Released, crate::Error>
+) -> Result<Released, crate::error::Error>
 where
     DB: Dialect,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -436,7 +441,7 @@ where
 }
 
 /// A [`KeyInfo`] from a row of [`key_columns`].
-fn key_info<DB>(row: &DB::Row) -> Result<KeyInfo, crate::Error>
+fn key_info<DB>(row: &DB::Row) -> Result<KeyInfo, crate::error::Error>
 where
     DB: sqlx::Database,
     &'static str: ColumnIndex<DB::Row>,

@@ -120,7 +120,7 @@ mod sealed {
 }
 
 /// The SQL of one database: everything idem runs, behind one narrow trait. Private: an
-/// application reaches it only through [`Store`](crate::Store), the handlers and the tasks, and
+/// application reaches it only through [`Store`](crate::store::Store), the handlers and the tasks, and
 /// a `DB: Backend` bound does not let it call these.
 ///
 /// What every database does alike is its supertrait [`SharedStorage`], which a database gets
@@ -159,7 +159,7 @@ pub(crate) trait Storage: SharedStorage + Inspection {
         statement_timeout: Option<Duration>,
         idle_timeout: Duration,
         undo_point: bool,
-    ) -> impl Future<Output = Result<Begun<'c, Self>, crate::Error>> + Send;
+    ) -> impl Future<Output = Result<Begun<'c, Self>, crate::error::Error>> + Send;
 
     /// Prepares the transaction of a handler whose 5xx outcomes are stored for
     /// [`undo_handler`](Storage::undo_handler), before the handler runs; nothing where undoing
@@ -167,7 +167,7 @@ pub(crate) trait Storage: SharedStorage + Inspection {
     /// (SQLite).
     fn before_handler(
         conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + '_;
 
     /// Undoes a handler's writes for a 5xx outcome that is stored, keeping the key or taking it
     /// again in a fresh transaction on `conn` (as [`begin_claim`](Storage::begin_claim) does,
@@ -178,13 +178,13 @@ pub(crate) trait Storage: SharedStorage + Inspection {
         mark: Option<&'c str>,
         statement_timeout: Option<Duration>,
         idle_timeout: Duration,
-    ) -> impl Future<Output = Result<Undone, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<Undone, crate::error::Error>> + Send + 'c;
 
     /// Reads the live row of `key`, without taking any lock.
     fn lookup<'c>(
         conn: &'c mut Self::Connection,
         key: &'c KeyRef,
-    ) -> impl Future<Output = Result<Option<KeyRecord>, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<Option<KeyRecord>, crate::error::Error>> + Send + 'c;
 
     /// Makes sure a transaction is open on `conn` before idem rolls back the handler's: a
     /// handler that ended the transaction itself (`COMMIT`, `ROLLBACK`) would otherwise make
@@ -193,21 +193,21 @@ pub(crate) trait Storage: SharedStorage + Inspection {
     /// connection as inside one for good.
     fn ensure_open(
         conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + '_;
 
     /// Takes an external-mode claim in a statement of its own: a committed `started` row with a
     /// lease, replacing an expired row or an abandoned claim whose lease ran out.
     fn start<'c>(
         conn: &'c mut Self::Connection,
         start: &'c Start<'c>,
-    ) -> impl Future<Output = Result<Started, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<Started, crate::error::Error>> + Send + 'c;
 
     /// Begins a transaction on `conn` that is going to write: as any other on PostgreSQL; on
     /// SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a transaction
     /// that reads first cannot fail to upgrade its lock later.
     fn begin_write(
         conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<Transaction<'_, Self>, crate::Error>> + Send;
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, crate::error::Error>> + Send;
 
     /// Deletes up to `limit` rows past their expiry, oldest first, skipping rows that live
     /// requests hold; `from` is where the previous batch of the same pass ended
@@ -216,7 +216,7 @@ pub(crate) trait Storage: SharedStorage + Inspection {
         conn: &mut Self::Connection,
         limit: i64,
         from: Option<i64>,
-    ) -> impl Future<Output = Result<Purged, crate::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<Purged, crate::error::Error>> + Send + '_;
 
     /// Reclaims up to `limit` `started` rows whose lease ran out: renews their lease by `lease`
     /// under `token`, so that no retry takes them over while the recovery decides. Rows with
@@ -227,7 +227,7 @@ pub(crate) trait Storage: SharedStorage + Inspection {
         lease: Duration,
         token: i64,
         with_steps: bool,
-    ) -> impl Future<Output = Result<Vec<Abandoned>, crate::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<Vec<Abandoned>, crate::error::Error>> + Send + '_;
 
     /// How many other sessions are running a statement on the database now, as far as the
     /// database user may see: the signal of an adaptive purge
@@ -235,12 +235,12 @@ pub(crate) trait Storage: SharedStorage + Inspection {
     /// no such list (SQLite).
     fn others_active(
         _conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<Option<u64>, crate::Error>> + Send + '_ {
+    ) -> impl Future<Output = Result<Option<u64>, crate::error::Error>> + Send + '_ {
         async { Ok(None) }
     }
 
     /// Whether `error` says the transaction was aborted by an earlier failed statement.
-    fn is_transaction_aborted(error: &crate::Error) -> bool;
+    fn is_transaction_aborted(error: &crate::error::Error) -> bool;
 
     /// Run first when a handler answered 5xx: whether the last statement it ran on `conn` was
     /// refused because its transaction lost a conflict with another and the database rolled the
@@ -251,7 +251,7 @@ pub(crate) trait Storage: SharedStorage + Inspection {
     /// (PostgreSQL, SQLite).
     fn lost_a_conflict(
         _conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + '_ {
+    ) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + '_ {
         async { Ok(false) }
     }
 }
@@ -264,8 +264,8 @@ pub(crate) trait Storage: SharedStorage + Inspection {
 ///
 /// # Errors
 ///
-/// [`Error::Migrate`](crate::Error::Migrate) when the database cannot be reached or a
+/// [`Error::Migrate`](crate::error::Error::Migrate) when the database cannot be reached or a
 /// migration fails; nothing of a failed migration is left applied.
-pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), crate::Error> {
+pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), crate::error::Error> {
     DB::migrate(pool).await
 }

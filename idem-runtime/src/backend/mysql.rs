@@ -83,7 +83,7 @@ const COMPLETE: &str = "UPDATE idem_keys FORCE INDEX (PRIMARY) SET method = ?, p
        claim_token = NULL \
      WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
 
-const FINISH: &str = "UPDATE idem_keys FORCE INDEX (PRIMARY) SET status = 'completed', response_status = ?, \
+const COMPLETE_STARTED: &str = "UPDATE idem_keys FORCE INDEX (PRIMARY) SET status = 'completed', response_status = ?, \
        response_headers = ?, response_body = ?, \
        expires_at = COALESCE(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at), \
        locked_at = NULL, lease_until = NULL, claim_token = NULL, parked_at = NULL \
@@ -210,7 +210,7 @@ const OTHERS_ACTIVE: &str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST
 
 impl Dialect for MySql {
     const COMPLETE: &'static str = COMPLETE;
-    const FINISH: &'static str = FINISH;
+    const COMPLETE_STARTED: &'static str = COMPLETE_STARTED;
     const LAPSE: &'static str = LAPSE;
     const RELEASE: &'static str = RELEASE;
     const RELEASE_WITHOUT_STEPS: &'static str = RELEASE_WITHOUT_STEPS;
@@ -260,7 +260,7 @@ impl Dialect for MySql {
     /// HTTP statuses are held in a `SMALLINT`.
     type Status = i16;
 
-    fn status(status: u16) -> Result<i16, crate::Error> {
+    fn status(status: u16) -> Result<i16, crate::error::Error> {
         i16::try_from(status).map_err(|e| sqlx::Error::Encode(Box::new(e)).into())
     }
 
@@ -285,7 +285,7 @@ impl Dialect for MySql {
     async fn run_completion<'q>(
         conn: &'q mut MySqlConnection,
         completion: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         match sqlx::raw_sql(RELEASE_CLAIM).execute(&mut *conn).await {
             Ok(_) => {}
             Err(error) if error_number(&error) == Some(ER_SP_DOES_NOT_EXIST) => return Ok(false),
@@ -311,7 +311,7 @@ enum Claimed {
 
 /// Claims `key` in the transaction open on `conn`: inserts its row, or answers from the live
 /// row in the way, or deletes an expired one and tries again.
-async fn claim(conn: &mut MySqlConnection, key: &KeyRef) -> Result<Claimed, crate::Error> {
+async fn claim(conn: &mut MySqlConnection, key: &KeyRef) -> Result<Claimed, crate::error::Error> {
     let token = fresh_token();
     // An expired row deleted, then the key claimed: two rounds at most, unless another
     // transaction keeps replacing the row meanwhile (then it holds the key: a 409).
@@ -336,7 +336,7 @@ async fn claim(conn: &mut MySqlConnection, key: &KeyRef) -> Result<Claimed, crat
         if let Some(row) = row {
             if row.try_get::<bool, _>("live")? {
                 let record = MySql::decode_record(&row)?
-                    .ok_or_else(|| crate::Error::corrupt("a key's row without a status"))?;
+                    .ok_or_else(|| crate::error::Error::corrupt("a key's row without a status"))?;
                 return Ok(Claimed::Live(record));
             }
             let deleted = sqlx::query(DELETE_EXPIRED)
@@ -358,7 +358,7 @@ async fn claim(conn: &mut MySqlConnection, key: &KeyRef) -> Result<Claimed, crat
 type RowKey = (Vec<u8>, Vec<u8>);
 
 /// The keys of `rows`.
-fn keys_of(rows: &[sqlx::mysql::MySqlRow]) -> Result<Vec<RowKey>, crate::Error> {
+fn keys_of(rows: &[sqlx::mysql::MySqlRow]) -> Result<Vec<RowKey>, crate::error::Error> {
     rows.iter()
         .map(|row| Ok((row.try_get("scope")?, row.try_get("key")?)))
         .collect()
@@ -366,7 +366,7 @@ fn keys_of(rows: &[sqlx::mysql::MySqlRow]) -> Result<Vec<RowKey>, crate::Error> 
 
 /// A purge batch of `deleted` rows, from `rows` (in expiry order) with their `expiry`: the
 /// next batch starts at the last one's.
-fn purged(rows: &[MySqlRow], deleted: u64) -> Result<Purged, crate::Error> {
+fn purged(rows: &[MySqlRow], deleted: u64) -> Result<Purged, crate::error::Error> {
     let last = match rows.last() {
         Some(row) => Some(row.try_get("expiry")?),
         None => None,
@@ -427,7 +427,7 @@ fn push_keys_in(query: &mut QueryBuilder<MySql>, keys: &[RowKey]) {
 async fn start_claim(
     conn: &mut MySqlConnection,
     start: &Start<'_>,
-) -> Result<Started, crate::Error> {
+) -> Result<Started, crate::error::Error> {
     // Completed keys answer without a lock: concurrent replays do not refuse each other.
     if let Some(record) = MySql::lookup(&mut *conn, start.key).await?
         && record.status == KeyStatus::Completed
@@ -459,7 +459,7 @@ async fn start_claim(
     let taken_over = match row {
         Some(row) => {
             let record = MySql::decode_record(&row)?
-                .ok_or_else(|| crate::Error::corrupt("a key's row without a status"))?;
+                .ok_or_else(|| crate::error::Error::corrupt("a key's row without a status"))?;
             let live: bool = row.try_get("live")?;
             let leased: bool = row.try_get("leased")?;
             // A parked claim stays an operator's, whatever its expiry.
@@ -528,7 +528,7 @@ impl Storage for MySql {
         // The point a 5xx's writes are undone to comes after the claim's row
         // (`before_handler`), and MySQL's prepared claim is one statement.
         _undo_point: bool,
-    ) -> Result<Begun<'c, MySql>, crate::Error> {
+    ) -> Result<Begun<'c, MySql>, crate::error::Error> {
         let mut tx =
             Transaction::<'c, MySql>::begin(conn, Some(BEGIN_CLAIM.into_sql_str())).await?;
         Ok(match claim(&mut tx, key).await? {
@@ -538,7 +538,7 @@ impl Storage for MySql {
         })
     }
 
-    async fn before_handler(conn: &mut MySqlConnection) -> Result<(), crate::Error> {
+    async fn before_handler(conn: &mut MySqlConnection) -> Result<(), crate::error::Error> {
         sqlx::raw_sql(BEFORE_HANDLER).execute(conn).await?;
         Ok(())
     }
@@ -549,7 +549,7 @@ impl Storage for MySql {
         mark: Option<&'c str>,
         _statement_timeout: Option<Duration>,
         _idle_timeout: Duration,
-    ) -> Result<Undone, crate::Error> {
+    ) -> Result<Undone, crate::error::Error> {
         match sqlx::raw_sql(UNDO_HANDLER).execute(&mut *conn).await {
             Ok(_) => Ok(Undone::Kept(mark.map(str::to_owned))),
             // The handler ended the transaction, and the savepoint with it (or a deadlock
@@ -562,7 +562,7 @@ impl Storage for MySql {
     async fn lookup(
         conn: &mut MySqlConnection,
         key: &KeyRef,
-    ) -> Result<Option<KeyRecord>, crate::Error> {
+    ) -> Result<Option<KeyRecord>, crate::error::Error> {
         let row = sqlx::query(LOOKUP)
             .bind(key.scope.as_bytes())
             .bind(key.key.as_bytes())
@@ -574,12 +574,15 @@ impl Storage for MySql {
         }
     }
 
-    async fn ensure_open(_: &mut MySqlConnection) -> Result<(), crate::Error> {
+    async fn ensure_open(_: &mut MySqlConnection) -> Result<(), crate::error::Error> {
         // A ROLLBACK outside a transaction does nothing there, and sqlx counts it done.
         Ok(())
     }
 
-    async fn start(conn: &mut MySqlConnection, start: &Start<'_>) -> Result<Started, crate::Error> {
+    async fn start(
+        conn: &mut MySqlConnection,
+        start: &Start<'_>,
+    ) -> Result<Started, crate::error::Error> {
         match start_claim(conn, start).await {
             // On a Galera cluster, a start of the key at another node committed first: at this
             // start's COMMIT (certification), or at one of its statements (the node applied the
@@ -591,7 +594,7 @@ impl Storage for MySql {
 
     async fn begin_write(
         conn: &mut MySqlConnection,
-    ) -> Result<Transaction<'_, MySql>, crate::Error> {
+    ) -> Result<Transaction<'_, MySql>, crate::error::Error> {
         Ok(Transaction::begin(conn, None).await?)
     }
 
@@ -599,7 +602,7 @@ impl Storage for MySql {
         conn: &mut MySqlConnection,
         limit: i64,
         from: Option<i64>,
-    ) -> Result<Purged, crate::Error> {
+    ) -> Result<Purged, crate::error::Error> {
         let from = from.unwrap_or(0);
         // Read committed: the delete locks the rows it deletes and no gap, so a claim's insert
         // beside it is never refused for a lock of the purge's.
@@ -645,7 +648,7 @@ impl Storage for MySql {
         lease: Duration,
         token: i64,
         with_steps: bool,
-    ) -> Result<Vec<Abandoned>, crate::Error> {
+    ) -> Result<Vec<Abandoned>, crate::error::Error> {
         let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
         let rows = sqlx::query(RECLAIM_SELECT)
             .bind(with_steps)
@@ -687,12 +690,12 @@ impl Storage for MySql {
             .collect()
     }
 
-    async fn others_active(conn: &mut MySqlConnection) -> Result<Option<u64>, crate::Error> {
+    async fn others_active(conn: &mut MySqlConnection) -> Result<Option<u64>, crate::error::Error> {
         let active: i64 = sqlx::query_scalar(OTHERS_ACTIVE).fetch_one(conn).await?;
         Ok(Some(active.max(0) as u64))
     }
 
-    async fn lost_a_conflict(conn: &mut MySqlConnection) -> Result<bool, crate::Error> {
+    async fn lost_a_conflict(conn: &mut MySqlConnection) -> Result<bool, crate::error::Error> {
         // The diagnostics of the handler's last statement: nothing has run since.
         let errors = sqlx::raw_sql(SHOW_ERRORS).fetch_all(conn).await?;
         for row in &errors {
@@ -704,7 +707,7 @@ impl Storage for MySql {
         Ok(false)
     }
 
-    fn is_transaction_aborted(_error: &crate::Error) -> bool {
+    fn is_transaction_aborted(_error: &crate::error::Error) -> bool {
         // MySQL does not abort a transaction when one of its statements fails; a deadlock rolls
         // it back whole, which the completion finds (the claim's savepoint is gone).
         false

@@ -61,7 +61,7 @@ const START: &str = "SELECT outcome, taken_over, status, method, path, fingerpri
 const LAPSE: &str = "UPDATE idem_keys SET lease_until = now() \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
-const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
+const COMPLETE_STARTED: &str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
      response_headers = $2, response_body = $3, locked_at = NULL, lease_until = NULL, \
      claim_token = NULL, parked_at = NULL, \
      expires_at = COALESCE(now() + make_interval(secs => $4::float8), expires_at) \
@@ -106,7 +106,7 @@ const OTHERS_ACTIVE: &str = "SELECT count(*) FROM pg_stat_activity \
 
 impl Dialect for Postgres {
     const COMPLETE: &'static str = COMPLETE;
-    const FINISH: &'static str = FINISH;
+    const COMPLETE_STARTED: &'static str = COMPLETE_STARTED;
     const LAPSE: &'static str = LAPSE;
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
     const NOW: &'static str = "now()";
@@ -120,7 +120,7 @@ impl Dialect for Postgres {
     /// HTTP statuses are held in a `smallint`.
     type Status = i16;
 
-    fn status(status: u16) -> Result<i16, crate::Error> {
+    fn status(status: u16) -> Result<i16, crate::error::Error> {
         i16::try_from(status).map_err(|e| sqlx::Error::Encode(Box::new(e)).into())
     }
 
@@ -143,7 +143,7 @@ impl Dialect for Postgres {
     async fn run_completion<'q>(
         conn: &'q mut PgConnection,
         completion: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         Ok(completion.execute(conn).await?.rows_affected() == 1)
     }
 
@@ -151,11 +151,11 @@ impl Dialect for Postgres {
         done.rows_affected()
     }
 
-    async fn before_migrate(pool: &sqlx::PgPool) -> Result<(), crate::Error> {
-        match crate::postgres::check_pooler(pool).await? {
-            crate::postgres::Pooling::Own => Ok(()),
-            crate::postgres::Pooling::Shared => Err(crate::Error::Pooler {
-                reason: crate::postgres::migrations_need_a_session(),
+    async fn before_migrate(pool: &sqlx::PgPool) -> Result<(), crate::error::Error> {
+        match crate::pooler::check_pooler(pool).await? {
+            crate::pooler::Pooling::Own => Ok(()),
+            crate::pooler::Pooling::Shared => Err(crate::error::Error::Pooler {
+                reason: crate::pooler::migrations_need_a_session(),
             }),
         }
     }
@@ -205,7 +205,7 @@ enum Claimed {
 
 /// Reads the key's row after the lock attempt of [`begin_claim_sql`], in the transaction open
 /// on `conn`; deletes an expired row of a key the transaction holds.
-async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Claimed, crate::Error> {
+async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Claimed, crate::error::Error> {
     let mark = key.lock_id.to_string();
     let row = sqlx::query(CLAIM)
         .bind(&key.scope)
@@ -214,7 +214,7 @@ async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Claimed, crate::
         .fetch_one(&mut *conn)
         .await?;
     if row.try_get::<bool, _>("read_only")? {
-        return Err(crate::Error::ReadOnly);
+        return Err(crate::error::Error::ReadOnly);
     }
     let held: Option<bool> = row.try_get("held")?;
     let live: Option<bool> = row.try_get("live")?;
@@ -242,7 +242,7 @@ impl Storage for Postgres {
         idle_timeout: Duration,
         // A 5xx's writes are undone by rolling back and claiming again (`undo_handler`).
         _undo_point: bool,
-    ) -> Result<Begun<'c, Postgres>, crate::Error> {
+    ) -> Result<Begun<'c, Postgres>, crate::error::Error> {
         // The claim's correctness rests on READ COMMITTED snapshots: the claim statement sees
         // what committed before it began.
         let begin = begin_claim_sql(BEGIN, key, statement_timeout, idle_timeout);
@@ -254,7 +254,7 @@ impl Storage for Postgres {
         })
     }
 
-    async fn before_handler(_: &mut PgConnection) -> Result<(), crate::Error> {
+    async fn before_handler(_: &mut PgConnection) -> Result<(), crate::error::Error> {
         Ok(())
     }
 
@@ -264,7 +264,7 @@ impl Storage for Postgres {
         mark: Option<&'c str>,
         statement_timeout: Option<Duration>,
         idle_timeout: Duration,
-    ) -> Result<Undone, crate::Error> {
+    ) -> Result<Undone, crate::error::Error> {
         // The transaction is rolled back and begun again in one round trip, so that sqlx's
         // count of open transactions on the connection stays right, and the claim is taken
         // again. A subtransaction around the handler would keep the key through the undo, but
@@ -296,14 +296,14 @@ impl Storage for Postgres {
 
     async fn begin_write(
         conn: &mut PgConnection,
-    ) -> Result<Transaction<'_, Postgres>, crate::Error> {
+    ) -> Result<Transaction<'_, Postgres>, crate::error::Error> {
         Ok(Transaction::begin(conn, None).await?)
     }
 
     async fn lookup(
         conn: &mut PgConnection,
         key: &KeyRef,
-    ) -> Result<Option<KeyRecord>, crate::Error> {
+    ) -> Result<Option<KeyRecord>, crate::error::Error> {
         let row = sqlx::query(LOOKUP)
             .bind(&key.scope)
             .bind(&key.key)
@@ -315,7 +315,10 @@ impl Storage for Postgres {
         }
     }
 
-    async fn start(conn: &mut PgConnection, start: &Start<'_>) -> Result<Started, crate::Error> {
+    async fn start(
+        conn: &mut PgConnection,
+        start: &Start<'_>,
+    ) -> Result<Started, crate::error::Error> {
         let row = sqlx::query(START)
             .bind(&start.key.scope)
             .bind(&start.key.key)
@@ -336,14 +339,14 @@ impl Storage for Postgres {
             "busy" => Ok(Started::Busy),
             "found" => {
                 let record = Self::decode_record(&row)?.ok_or_else(|| {
-                    crate::Error::corrupt("idem_start found a row without a status")
+                    crate::error::Error::corrupt("idem_start found a row without a status")
                 })?;
                 let lease_left = row
                     .try_get::<Option<f64>, _>("lease_left")?
                     .map(|secs| Duration::from_secs_f64(secs.max(0.0)));
                 Ok(Started::Found { record, lease_left })
             }
-            other => Err(crate::Error::corrupt(format!(
+            other => Err(crate::error::Error::corrupt(format!(
                 "idem_start returned outcome {other:?}"
             ))),
         }
@@ -353,7 +356,7 @@ impl Storage for Postgres {
         conn: &mut PgConnection,
         limit: i64,
         from: Option<i64>,
-    ) -> Result<Purged, crate::Error> {
+    ) -> Result<Purged, crate::error::Error> {
         let row = sqlx::query(PURGE)
             .bind(limit)
             .bind(from)
@@ -372,7 +375,7 @@ impl Storage for Postgres {
         lease: Duration,
         token: i64,
         with_steps: bool,
-    ) -> Result<Vec<Abandoned>, crate::Error> {
+    ) -> Result<Vec<Abandoned>, crate::error::Error> {
         let rows = sqlx::query(RECLAIM)
             .bind(limit)
             .bind(lease.as_secs_f64())
@@ -388,17 +391,17 @@ impl Storage for Postgres {
             .collect()
     }
 
-    async fn others_active(conn: &mut PgConnection) -> Result<Option<u64>, crate::Error> {
+    async fn others_active(conn: &mut PgConnection) -> Result<Option<u64>, crate::error::Error> {
         let active: i64 = sqlx::query_scalar(OTHERS_ACTIVE).fetch_one(conn).await?;
         Ok(Some(active.max(0) as u64))
     }
 
-    async fn ensure_open(_: &mut PgConnection) -> Result<(), crate::Error> {
+    async fn ensure_open(_: &mut PgConnection) -> Result<(), crate::error::Error> {
         // A ROLLBACK outside a transaction is a warning there, and sqlx counts it done.
         Ok(())
     }
 
-    fn is_transaction_aborted(error: &crate::Error) -> bool {
-        matches!(error, crate::Error::Database(error) if in_failed_transaction(error))
+    fn is_transaction_aborted(error: &crate::error::Error) -> bool {
+        matches!(error, crate::error::Error::Database(error) if in_failed_transaction(error))
     }
 }

@@ -24,24 +24,24 @@ pub(crate) trait SharedStorage: sqlx::Database + Sized {
         conn: &'c mut Self::Connection,
         completion: &'c Completion<'c>,
         retention: Duration,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + 'c;
 
     /// Completes a `started` row owned by `token`, to expire `retention` from now, or with
     /// `None` when its claim said (a recovery hook completing an abandoned claim). Returns
     /// `false` if the claim is no longer owned by `token`.
-    fn finish<'c>(
+    fn complete_started<'c>(
         conn: &'c mut Self::Connection,
         completion: &'c Completion<'c>,
         token: i64,
         retention: Option<Duration>,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + 'c;
 
     /// Deletes a `started` row owned by `token`, so that a retry runs the handler again.
     fn release<'c>(
         conn: &'c mut Self::Connection,
         key: &'c KeyRef,
         token: i64,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + 'c;
 
     /// Lets go of a `started` row owned by `token`: deletes it, or, when steps are recorded on
     /// it, ends its lease now and keeps them, so that a retry takes it over at once and resumes
@@ -52,7 +52,7 @@ pub(crate) trait SharedStorage: sqlx::Database + Sized {
         conn: &'c mut Self::Connection,
         key: &'c KeyRef,
         token: i64,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + 'c;
 
     /// Writes `steps` as the recorded steps of the `started` row owned by `token`; in the
     /// transaction `conn` is in, if any. Returns `false` (nothing written) if the claim is no
@@ -62,14 +62,14 @@ pub(crate) trait SharedStorage: sqlx::Database + Sized {
         key: &'c KeyRef,
         token: i64,
         steps: &'c [RecordedStep],
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + 'c;
 
     /// The steps recorded on the row owned by `token` (none if it is not owned by `token`).
     fn recorded_steps<'c>(
         conn: &'c mut Self::Connection,
         key: &'c KeyRef,
         token: i64,
-    ) -> impl Future<Output = Result<Vec<RecordedStep>, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<Vec<RecordedStep>, crate::error::Error>> + Send + 'c;
 
     /// Records a recovery round that the hook did not settle on the `started` row owned by
     /// `token`: `reason`, when given, kept as the hook's last error; and, with `park`, the claim
@@ -82,10 +82,12 @@ pub(crate) trait SharedStorage: sqlx::Database + Sized {
         token: i64,
         reason: Option<&'c str>,
         park: bool,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + 'c;
 
     /// Creates or upgrades the key table, and checks the settings the backend relies on.
-    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
+    fn migrate(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + '_;
 
     /// Decodes the columns of a key's row: `None` where `status` is `NULL` (the statement
     /// found no row).
@@ -93,14 +95,14 @@ pub(crate) trait SharedStorage: sqlx::Database + Sized {
     /// # Errors
     ///
     /// When a column is missing or does not decode, or the row does not make a record.
-    fn decode_record(row: &Self::Row) -> Result<Option<KeyRecord>, crate::Error>;
+    fn decode_record(row: &Self::Row) -> Result<Option<KeyRecord>, crate::error::Error>;
 
     /// An abandoned claim from a row of the recovery's `RETURNING`, `age` after its claim.
     ///
     /// # Errors
     ///
     /// When a column is missing or does not decode, or the fingerprint is not one.
-    fn abandoned(row: &Self::Row, age: Duration) -> Result<Abandoned, crate::Error>;
+    fn abandoned(row: &Self::Row, age: Duration) -> Result<Abandoned, crate::error::Error>;
 }
 
 /// The shared statements for every [`Dialect`], given what they need of sqlx for the database:
@@ -129,7 +131,7 @@ where
         conn: &mut DB::Connection,
         c: &Completion<'_>,
         retention: Duration,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         let completion = sqlx::query(DB::COMPLETE)
             .bind(c.method)
             .bind(c.path)
@@ -144,13 +146,13 @@ where
         DB::run_completion(conn, completion).await
     }
 
-    async fn finish(
+    async fn complete_started(
         conn: &mut DB::Connection,
         c: &Completion<'_>,
         token: i64,
         retention: Option<Duration>,
-    ) -> Result<bool, crate::Error> {
-        let done = sqlx::query(DB::FINISH)
+    ) -> Result<bool, crate::error::Error> {
+        let done = sqlx::query(DB::COMPLETE_STARTED)
             .bind(DB::status(c.response.status)?)
             .bind(Json(&c.response.headers))
             .bind(&c.response.body)
@@ -167,7 +169,7 @@ where
         conn: &mut DB::Connection,
         key: &KeyRef,
         token: i64,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         let done = sqlx::query(DB::RELEASE)
             .bind(&key.scope)
             .bind(&key.key)
@@ -181,7 +183,7 @@ where
         conn: &mut DB::Connection,
         key: &KeyRef,
         token: i64,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         let deleted = sqlx::query(DB::RELEASE_WITHOUT_STEPS)
             .bind(&key.scope)
             .bind(&key.key)
@@ -206,7 +208,7 @@ where
         key: &KeyRef,
         token: i64,
         steps: &[RecordedStep],
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         let done = sqlx::query(DB::RECORD_STEPS)
             .bind(Json(steps))
             .bind(&key.scope)
@@ -221,7 +223,7 @@ where
         conn: &mut DB::Connection,
         key: &KeyRef,
         token: i64,
-    ) -> Result<Vec<RecordedStep>, crate::Error> {
+    ) -> Result<Vec<RecordedStep>, crate::error::Error> {
         let row = sqlx::query(DB::RECORDED_STEPS)
             .bind(&key.scope)
             .bind(&key.key)
@@ -241,7 +243,7 @@ where
         token: i64,
         reason: Option<&str>,
         park: bool,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         let parked = if park {
             format!(
                 "parked_at = {}, lease_until = NULL, claim_token = NULL, ",
@@ -271,7 +273,7 @@ where
         Ok(DB::rows_affected(&done) == 1)
     }
 
-    async fn migrate(pool: &Pool<DB>) -> Result<(), crate::Error> {
+    async fn migrate(pool: &Pool<DB>) -> Result<(), crate::error::Error> {
         DB::before_migrate(pool).await?;
         // Recorded apart from the application's own `_sqlx_migrations`.
         let mut migrator = DB::MIGRATOR;
@@ -280,7 +282,7 @@ where
         Ok(migrator.run(pool).await?)
     }
 
-    fn decode_record(row: &DB::Row) -> Result<Option<KeyRecord>, crate::Error> {
+    fn decode_record(row: &DB::Row) -> Result<Option<KeyRecord>, crate::error::Error> {
         match row.try_get::<Option<String>, _>("status")? {
             None => Ok(None),
             Some(status) => RawRecord {
@@ -301,7 +303,7 @@ where
         }
     }
 
-    fn abandoned(row: &DB::Row, age: Duration) -> Result<Abandoned, crate::Error> {
+    fn abandoned(row: &DB::Row, age: Duration) -> Result<Abandoned, crate::error::Error> {
         let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
         Ok(Abandoned {
             key: KeyRef::new(row.try_get("scope")?, row.try_get("key")?),

@@ -56,7 +56,7 @@ const START: &str = "INSERT INTO idem_keys \
 const LAPSE: &str = "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
      WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
-const FINISH: &str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
+const COMPLETE_STARTED: &str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
      response_headers = $2, response_body = $3, locked_at = NULL, lease_until = NULL, \
      claim_token = NULL, parked_at = NULL, \
      expires_at = COALESCE(CAST(unixepoch('subsec') * 1000 AS INTEGER) + $4, expires_at) \
@@ -103,7 +103,7 @@ async fn live_row(
     conn: &mut SqliteConnection,
     key: &KeyRef,
     now: i64,
-) -> Result<Option<(KeyRecord, Option<i64>)>, crate::Error> {
+) -> Result<Option<(KeyRecord, Option<i64>)>, crate::error::Error> {
     let row = sqlx::query(LIVE)
         .bind(&key.scope)
         .bind(&key.key)
@@ -112,7 +112,7 @@ async fn live_row(
         .await?;
     row.map(|row| {
         let record = Sqlite::decode_record(&row)?
-            .ok_or_else(|| crate::Error::corrupt("a key's row without a status"))?;
+            .ok_or_else(|| crate::error::Error::corrupt("a key's row without a status"))?;
         Ok((record, row.try_get("lease_until")?))
     })
     .transpose()
@@ -120,7 +120,7 @@ async fn live_row(
 
 impl Dialect for Sqlite {
     const COMPLETE: &'static str = COMPLETE;
-    const FINISH: &'static str = FINISH;
+    const COMPLETE_STARTED: &'static str = COMPLETE_STARTED;
     const LAPSE: &'static str = LAPSE;
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
     const NOW: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -135,7 +135,7 @@ impl Dialect for Sqlite {
     /// HTTP statuses are held in an `INTEGER`.
     type Status = i64;
 
-    fn status(status: u16) -> Result<i64, crate::Error> {
+    fn status(status: u16) -> Result<i64, crate::error::Error> {
         Ok(i64::from(status))
     }
 
@@ -164,7 +164,7 @@ impl Dialect for Sqlite {
     async fn run_completion<'q>(
         conn: &'q mut SqliteConnection,
         completion: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         match completion.fetch_optional(&mut *conn).await {
             Ok(written) => Ok(written.is_some()),
             Err(sqlx::Error::Database(e)) if e.message().contains("no such savepoint") => {
@@ -185,11 +185,11 @@ impl Storage for Sqlite {
 
     async fn begin_write(
         conn: &mut SqliteConnection,
-    ) -> Result<Transaction<'_, Sqlite>, crate::Error> {
+    ) -> Result<Transaction<'_, Sqlite>, crate::error::Error> {
         Ok(Transaction::begin(conn, Some(BEGIN_IMMEDIATE.into_sql_str())).await?)
     }
 
-    async fn ensure_open(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
+    async fn ensure_open(conn: &mut SqliteConnection) -> Result<(), crate::error::Error> {
         open_unless_open(conn).await
     }
 
@@ -203,7 +203,7 @@ impl Storage for Sqlite {
         // connection.
         _idle_timeout: Duration,
         undo_point: bool,
-    ) -> Result<Begun<'c, Sqlite>, crate::Error> {
+    ) -> Result<Begun<'c, Sqlite>, crate::error::Error> {
         // IMMEDIATE takes the write lock now: a deferred transaction that read first could fail
         // with "database is locked" when it later writes. Holding it, nobody else can complete
         // the key: the transaction holds the key unless it has a live row.
@@ -225,7 +225,7 @@ impl Storage for Sqlite {
     }
 
     /// The point was taken with the claim (`begin_claim`'s `undo_point`).
-    async fn before_handler(_: &mut SqliteConnection) -> Result<(), crate::Error> {
+    async fn before_handler(_: &mut SqliteConnection) -> Result<(), crate::error::Error> {
         Ok(())
     }
 
@@ -235,7 +235,7 @@ impl Storage for Sqlite {
         _mark: Option<&'c str>,
         _statement_timeout: Option<Duration>,
         _idle_timeout: Duration,
-    ) -> Result<Undone, crate::Error> {
+    ) -> Result<Undone, crate::error::Error> {
         match sqlx::raw_sql(UNDO_HANDLER).execute(&mut *conn).await {
             Ok(_) => Ok(Undone::Kept(None)),
             // The handler ended the transaction, and the savepoint with it.
@@ -250,7 +250,7 @@ impl Storage for Sqlite {
     async fn lookup(
         conn: &mut SqliteConnection,
         key: &KeyRef,
-    ) -> Result<Option<KeyRecord>, crate::Error> {
+    ) -> Result<Option<KeyRecord>, crate::error::Error> {
         Ok(live_row(conn, key, now_ms())
             .await?
             .map(|(record, _)| record))
@@ -259,7 +259,7 @@ impl Storage for Sqlite {
     async fn start(
         conn: &mut SqliteConnection,
         start: &Start<'_>,
-    ) -> Result<Started, crate::Error> {
+    ) -> Result<Started, crate::error::Error> {
         // The takeover rule, as PostgreSQL's `idem_start` has it (there it must run inside the
         // function that holds the advisory lock, with a fresh snapshot, in one round trip): a
         // live row stays when it is completed, leased, or another request's; an expired row or
@@ -315,7 +315,7 @@ impl Storage for Sqlite {
         conn: &mut SqliteConnection,
         limit: i64,
         _from: Option<i64>,
-    ) -> Result<Purged, crate::Error> {
+    ) -> Result<Purged, crate::error::Error> {
         // SQLite removes a deleted row's index entries with it: each batch's scan starts at the
         // oldest row left, with nothing to walk past.
         let rows = sqlx::query(PURGE)
@@ -333,7 +333,7 @@ impl Storage for Sqlite {
         lease: Duration,
         token: i64,
         with_steps: bool,
-    ) -> Result<Vec<Abandoned>, crate::Error> {
+    ) -> Result<Vec<Abandoned>, crate::error::Error> {
         let now = now_ms();
         let rows = sqlx::query(RECLAIM)
             .bind(now)
@@ -352,7 +352,7 @@ impl Storage for Sqlite {
             .collect()
     }
 
-    fn is_transaction_aborted(_error: &crate::Error) -> bool {
+    fn is_transaction_aborted(_error: &crate::error::Error) -> bool {
         // SQLite does not abort a transaction when one of its statements fails.
         false
     }
@@ -360,7 +360,7 @@ impl Storage for Sqlite {
 
 /// Opens a transaction on `conn` unless one is open (SQLite refuses a `BEGIN` inside one, and
 /// the refusal changes nothing).
-async fn open_unless_open(conn: &mut SqliteConnection) -> Result<(), crate::Error> {
+async fn open_unless_open(conn: &mut SqliteConnection) -> Result<(), crate::error::Error> {
     match sqlx::raw_sql("BEGIN").execute(conn).await {
         Ok(_) => Ok(()),
         Err(sqlx::Error::Database(e)) if e.message().contains("within a transaction") => Ok(()),

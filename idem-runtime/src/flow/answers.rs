@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 
 use super::{
-    outcome::{Outcome, finish},
+    outcome::{Outcome, end},
     request::IdemRequest,
 };
 use crate::{
@@ -22,8 +22,8 @@ impl<DB: Backend> IdemRequest<DB> {
     /// Logs what a connection pooler that breaks sqlx's prepared statements is doing, and
     /// what to do about it, when `error` is one it causes: once per process, since under load
     /// every request would say it. Each failure is still logged where it happens.
-    pub(super) fn explain_store_error(&self, error: &crate::Error) {
-        if let crate::Error::Database(database) = error {
+    pub(super) fn explain_store_error(&self, error: &crate::error::Error) {
+        if let crate::error::Error::Database(database) = error {
             self.explain_database_error(database);
         }
     }
@@ -31,7 +31,7 @@ impl<DB: Backend> IdemRequest<DB> {
     /// [`explain_store_error`](Self::explain_store_error) for sqlx's error.
     pub(super) fn explain_database_error(&self, error: &sqlx::Error) {
         #[cfg(feature = "postgres")]
-        if let Some(reason) = crate::postgres::pooler_refusal(error) {
+        if let Some(reason) = crate::pooler::pooler_refusal(error) {
             static EXPLAINED: std::sync::Once = std::sync::Once::new();
             EXPLAINED.call_once(|| tracing::error!(parent: &self.span, "{reason}"));
         }
@@ -41,10 +41,10 @@ impl<DB: Backend> IdemRequest<DB> {
 
     /// A problem of `kind`, its `type` under the store's [`StoreOptions::problem_type_base`].
     ///
-    /// [`StoreOptions::problem_type_base`]: crate::StoreOptions::problem_type_base
+    /// [`StoreOptions::problem_type_base`]: crate::store::StoreOptions::problem_type_base
     ///
     /// A 503 tells the client when to retry: `Retry-After` is the store's
-    /// [`StoreOptions::retry_after`](crate::StoreOptions::retry_after).
+    /// [`StoreOptions::retry_after`](crate::store::StoreOptions::retry_after).
     pub(super) fn problem(&self, kind: ProblemKind, detail: impl Into<String>) -> Problem {
         let problem = kind.problem_under(self.store.options().problem_type_base(), detail);
         if kind.status() == http::StatusCode::SERVICE_UNAVAILABLE {
@@ -92,7 +92,7 @@ impl<DB: Backend> IdemRequest<DB> {
         Response::from_parts(parts, body)
     }
 
-    pub(super) fn finish(&self, outcome: Outcome, response: Response) -> Response {
+    pub(super) fn end(&self, outcome: Outcome, response: Response) -> Response {
         let mut response = response;
         if let Some(waiting) = &self.waiting {
             metrics::histogram!(
@@ -108,13 +108,13 @@ impl<DB: Backend> IdemRequest<DB> {
                 );
             }
         }
-        finish(&self.span, &self.route, outcome, response)
+        end(&self.span, &self.route, outcome, response)
     }
 
-    pub(super) fn store_failed(&self, error: &crate::Error) -> Response {
+    pub(super) fn store_failed(&self, error: &crate::error::Error) -> Response {
         if let Some(hint) = error.setup_hint() {
             tracing::error!(parent: &self.span, %error, "{hint}");
-            return self.finish(
+            return self.end(
                 Outcome::Failed,
                 self.problem(
                     ProblemKind::StoreNotSetUp,
@@ -125,13 +125,13 @@ impl<DB: Backend> IdemRequest<DB> {
                 .into_response(),
             );
         }
-        let detail = if matches!(error, crate::Error::ReadOnly) {
+        let detail = if matches!(error, crate::error::Error::ReadOnly) {
             tracing::warn!(parent: &self.span, %error, "the idempotency store's database takes no writes; answered 503 to retry");
             "the database is read-only (a standby, or a primary a failover demoted); nothing was \
              run, retry with the same key"
-        } else if let crate::Error::TimedOut { after } = error {
+        } else if let crate::error::Error::TimedOut { after } = error {
             tracing::error!(parent: &self.span, %error, "the idempotency store's database did not answer in time; the request's work was abandoned and its connection closed");
-            return self.finish(
+            return self.end(
                 Outcome::Failed,
                 self.problem(
                     ProblemKind::StoreUnavailable,
@@ -147,7 +147,7 @@ impl<DB: Backend> IdemRequest<DB> {
             tracing::error!(parent: &self.span, %error, "idempotency store failed");
             "the idempotency store failed; nothing was stored, retry with the same key"
         };
-        self.finish(
+        self.end(
             Outcome::Failed,
             self.problem(ProblemKind::StoreUnavailable, detail)
                 .into_response(),
@@ -160,10 +160,10 @@ impl<DB: Backend> IdemRequest<DB> {
     pub(super) fn connection_lost(
         &self,
         status: http::StatusCode,
-        error: &crate::Error,
+        error: &crate::error::Error,
     ) -> Response {
         tracing::warn!(parent: &self.span, %error, %status, "the handler answered a 5xx and its transaction could not be rolled back: its connection is gone; answered 503 to retry");
-        self.finish(
+        self.end(
             Outcome::Failed,
             self.problem(
                 ProblemKind::StoreUnavailable,
@@ -181,7 +181,7 @@ impl<DB: Backend> IdemRequest<DB> {
     pub(super) fn commit_unanswered(&self, timeout: Duration) -> Response {
         let limit = attribute_duration(timeout);
         tracing::error!(parent: &self.span, timeout = %limit, "the database did not answer the handler's COMMIT in time; its outcome is unknown");
-        self.finish(
+        self.end(
             Outcome::Failed,
             self.problem(
                 ProblemKind::OutcomeUnknown,
@@ -195,7 +195,7 @@ impl<DB: Backend> IdemRequest<DB> {
     /// transaction lost a conflict with another (a serialization failure, a deadlock: SQLSTATE
     /// class 40, as a multi-primary cluster answers a duplicate that committed first at another
     /// node), or the connection broke or the server went away during it (a failover: see
-    /// [`is_transient`](crate::is_transient)) and the outcome is unknown. A primary stopped
+    /// [`is_transient`](crate::transient::is_transient)) and the outcome is unknown. A primary stopped
     /// while a synchronous standby confirms the COMMIT answers it `57P01` although the
     /// transaction committed locally: only a retry can tell.
     pub(super) fn commit_failed(&self, error: &sqlx::Error) -> Response {
@@ -208,7 +208,7 @@ impl<DB: Backend> IdemRequest<DB> {
         self.explain_database_error(error);
         tracing::error!(parent: &self.span, %error, "committing the handler's transaction failed");
         let problem = match error {
-            sqlx::Error::Database(refusal) if !crate::is_transient(error) => self.problem(
+            sqlx::Error::Database(refusal) if !crate::transient::is_transient(error) => self.problem(
                 ProblemKind::CommitRefused,
                 format!(
                     "the database refused to commit the handler's writes ({}); nothing was stored, retry with the same key",
@@ -220,7 +220,7 @@ impl<DB: Backend> IdemRequest<DB> {
                 "the connection failed while committing; retry with the same key to get the stored outcome, or to run the request if it was not committed",
             ),
         };
-        self.finish(Outcome::Failed, problem.into_response())
+        self.end(Outcome::Failed, problem.into_response())
     }
 
     /// 409 with `Retry-After`: the handler's transaction lost a conflict with another
@@ -229,7 +229,7 @@ impl<DB: Backend> IdemRequest<DB> {
     /// commit first ends; its retry replays the other's outcome.
     pub(super) fn conflict_lost(&self, why: &str) -> Response {
         let seconds = self.retry_after_secs();
-        self.finish(
+        self.end(
             Outcome::Conflict,
             self.problem(
                 ProblemKind::InProgress,
@@ -245,9 +245,11 @@ impl<DB: Backend> IdemRequest<DB> {
     /// The answer when beginning the claim or preparing the handler's transaction failed with
     /// `error`: a 409 to retry when the transaction lost a conflict with another (on a Galera
     /// cluster, another node's commit of the key), otherwise the store's failure.
-    pub(super) fn failed_to_claim(&self, error: &crate::Error) -> Response {
+    pub(super) fn failed_to_claim(&self, error: &crate::error::Error) -> Response {
         match error {
-            crate::Error::Database(sqlx::Error::Database(refusal)) if error.is_conflict() => {
+            crate::error::Error::Database(sqlx::Error::Database(refusal))
+                if error.is_conflict() =>
+            {
                 tracing::warn!(parent: &self.span, %error, "the claim's transaction lost a conflict with another; nothing was stored");
                 self.conflict_lost(refusal.message())
             }
@@ -261,7 +263,7 @@ impl<DB: Backend> IdemRequest<DB> {
             Some(after) => after.as_secs_f64().ceil().max(1.0) as u64,
             None => self.retry_after_secs(),
         };
-        self.finish(
+        self.end(
             Outcome::Conflict,
             self.problem(ProblemKind::InProgress, format!(
                     "a request with this idempotency key is being processed; retry after {seconds}s to get its outcome"
@@ -278,7 +280,7 @@ impl<DB: Backend> IdemRequest<DB> {
         lease_left: Option<Duration>,
     ) -> Response {
         if record.fingerprint != self.fingerprint {
-            return self.finish(
+            return self.end(
                 Outcome::Mismatch,
                 self.problem(ProblemKind::KeyReused, format!(
                         "this idempotency key was already used for a different request ({} {}); use a new key for a new request",
@@ -289,10 +291,10 @@ impl<DB: Backend> IdemRequest<DB> {
         }
         match (record.status, record.response) {
             (KeyStatus::Completed, Some(stored)) => {
-                self.finish(Outcome::Replayed, replay::replay(stored))
+                self.end(Outcome::Replayed, replay::replay(stored))
             }
             (KeyStatus::Started, _) => self.in_progress(lease_left),
-            (KeyStatus::Parked, _) => self.finish(
+            (KeyStatus::Parked, _) => self.end(
                 Outcome::Parked,
                 self.problem(
                     ProblemKind::ClaimParked,
@@ -303,7 +305,7 @@ impl<DB: Backend> IdemRequest<DB> {
                 )
                 .into_response(),
             ),
-            (KeyStatus::Completed, None) => self.store_failed(&crate::Error::corrupt(
+            (KeyStatus::Completed, None) => self.store_failed(&crate::error::Error::corrupt(
                 "a completed idempotency key has no stored response",
             )),
         }
@@ -314,7 +316,7 @@ impl<DB: Backend> IdemRequest<DB> {
         let limit = self.store.options().max_response_body();
         match Captured::read(response, limit).await {
             Ok(captured) => Ok(captured),
-            Err(error @ CaptureError::TooLarge { .. }) => Err(self.finish(
+            Err(error @ CaptureError::TooLarge { .. }) => Err(self.end(
                 Outcome::Failed,
                 self.problem(
                     ProblemKind::ResponseTooLarge,
@@ -324,9 +326,9 @@ impl<DB: Backend> IdemRequest<DB> {
             )),
             Err(CaptureError::Body(error)) => {
                 tracing::error!(parent: &self.span, %error, "response body failed");
-                Err(self.finish(
+                Err(self.end(
                     Outcome::Failed,
-                    crate::Problem::new(
+                    crate::problem::Problem::new(
                         http::StatusCode::INTERNAL_SERVER_ERROR,
                         "Response body failed",
                     )
@@ -357,7 +359,7 @@ impl<DB: Backend> IdemRequest<DB> {
     pub(super) fn timed_out(&self, timeout: Option<Duration>, undone: &str) -> Response {
         let limit = timeout.map_or_else(|| "its timeout".to_owned(), attribute_duration);
         tracing::warn!(parent: &self.span, timeout = %limit, "the handler ran past its timeout and was stopped");
-        self.finish(
+        self.end(
             Outcome::TimedOut,
             self.problem(ProblemKind::HandlerTimedOut, format!(
                     "the handler took longer than {limit} and was stopped; {undone} and nothing was stored, retry with the same key"

@@ -107,7 +107,7 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// The answer to what the claim's `start` found.
     async fn settle_start(
         mut self,
-        outcome: Result<Started, crate::Error>,
+        outcome: Result<Started, crate::error::Error>,
     ) -> Result<Self, Response> {
         if !matches!(outcome, Ok(Started::Acquired { .. })) {
             self.armed = false;
@@ -147,7 +147,7 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// How long the handler body may run: until its `timeout`, if it has one. The handler
     /// holds no transaction, so the store's database deadline does not bound it.
     pub fn limit(&self) -> Limit {
-        Limit::of(self.options.timeout, None)
+        Limit::earlier_of(self.options.timeout, None)
     }
 
     /// The handler's steps, with what earlier attempts recorded.
@@ -167,7 +167,7 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// Lets go of the key: deletes the claim, or ends its lease where steps are recorded on it
     /// (the row decides: a step whose commit went unanswered may be recorded), so that a retry
     /// resumes after them.
-    fn give_up(&self) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'static {
+    fn give_up(&self) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + 'static {
         let (store, key, token) = (self.request.store.clone(), self.key.clone(), self.token);
         async move { store.give_up(&key, token).await }
     }
@@ -184,7 +184,7 @@ impl<DB: Backend> ExternalClaim<DB> {
             if let Err(error) = released {
                 tracing::error!(parent: &self.request.span, %error, "releasing the key after a 5xx failed; it frees itself when the lease ends");
             }
-            return self.request.finish(Outcome::NotStored, response);
+            return self.request.end(Outcome::NotStored, response);
         }
         let captured = match self.request.capture(response).await {
             Ok(captured) => captured,
@@ -200,26 +200,26 @@ impl<DB: Backend> ExternalClaim<DB> {
             let retention = Some(self.options.retention);
             self.request
                 .store
-                .finish(&completion, self.token, retention)
+                .complete_started(&completion, self.token, retention)
                 .await
         };
         self.armed = false;
         match finished {
             Ok(true) => self
                 .request
-                .finish(Outcome::Executed, captured.into_response()),
+                .end(Outcome::Executed, captured.into_response()),
             Ok(false) => {
                 // The lease ran out and another request took the key over; it will store its
                 // own outcome. This client still gets what the handler answered.
                 tracing::warn!(parent: &self.request.span, "the claim's lease ran out before completion; the outcome was not stored");
                 self.request
-                    .finish(Outcome::NotStored, captured.into_response())
+                    .end(Outcome::NotStored, captured.into_response())
             }
             Err(error) => {
                 self.request.explain_store_error(&error);
                 tracing::error!(parent: &self.request.span, %error, "storing the outcome failed");
                 self.request
-                    .finish(Outcome::NotStored, captured.into_response())
+                    .end(Outcome::NotStored, captured.into_response())
             }
         }
     }

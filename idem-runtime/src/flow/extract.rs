@@ -15,7 +15,7 @@ use tracing::field::Empty;
 use idem_key::Fingerprint;
 
 use super::{
-    outcome::{Outcome, finish, key_problem},
+    outcome::{Outcome, end, key_problem},
     request::{Fingerprinted, IdemRequest},
 };
 use crate::{backend::Backend, problem::ProblemKind, store::Store};
@@ -70,7 +70,7 @@ where
         Ok(key) => key,
         Err(error) => {
             let problem = key_problem(&error, store.options().problem_type_base());
-            return Err(finish(&span, &route, Outcome::Rejected, problem));
+            return Err(end(&span, &route, Outcome::Rejected, problem));
         }
     };
     let limit = store.options().max_request_body();
@@ -85,7 +85,7 @@ where
             } else {
                 axum_problem_bad_body(&error.to_string())
             };
-            return Err(finish(
+            return Err(end(
                 &span,
                 &route,
                 Outcome::Rejected,
@@ -122,8 +122,8 @@ where
     ))
 }
 
-fn axum_problem_bad_body(reason: &str) -> crate::Problem {
-    crate::Problem::new(
+fn axum_problem_bad_body(reason: &str) -> crate::problem::Problem {
+    crate::problem::Problem::new(
         http::StatusCode::BAD_REQUEST,
         "Request body could not be read",
     )
@@ -137,7 +137,7 @@ impl<T, DB: Backend> Input<T, DB> {
     ) -> Result<Self, Response> {
         match extracted {
             Ok(value) => Ok(Self { value, request }),
-            Err(rejection) => Err(request.finish(Outcome::Rejected, rejection.into_response())),
+            Err(rejection) => Err(request.end(Outcome::Rejected, rejection.into_response())),
         }
     }
 }

@@ -4,8 +4,8 @@
 //! gRPC client gets: the method's message, or a status with its metadata.
 //!
 //! Between the two the outcome travels as an HTTP response, the form the claims store and
-//! replay: the message, protobuf-encoded, under [`GRPC_MESSAGE`], or the method's status under
-//! [`GRPC_STATUS`], with an HTTP status that says whether it is final (a 4xx) or like a server
+//! replay: the message, protobuf-encoded, under [`GRPC_MESSAGE`](crate::stored_grpc::GRPC_MESSAGE), or the method's status under
+//! [`GRPC_STATUS`](crate::stored_grpc::GRPC_STATUS), with an HTTP status that says whether it is final (a 4xx) or like a server
 //! error (a 5xx, stored only with `replay_5xx`).
 
 use std::sync::Arc;
@@ -14,7 +14,6 @@ use axum::{
     extract::FromRef,
     response::{IntoResponse, Response},
 };
-use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header::CONTENT_TYPE};
 use http_body_util::BodyExt;
 use idem_key::Fingerprint;
@@ -22,38 +21,15 @@ use tonic::{Code, Status, metadata::MetadataMap};
 use tracing::field::Empty;
 
 use super::{
-    outcome::{Outcome, finish, key_problem},
+    outcome::{Outcome, end, key_problem},
     request::IdemRequest,
 };
-use crate::{backend::Backend, policy::HandlerPolicy, store::Store};
-
-/// The `Content-Type` of a stored message: its protobuf encoding.
-pub(crate) const GRPC_MESSAGE: &str = "application/grpc+proto";
-
-/// The `Content-Type` of a stored status: [`StoredStatus`], protobuf-encoded.
-pub(crate) const GRPC_STATUS: &str = "application/x-idem-grpc-status+proto";
-
-/// The request method gRPC calls are stored under: no HTTP request has it, so a key used on
-/// HTTP and then on gRPC (or the other way) is always another request.
-pub(crate) const GRPC_METHOD: &str = "GRPC";
-
-/// A method's final status as stored.
-#[derive(Clone, PartialEq, prost::Message)]
-struct StoredStatus {
-    #[prost(int32, tag = "1")]
-    code: i32,
-    #[prost(string, tag = "2")]
-    message: String,
-    #[prost(bytes = "bytes", tag = "3")]
-    details: Bytes,
-}
-
-/// The code and message of a status stored by [`into_http`], or `None` for a body that is not
-/// one.
-pub(crate) fn stored_status(body: &[u8]) -> Option<(Code, String)> {
-    let stored = <StoredStatus as prost::Message>::decode(body).ok()?;
-    Some((Code::from_i32(stored.code), stored.message))
-}
+use crate::{
+    backend::Backend,
+    policy::HandlerPolicy,
+    store::Store,
+    stored_grpc::{GRPC_MESSAGE, GRPC_METHOD, GRPC_STATUS, StoredStatus},
+};
 
 /// Takes the call's key from its metadata and fingerprints it: the method's full name and the
 /// message, re-encoded, so that two encodings of equal messages are the same request. A
@@ -90,7 +66,7 @@ where
         Ok(key) => key,
         Err(error) => {
             let problem = key_problem(&error, store.options().problem_type_base());
-            let problem = finish(&span, &route, Outcome::Rejected, problem);
+            let problem = end(&span, &route, Outcome::Rejected, problem);
             return Err(status_of_problem(
                 problem.status(),
                 problem.headers(),

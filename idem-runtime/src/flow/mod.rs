@@ -14,7 +14,7 @@
 //! 4. [`answers`]: every answer the layer gives itself (a replay, 409, 422, a problem), each
 //!    ending the request ([`request`]) with an [`outcome`] recorded on its span.
 //!
-//! [`StoreOptions::max_request_body`]: crate::StoreOptions::max_request_body
+//! [`StoreOptions::max_request_body`]: crate::store::StoreOptions::max_request_body
 
 #![allow(
     clippy::result_large_err,
@@ -63,7 +63,7 @@ pub struct Limit {
 
 impl Limit {
     /// The earlier of `timeout` from now and `deadline`.
-    pub(crate) fn of(timeout: Option<Duration>, deadline: Option<Instant>) -> Self {
+    pub(crate) fn earlier_of(timeout: Option<Duration>, deadline: Option<Instant>) -> Self {
         let timeout = timeout.map(|limit| Instant::now() + limit);
         match (timeout, deadline) {
             (Some(at), Some(deadline)) if deadline < at => Self {
@@ -103,7 +103,7 @@ mod tests {
 
     #[tokio::test]
     async fn within_drops_a_body_that_runs_past_its_limit() {
-        let limit = Limit::of(Some(Duration::from_millis(10)), None);
+        let limit = Limit::earlier_of(Some(Duration::from_millis(10)), None);
         assert_eq!(run_until(limit, async { 7 }).await, Some(7));
         assert_eq!(run_until(limit, std::future::pending::<()>()).await, None);
     }
@@ -112,10 +112,10 @@ mod tests {
     async fn a_limit_is_the_earlier_of_the_timeout_and_the_deadline() {
         let soon = Instant::now() + Duration::from_secs(1);
         let late = Instant::now() + Duration::from_secs(3600);
-        assert!(Limit::of(Some(Duration::from_secs(60)), Some(soon)).is_deadline());
-        assert!(!Limit::of(Some(Duration::from_secs(60)), Some(late)).is_deadline());
-        assert!(Limit::of(None, Some(late)).is_deadline());
-        let unbounded = Limit::of(None, None);
+        assert!(Limit::earlier_of(Some(Duration::from_secs(60)), Some(soon)).is_deadline());
+        assert!(!Limit::earlier_of(Some(Duration::from_secs(60)), Some(late)).is_deadline());
+        assert!(Limit::earlier_of(None, Some(late)).is_deadline());
+        let unbounded = Limit::earlier_of(None, None);
         assert!(!unbounded.is_deadline());
         assert_eq!(run_until(unbounded, async { 7 }).await, Some(7));
     }

@@ -1,5 +1,5 @@
 //! How a request through the layer ended ([`Outcome`]), and recording it on the request's span
-//! and in the metrics with the response that ends it ([`finish`]). The answers themselves are
+//! and in the metrics with the response that ends it ([`end`]). The answers themselves are
 //! in [`answers`](super::answers).
 
 use axum::response::{IntoResponse, Response};
@@ -47,7 +47,7 @@ impl Outcome {
     }
 }
 
-pub(super) fn finish(span: &Span, route: &str, outcome: Outcome, response: Response) -> Response {
+pub(super) fn end(span: &Span, route: &str, outcome: Outcome, response: Response) -> Response {
     let status = response.status().as_u16();
     span.record("outcome", outcome.as_str());
     span.record("status", status);

@@ -172,17 +172,17 @@ impl<DB: Backend> IdemRequest<DB> {
                         Some("is empty".to_owned())
                     } else if scope.contains('\0') {
                         Some("contains the character U+0000 (NUL)".to_owned())
-                    } else if scope.len() > crate::MAX_SCOPE_LEN {
+                    } else if scope.len() > crate::scope::MAX_SCOPE_LEN {
                         Some(format!(
                             "is {} bytes long, over the limit of {}",
                             scope.len(),
-                            crate::MAX_SCOPE_LEN
+                            crate::scope::MAX_SCOPE_LEN
                         ))
                     } else {
                         None
                     };
                     if let Some(wrong) = wrong {
-                        return Err(self.finish(
+                        return Err(self.end(
                         Outcome::Rejected,
                         self.problem(ProblemKind::InvalidScope, format!(
                                 "the caller this request is scoped to {wrong}; nothing was stored"

@@ -106,7 +106,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         };
         let deadline = request.store.deadline();
         let mut permit = None;
-        if DB::SINGLE_WRITER {
+        if request.store.single_writer() {
             // A finished key is answered without queueing for the single writer.
             match request.store.lookup(&key, deadline).await {
                 Ok(Some(record)) if record.status == KeyStatus::Completed => {
@@ -129,7 +129,8 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         // On a single-writer database a duplicate in another process waits for the first
         // inside the database, for its write lock: a request that may wait counts as waiting
         // meanwhile, and its replay says that it waited.
-        let waits_in_database = DB::SINGLE_WRITER && request.wait_allowed(options.wait).is_some();
+        let waits_in_database =
+            request.store.single_writer() && request.wait_allowed(options.wait).is_some();
         let asked = tokio::time::Instant::now();
         let counted = waits_in_database.then(|| request.store.wait_counted());
         let claimed = request
@@ -141,10 +142,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             Ok((Begun::Acquired(mut tx, mark), settle)) => {
                 held.running();
                 if options.replay_5xx {
-                    let prepared = request
-                        .store
-                        .by(deadline, DB::before_handler(&mut tx))
-                        .await;
+                    let prepared = request.store.before_handler(&mut tx, deadline).await;
                     if let Err(error) = prepared {
                         return Acquired::Answer(request.failed_to_claim(&error));
                     }
@@ -241,7 +239,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
     /// How long the handler body may run: until its `timeout`, if it has one, and at the
     /// latest until the request's deadline.
     pub fn limit(&self) -> Limit {
-        Limit::of(self.options.timeout, Some(self.deadline))
+        Limit::earlier_of(self.options.timeout, Some(self.deadline))
     }
 
     /// Stores the handler's response with the key and commits, or rolls everything back.
@@ -275,19 +273,11 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 if let Err(error) = roll_back(tx, &mut settle, &store, deadline).await {
                     return request.connection_lost(response.status(), &error);
                 }
-                return request.finish(Outcome::NotStored, response);
+                return request.end(Outcome::NotStored, response);
             }
+            let statement_timeout = options.timeout.map(|limit| limit * 2);
             let undone = store
-                .by(
-                    deadline,
-                    DB::undo_handler(
-                        &mut tx,
-                        &key,
-                        mark.as_deref(),
-                        options.timeout.map(|limit| limit * 2),
-                        store.options().database_timeout(),
-                    ),
-                )
+                .undo_handler(&mut tx, &key, mark.as_deref(), statement_timeout, deadline)
                 .await;
             match undone {
                 Ok(Undone::Kept(kept)) => mark = kept,
@@ -296,13 +286,15 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                     // is the one stored, and this 5xx, whose writes are undone, is only answered.
                     tracing::debug!(parent: &request.span, "a retry took the key while this 5xx was undone; it is answered, not stored");
                     let _ = roll_back(tx, &mut settle, &store, deadline).await;
-                    return request.finish(Outcome::NotStored, response);
+                    return request.end(Outcome::NotStored, response);
                 }
                 Ok(Undone::Ended) => {
                     let _ = roll_back(tx, &mut settle, &store, deadline).await;
                     return claim_gone(&request);
                 }
-                Err(error) => return failed(tx, &mut settle, &request, &error, deadline).await,
+                Err(error) => {
+                    return write_failed(tx, &mut settle, &request, &error, deadline).await;
+                }
             }
         }
         // On any early return below, the transaction is rolled back (or, past the deadline,
@@ -317,10 +309,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         let stored = captured.to_stored();
         let completion = request.completion(&key, &stored, mark.as_deref());
         let completed = store
-            .by(
-                deadline,
-                DB::complete(&mut tx, &completion, options.retention),
-            )
+            .complete(&mut tx, &completion, options.retention, deadline)
             .await;
         match completed {
             Ok(true) => {}
@@ -328,14 +317,14 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 let _ = roll_back(tx, &mut settle, &store, deadline).await;
                 return claim_gone(&request);
             }
-            Err(error) if DB::is_transaction_aborted(&error) => {
+            Err(error) if store.aborted_by_a_failed_statement(&error) => {
                 // A statement of the handler failed and the handler answered anyway: its
                 // answer stands, but nothing can be committed with it.
                 tracing::warn!(parent: &request.span, "the handler's transaction was aborted by a failed statement; its answer was not stored");
                 let _ = roll_back(tx, &mut settle, &store, deadline).await;
-                return request.finish(Outcome::NotStored, captured.into_response());
+                return request.end(Outcome::NotStored, captured.into_response());
             }
-            Err(error) => return failed(tx, &mut settle, &request, &error, deadline).await,
+            Err(error) => return write_failed(tx, &mut settle, &request, &error, deadline).await,
         }
         match tokio::time::timeout_at(deadline, tx.commit()).await {
             Ok(Ok(())) => {
@@ -348,7 +337,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             // The COMMIT was sent and not answered: it may have committed or not.
             Err(_) => return request.commit_unanswered(store.options().database_timeout()),
         }
-        request.finish(Outcome::Executed, captured.into_response())
+        request.end(Outcome::Executed, captured.into_response())
     }
 
     /// The handler body was stopped at `limit` and its future dropped: rolls back its writes
@@ -369,7 +358,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             // connection unsettled closes it, and the server rolls back.
             drop(tx);
             let timeout = request.store.options().database_timeout();
-            return request.store_failed(&crate::Error::TimedOut { after: timeout });
+            return request.store_failed(&crate::error::Error::TimedOut { after: timeout });
         }
         // Rolled back here rather than on drop, so that the connection is back in the pool
         // and the key free before the client hears about it.
@@ -383,7 +372,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
 
 /// The answer when the handler ended the claim's transaction itself: its outcome is not stored.
 fn claim_gone<DB: Backend>(request: &IdemRequest<DB>) -> Response {
-    request.finish(
+    request.end(
         Outcome::Failed,
         request
             .problem(
@@ -399,18 +388,18 @@ fn claim_gone<DB: Backend>(request: &IdemRequest<DB>) -> Response {
 /// after rolling it back (unless the database did not answer in time: then its connection is
 /// closed). A transaction that lost a conflict with another is a 409 to retry: a Galera node
 /// reports it at the first statement after another node's commit aborted the transaction.
-async fn failed<DB: Backend>(
+async fn write_failed<DB: Backend>(
     tx: Transaction<'_, DB>,
     settle: &mut Settle<'_>,
     request: &IdemRequest<DB>,
-    error: &crate::Error,
+    error: &crate::error::Error,
     deadline: Instant,
 ) -> Response {
     if !error.is_timed_out() {
         let _ = roll_back(tx, settle, &request.store, deadline).await;
     }
     match error {
-        crate::Error::Database(sqlx::Error::Database(refusal)) if error.is_conflict() => {
+        crate::error::Error::Database(sqlx::Error::Database(refusal)) if error.is_conflict() => {
             tracing::warn!(parent: &request.span, %error, "the handler's transaction lost a conflict with another before it completed; nothing was stored");
             request.conflict_lost(refusal.message())
         }
@@ -422,11 +411,11 @@ async fn failed<DB: Backend>(
 /// `Storage::lost_a_conflict`); a question that fails or times out counts as no (logged).
 async fn lost_a_conflict<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
-    store: &crate::Store<DB>,
+    store: &crate::store::Store<DB>,
     deadline: Instant,
     request: &IdemRequest<DB>,
 ) -> bool {
-    match store.by(deadline, DB::lost_a_conflict(tx)).await {
+    match store.lost_a_conflict(tx, deadline).await {
         Ok(lost) => lost,
         Err(error) => {
             tracing::warn!(parent: &request.span, %error, "could not ask the database whether the handler's transaction lost a conflict; its 5xx is answered as it is");
@@ -438,10 +427,10 @@ async fn lost_a_conflict<DB: Backend>(
 /// Makes sure the transaction is open (see `Storage::ensure_open`), until `deadline`.
 async fn reopened<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
-    store: &crate::Store<DB>,
+    store: &crate::store::Store<DB>,
     deadline: Instant,
-) -> Result<(), crate::Error> {
-    store.by(deadline, DB::ensure_open(tx)).await
+) -> Result<(), crate::error::Error> {
+    store.ensure_open(tx, deadline).await
 }
 
 /// Rolls `tx` back until `deadline`, and settles its connection if that worked; otherwise the
@@ -449,12 +438,12 @@ async fn reopened<DB: Backend>(
 async fn roll_back<DB: Backend>(
     mut tx: Transaction<'_, DB>,
     settle: &mut Settle<'_>,
-    store: &crate::Store<DB>,
+    store: &crate::store::Store<DB>,
     deadline: Instant,
-) -> Result<(), crate::Error> {
+) -> Result<(), crate::error::Error> {
     reopened(&mut tx, store, deadline).await?;
     store
-        .by(deadline, async { Ok(tx.rollback().await?) })
+        .bounded(deadline, async { Ok(tx.rollback().await?) })
         .await?;
     settle.settle();
     Ok(())

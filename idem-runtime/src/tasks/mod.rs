@@ -31,7 +31,7 @@ pub use pacing::Pacing;
 pub use purge::{Purge, PurgeOptions, PurgeReport};
 pub use recovery::{Recovery, RecoveryOptions, RecoveryReport};
 
-use crate::{IdempotencyContext, Steps, backend::Backend};
+use crate::{backend::Backend, context::IdempotencyContext, steps::Steps};
 
 mod pacing;
 mod purge;

@@ -115,7 +115,7 @@ impl<DB: Backend> Purge<DB> {
     /// # Errors
     ///
     /// As [`Store::purge_expired`].
-    pub async fn pass(&self) -> Result<PurgeReport, crate::Error> {
+    pub async fn pass(&self) -> Result<PurgeReport, crate::error::Error> {
         let report = self.store.purge_expired(self.options).await?;
         // When the last pass that deleted every expired key ended: a purge that stops keeping
         // up (passes that never end, or fail) or stops running leaves it behind the clock.
@@ -143,13 +143,13 @@ impl<DB: Backend> Purge<DB> {
 }
 
 impl<DB: Backend> Work for Purge<DB> {
-    type Error = crate::Error;
+    type Error = crate::error::Error;
 
-    async fn pass(&mut self, _cx: &mut PassContext<'_>) -> Result<Next, crate::Error> {
+    async fn pass(&mut self, _cx: &mut PassContext<'_>) -> Result<Next, crate::error::Error> {
         Purge::pass(self).await.map(|_| Next::Idle)
     }
 
-    fn outage_started(&self, error: &crate::Error) {
+    fn outage_started(&self, error: &crate::error::Error) {
         match error.setup_hint() {
             Some(hint) => {
                 tracing::error!(%error, "purging idempotency keys failed: {hint}; retrying later");
@@ -158,7 +158,7 @@ impl<DB: Backend> Work for Purge<DB> {
         }
     }
 
-    fn still_failing(&self, error: &crate::Error, wait: Duration) {
+    fn still_failing(&self, error: &crate::error::Error, wait: Duration) {
         tracing::debug!(%error, ?wait, "purging idempotency keys still fails");
     }
 
@@ -174,11 +174,14 @@ impl<DB: Backend> Store<DB> {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`](crate::Error::Database) on the first database error, or
-    /// [`Error::TimedOut`](crate::Error::TimedOut) when a batch is not done within the store's
-    /// [`database_timeout`](crate::StoreOptions::database_timeout); the batches before it stay
+    /// [`Error::Database`](crate::error::Error::Database) on the first database error, or
+    /// [`Error::TimedOut`](crate::error::Error::TimedOut) when a batch is not done within the store's
+    /// [`database_timeout`](crate::store::StoreOptions::database_timeout); the batches before it stay
     /// deleted.
-    pub async fn purge_expired(&self, options: PurgeOptions) -> Result<PurgeReport, crate::Error> {
+    pub async fn purge_expired(
+        &self,
+        options: PurgeOptions,
+    ) -> Result<PurgeReport, crate::error::Error> {
         let started = Instant::now();
         let batch = i64::from(options.batch_size.max(1));
         let mut report = PurgeReport::default();
@@ -211,7 +214,7 @@ impl<DB: Backend> Store<DB> {
                     } else {
                         None
                     };
-                    Ok::<_, crate::Error>((purged, took, others))
+                    Ok::<_, crate::error::Error>((purged, took, others))
                 })
                 .await?
             };

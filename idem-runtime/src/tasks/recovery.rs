@@ -7,9 +7,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{AbandonedClaim, RecoveryHook, Verdict};
 use crate::{
-    Steps,
     backend::Backend,
     record::{Abandoned, Completion, fresh_token},
+    steps::Steps,
     store::Store,
 };
 
@@ -136,7 +136,7 @@ impl<DB: Backend, H: RecoveryHook<DB>> Recovery<DB, H> {
     /// # Errors
     ///
     /// As [`Store::recover_abandoned`].
-    pub async fn pass(&self) -> Result<RecoveryReport, crate::Error> {
+    pub async fn pass(&self) -> Result<RecoveryReport, crate::error::Error> {
         let report = self
             .store
             .recover_abandoned(&*self.hook, &self.options)
@@ -169,13 +169,13 @@ impl<DB: Backend, H: RecoveryHook<DB>> Recovery<DB, H> {
 }
 
 impl<DB: Backend, H: RecoveryHook<DB>> Work for Recovery<DB, H> {
-    type Error = crate::Error;
+    type Error = crate::error::Error;
 
-    async fn pass(&mut self, _cx: &mut PassContext<'_>) -> Result<Next, crate::Error> {
+    async fn pass(&mut self, _cx: &mut PassContext<'_>) -> Result<Next, crate::error::Error> {
         Recovery::pass(self).await.map(|_| Next::Idle)
     }
 
-    fn outage_started(&self, error: &crate::Error) {
+    fn outage_started(&self, error: &crate::error::Error) {
         match error.setup_hint() {
             Some(hint) => tracing::error!(
                 %error,
@@ -185,7 +185,7 @@ impl<DB: Backend, H: RecoveryHook<DB>> Work for Recovery<DB, H> {
         }
     }
 
-    fn still_failing(&self, error: &crate::Error, wait: Duration) {
+    fn still_failing(&self, error: &crate::error::Error, wait: Duration) {
         tracing::debug!(%error, ?wait, "recovering idempotency claims still fails");
     }
 
@@ -204,16 +204,16 @@ impl<DB: Backend> Store<DB> {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`](crate::Error::Database) or [`Error::TimedOut`](crate::Error::TimedOut)
+    /// [`Error::Database`](crate::error::Error::Database) or [`Error::TimedOut`](crate::error::Error::TimedOut)
     /// while finding or settling claims, or
-    /// [`Error::CorruptRow`](crate::Error::CorruptRow) for a claim idem did not write; claims
+    /// [`Error::CorruptRow`](crate::error::Error::CorruptRow) for a claim idem did not write; claims
     /// not settled stay reclaimed until the recovery lease (60 s) runs out, then are found
     /// again.
     pub async fn recover_abandoned<H: RecoveryHook<DB>>(
         &self,
         hook: &H,
         options: &RecoveryOptions,
-    ) -> Result<RecoveryReport, crate::Error> {
+    ) -> Result<RecoveryReport, crate::error::Error> {
         let limit = options.limit;
         let token = fresh_token();
         let claims = {
@@ -272,7 +272,7 @@ impl<DB: Backend> Store<DB> {
                         mark: None,
                     };
                     // The row keeps the expiry its claim was given.
-                    if self.finish(&completion, token, None).await? {
+                    if self.complete_started(&completion, token, None).await? {
                         report.completed += 1;
                         metrics::counter!("idem_recovered_total", "result" => "completed")
                             .increment(1);

@@ -38,7 +38,7 @@ pub fn connect_options(path: impl AsRef<Path>) -> SqliteConnectOptions {
 }
 
 /// Opens (or creates) the SQLite file at `path` with [`connect_options`], in a pool of eight
-/// connections. Run [`migrate`](crate::migrate) on it before serving.
+/// connections. Run [`migrate`](crate::backend::migrate) on it before serving.
 ///
 /// # Errors
 ///

@@ -34,7 +34,7 @@ pub enum Pooling {
     /// Two client connections were given the same server connection, one after the other, and
     /// sqlx's prepared statements worked on it: a pooler in transaction mode that keeps
     /// clients' prepared statements apart (PgBouncer 1.21+ with `max_prepared_statements`).
-    /// Requests work; anything that needs a session does not ([`crate::migrate`]'s advisory
+    /// Requests work; anything that needs a session does not ([`crate::backend::migrate`]'s advisory
     /// lock, a session `SET`, `LISTEN`).
     Shared,
 }
@@ -51,12 +51,12 @@ const REMEDIES: &str = "use the pooler's session mode (PgBouncer: pool_mode = se
 ///
 /// # Errors
 ///
-/// [`Error::Pooler`](crate::Error::Pooler) when the statements meet a pooler in transaction
+/// [`Error::Pooler`](crate::error::Error::Pooler) when the statements meet a pooler in transaction
 /// mode that does not keep prepared statements apart (PostgreSQL answers `42P05`, `26000`, or
 /// a `Bind` that does not fit its statement), with the cause and the remedies;
-/// [`Error::Database`](crate::Error::Database) when PostgreSQL cannot be reached or fails
+/// [`Error::Database`](crate::error::Error::Database) when PostgreSQL cannot be reached or fails
 /// otherwise.
-pub async fn check_pooler(pool: &PgPool) -> Result<Pooling, crate::Error> {
+pub async fn check_pooler(pool: &PgPool) -> Result<Pooling, crate::error::Error> {
     let options = pool.connect_options();
     let mut first = PgConnection::connect_with(&options).await?;
     let mut second = PgConnection::connect_with(&options).await?;
@@ -73,12 +73,12 @@ pub async fn check_pooler(pool: &PgPool) -> Result<Pooling, crate::Error> {
 
 /// The server process behind `conn`, asked in a prepared statement (sqlx names it
 /// `sqlx_s_1` on a new connection, as on every other new connection).
-async fn backend_pid(conn: &mut PgConnection) -> Result<i32, crate::Error> {
+async fn backend_pid(conn: &mut PgConnection) -> Result<i32, crate::error::Error> {
     sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
         .fetch_one(conn)
         .await
         .map_err(|error| match pooler_refusal(&error) {
-            Some(refusal) => crate::Error::Pooler { reason: refusal },
+            Some(refusal) => crate::error::Error::Pooler { reason: refusal },
             None => error.into(),
         })
 }

@@ -1,0 +1,141 @@
+//! What the operator's statements report (the `admin` module): the table's counts, one key, a
+//! parked claim, and what a release or a resume came to. The backends build them; the `idem`
+//! command and an admin endpoint print them.
+
+use serde::Serialize;
+
+/// The counts of the key table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Keys with a stored response.
+    pub completed: i64,
+    /// Claims in flight: `started` rows with a lease (external mode; a transactional claim is
+    /// never visible outside its transaction).
+    pub started: i64,
+    /// The age of the oldest claim in flight, in milliseconds.
+    pub oldest_started_ms: Option<i64>,
+    /// Rows past their expiry that the purge has not deleted yet (parked claims, which the
+    /// purge passes over, not counted).
+    pub expired: i64,
+    /// Claims the recovery gave up on, waiting for an operator ([`Store::parked`](crate::store::Store::parked)).
+    pub parked: i64,
+}
+
+/// A claim the recovery gave up on ([`RecoveryOptions::max_attempts`](crate::tasks::RecoveryOptions::max_attempts)): its request's route,
+/// never its body.
+///
+/// [`RecoveryOptions::max_attempts`]: crate::tasks::RecoveryOptions::max_attempts
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ParkedClaim {
+    /// The scope (the caller).
+    pub scope: String,
+    /// The `Idempotency-Key`.
+    pub key: String,
+    /// The first request's method.
+    pub method: String,
+    /// The first request's path and query.
+    pub path: String,
+    /// The rounds the recovery's hook had at it.
+    pub attempts: i64,
+    /// The hook's last reason ([`Verdict::Failed`](crate::tasks::Verdict::Failed)); `None` when it only ever kept the claim.
+    ///
+    /// [`Verdict::Failed`]: crate::tasks::Verdict::Failed
+    pub last_error: Option<String>,
+    /// Since it was parked, in milliseconds.
+    pub parked_ms: i64,
+    /// Since its claim was taken, in milliseconds.
+    pub claimed_ms: Option<i64>,
+}
+
+/// What [`Store::resume_parked`](crate::store::Store::resume_parked) or [`Store::abandon_parked`](crate::store::Store::abandon_parked) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unparked {
+    /// Done: resumed (the recovery's next pass hands it to the hook again) or abandoned (the
+    /// next retry runs the handler).
+    Done,
+    /// The key exists but is not a parked claim: nothing done.
+    NotParked,
+    /// No such key.
+    Missing,
+}
+
+/// One key's row, as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct KeyInfo {
+    /// The scope (the caller).
+    pub scope: String,
+    /// The `Idempotency-Key`.
+    pub key: String,
+    /// `started` or `completed`.
+    pub status: String,
+    /// The first request's method.
+    pub method: String,
+    /// The first request's path and query.
+    pub path: String,
+    /// The stored response's status.
+    pub response_status: Option<i64>,
+    /// Since the row was written, in milliseconds.
+    pub age_ms: i64,
+    /// Until it expires (negative: expired), in milliseconds.
+    pub expires_in_ms: i64,
+    /// Since the claim was taken, in milliseconds.
+    pub claimed_ms: Option<i64>,
+    /// Until the claim's lease ends (negative: ended), in milliseconds.
+    pub lease_left_ms: Option<i64>,
+    /// The recorded steps (recovery points), as JSON.
+    pub steps: Option<String>,
+    /// The stored response's body, only when asked for.
+    #[serde(skip)]
+    pub response_body: Option<Vec<u8>>,
+}
+
+/// A gRPC call's stored answer, as an operator reads it (see [`KeyInfo::grpc_answer`]).
+#[cfg(feature = "grpc")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GrpcAnswer {
+    /// The method's message, protobuf-encoded: its type is the service's, unknown here.
+    Message(Vec<u8>),
+    /// The method's status: its code and message.
+    Status(tonic::Code, String),
+}
+
+#[cfg(feature = "grpc")]
+impl KeyInfo {
+    /// The stored answer of a gRPC call (a key whose method is `GRPC`), read from the body
+    /// fetched with the key ([`Store::inspect`](crate::store::Store::inspect) with `with_body`): `None` for an HTTP key, a
+    /// claim without an answer, or a key read without its body. The key's `response_status`
+    /// is only the HTTP status the answer is kept under (several codes share one).
+    #[must_use]
+    pub fn grpc_answer(&self) -> Option<GrpcAnswer> {
+        if self.method != crate::stored_grpc::GRPC_METHOD {
+            return None;
+        }
+        let body = self.response_body.as_deref()?;
+        match self.response_status? {
+            200 => Some(GrpcAnswer::Message(body.to_vec())),
+            _ => crate::stored_grpc::stored_status(body)
+                .map(|(code, message)| GrpcAnswer::Status(code, message)),
+        }
+    }
+}
+
+/// What [`Store::release_claim`](crate::store::Store::release_claim) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The claim in flight was deleted: the next retry runs the handler again.
+    Done,
+    /// The key has a stored response, which retries replay: not released.
+    Completed,
+    /// The claim was parked by the recovery: not released here; [`Store::abandon_parked`](crate::store::Store::abandon_parked)
+    /// is the operator's way to let it go (or [`Store::resume_parked`](crate::store::Store::resume_parked)).
+    Parked,
+    /// No such key.
+    Missing,
+    /// Another transaction is writing the key's row this instant (a completion, a renewal, a
+    /// transactional claim on MySQL): not released; ask again to see where it stands.
+    Busy,
+}
