@@ -11,6 +11,7 @@ use syn::{
 
 use crate::{
     args::{self, Args},
+    errors,
     expand::{self, GrpcTarget},
     fields::BodyFields,
     handler,
@@ -81,7 +82,7 @@ pub fn service(attr: TokenStream, item: TokenStream) -> TokenStream {
             .attrs
             .push(syn::parse_quote!(#[#private::grpc::async_trait]));
     }
-    let errors = args::combine(errors).map(|error| error.to_compile_error());
+    let errors = errors::combine(errors).map(|error| error.to_compile_error());
     quote!(#errors #service #refused)
 }
 
@@ -260,15 +261,7 @@ fn rewrite(
         inputs.push(request);
         item.sig.inputs = inputs.into_iter().collect();
     }
-    let analysed = handler::analyse(item, &args);
-    let handler = match analysed {
-        Ok(handler) if errors.is_empty() => handler,
-        Ok(_) => return Err(args::combine(errors).expect("one error at least")),
-        Err(more) => {
-            errors.push(more);
-            return Err(args::combine(errors).expect("one error at least"));
-        }
-    };
+    let handler = errors::unless_collected(errors, handler::analyse(item, &args))?;
     let target = GrpcTarget {
         service: name.clone(),
         method: args

@@ -13,6 +13,7 @@ use proc_macro::TokenStream;
 
 mod args;
 mod duration;
+mod errors;
 mod expand;
 #[cfg(test)]
 mod expansion_tests;
@@ -143,12 +144,6 @@ fn parse_and_validate(
             "`#[idempotent]` applies to an `async fn` handler",
         )),
     };
-    match validated {
-        Ok(handler) if errors.is_empty() => Ok((args, handler)),
-        Ok(_) => Err(args::combine(errors).expect("one error at least")),
-        Err(more) => {
-            errors.push(more);
-            Err(args::combine(errors).expect("one error at least"))
-        }
-    }
+    let handler = errors::unless_collected(errors, validated)?;
+    Ok((args, handler))
 }
