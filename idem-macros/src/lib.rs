@@ -14,8 +14,9 @@
 //! `grpc/` (read in `grpc.rs`): parse (`grpc/parse.rs`, each method's arguments by `args.rs`),
 //! validate (`grpc/validate.rs` and `grpc/rpc.rs`, the method as a handler by `handler.rs`),
 //! expand (`grpc/expand.rs`, from the parts of `expand/`), a stand-in of the trait's signature
-//! for each refused method (`grpc/refused.rs`). A function under `#[idempotent]` is first
-//! asked whether async-trait made it of a tonic method (`grpc/async_trait.rs`).
+//! for each refused method (`grpc/refused.rs`). A plain `fn` under `#[idempotent]` is first
+//! asked whether async-trait made it of a tonic method (`grpc/async_trait.rs`); an `async fn`,
+//! as every Axum handler is, never is.
 //!
 //! The output of each kind of handler is recorded under `tests/expansion/` (see
 //! `expansion_tests.rs`). No chain of imports between the files comes back to where it
@@ -126,9 +127,10 @@ fn expand_or_refuse(
     item: proc_macro2::TokenStream,
 ) -> proc_macro2::TokenStream {
     let function = syn::parse2::<syn::ItemFn>(item.clone());
-    // A method of a tonic service whose impl has no `#[grpc]`: async-trait has already
-    // rewritten it; what stands in for it matches the trait, and the error comes alone.
+    // A plain `fn` may be what async-trait made of a tonic method whose impl has no `#[grpc]`;
+    // such a method is refused alone, and what stands in for it matches the trait.
     if let Ok(function) = &function
+        && function.sig.asyncness.is_none()
         && let Some(refusal) = grpc::async_trait::refusal(function)
     {
         return refusal;
