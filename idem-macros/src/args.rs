@@ -174,14 +174,6 @@ fn check_lease_within_retention(raw: &Raw) -> Option<syn::Error> {
     })
 }
 
-/// Folds errors into one, so that each is reported at its own span.
-pub fn combine(errors: impl IntoIterator<Item = syn::Error>) -> Option<syn::Error> {
-    errors.into_iter().reduce(|mut all, next| {
-        all.combine(next);
-        all
-    })
-}
-
 fn parse_one(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
     let name = meta
         .path

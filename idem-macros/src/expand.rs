@@ -3,13 +3,15 @@
 //!
 //! The rewritten function is put together here from its parts, each generated in a module of
 //! its own: its parameters ([`params`]), the checks of `state = S` ([`state`]), the static
-//! of its settings ([`policy`]), and the claim around the original body ([`claim`]). What is
-//! emitted instead when the handler is refused is in [`refused`].
+//! of its settings ([`policy`]), and the claim around the original body ([`claim`]), each
+//! naming `idem-runtime` through [`paths`]. What is emitted instead when the handler is refused
+//! is in [`refused`]. A tonic method's rewrite (`grpc/expand.rs`) is made of the same policy,
+//! claim and paths, and of [`claimed`], [`database`], [`leading_extractors`] and [`ty_span`].
 
-mod claim;
-mod grpc;
+pub mod claim;
 mod params;
-mod policy;
+pub mod paths;
+pub mod policy;
 mod refused;
 mod state;
 
@@ -18,8 +20,8 @@ use quote::quote;
 use syn::{ItemFn, PatType, Type};
 
 use crate::{args::Args, handler::Handler};
+use paths::{runtime_private, runtime_signature};
 
-pub use grpc::{Target as GrpcTarget, method as grpc_method};
 pub use refused::after_errors;
 
 /// The handler, rewritten: an Axum handler of the same name that takes the key and the body
@@ -49,7 +51,7 @@ pub fn handler(args: &Args, handler: &Handler) -> TokenStream {
 }
 
 /// From `__idem_request` on: the scope, the claim and the body, in the request's span.
-fn claimed(
+pub fn claimed(
     handler: &Handler,
     private: &TokenStream,
     db: &TokenStream,
@@ -72,12 +74,12 @@ fn claimed(
 }
 
 /// The handler's database: its transaction's, its steps' or `backend`'s, else the default one.
-fn database(private: &TokenStream, db: Option<&Type>) -> TokenStream {
+pub fn database(private: &TokenStream, db: Option<&Type>) -> TokenStream {
     db.map_or_else(|| quote!(#private::DefaultBackend), |db| quote!(#db))
 }
 
 /// The extractors but the last, which reads the body (and is wrapped in `Input`).
-fn leading_extractors(handler: &Handler) -> &[PatType] {
+pub fn leading_extractors(handler: &Handler) -> &[PatType] {
     handler
         .extractors
         .split_last()
@@ -104,34 +106,6 @@ fn names_generic_params(tokens: TokenStream, generics: &syn::Generics) -> bool {
         .any(|ident| found.contains(ident))
 }
 
-/// `::idem_runtime::__private`, under whatever name the user's crate gives `idem-runtime`.
-pub(crate) fn runtime_private() -> TokenStream {
-    let runtime = runtime();
-    quote!(#runtime::__private)
-}
-
-/// `::idem_runtime::signature`: what the generated signature and checks name, which the
-/// compiler's errors about a handler show (never `__private`).
-fn runtime_signature() -> TokenStream {
-    let runtime = runtime();
-    quote!(#runtime::signature)
-}
-
-/// `::idem_runtime`, under whatever name the user's crate gives `idem-runtime`: the path of
-/// what the generated code names where an error may show it (the public traits).
-fn runtime() -> TokenStream {
-    use proc_macro_crate::{FoundCrate, crate_name};
-    match crate_name("idem-runtime") {
-        Ok(FoundCrate::Name(name)) => {
-            let name = syn::Ident::new(&name, proc_macro2::Span::call_site());
-            quote!(::#name)
-        }
-        // `Itself` (idem-runtime's own doc tests) and a manifest that cannot be read both
-        // mean the usual name.
-        Ok(FoundCrate::Itself) | Err(_) => quote!(::idem_runtime),
-    }
-}
-
 /// `tokens`, each at `span`.
 fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
     tokens
@@ -150,6 +124,6 @@ fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
 }
 
 /// The span of a parameter's type, where errors about it are reported.
-fn ty_span(arg: &PatType) -> proc_macro2::Span {
+pub fn ty_span(arg: &PatType) -> proc_macro2::Span {
     syn::spanned::Spanned::span(&arg.ty)
 }

@@ -3,6 +3,8 @@
 
 use syn::{Expr, ExprArray, ExprLit, Lit, LitStr};
 
+use crate::errors;
+
 /// Which fields of a JSON body count in the fingerprint.
 #[derive(Default)]
 pub enum BodyFields {
@@ -39,10 +41,7 @@ pub fn pointers(array: &ExprArray, argument: &str) -> syn::Result<Vec<String>> {
             Err(error) => errors.push(error),
         }
     }
-    match crate::args::combine(errors) {
-        Some(error) => Err(error),
-        None => Ok(pointers),
-    }
+    errors::unless_collected(errors, Ok(pointers))
 }
 
 /// One element of the list: a JSON Pointer to a field not listed before it.

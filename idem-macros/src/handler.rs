@@ -10,7 +10,7 @@ mod signature;
 use proc_macro2::Span;
 use syn::{Ident, ItemFn, PatType, Type};
 
-use crate::args::{self, Args};
+use crate::{args::Args, errors};
 
 /// The handler, understood.
 pub struct Handler {
@@ -50,7 +50,7 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
     errors.extend(mode::check(sig, &item.block, &params, args));
     errors.extend(check_body_extractor_last(&params.extractors));
     let scope = scope::resolve(args, &params, &sig.ident).map_err(|error| errors.push(error));
-    if let Some(error) = args::combine(errors) {
+    if let Some(error) = errors::combine(errors) {
         return Err(error);
     }
     Ok(params.into_handler(item, args, scope.expect("checked above")))

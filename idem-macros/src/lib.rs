@@ -1,18 +1,34 @@
 //! The `#[idempotent]` attribute. Use it through `idem-runtime`, which re-exports it and holds
 //! everything the generated code calls.
 //!
-//! The pipeline is parse (`args.rs`), validate (`handler.rs`, one check a function, under
-//! `handler/`), expand (`expand.rs`, one generated part a function, under `expand/`), read in
-//! `expand_or_refuse`: every error of the first two stages is collected and reported at once,
-//! spanned on the offending token, next to the unchanged function (renamed) and a stand-in
-//! handler of the original name, so that the rest of the crate still type-checks and
-//! `.route(...)` adds no error of its own. The output of each kind of handler is recorded
-//! under `tests/expansion/` (see `expansion_tests.rs`).
+//! The pipeline is parse (`args.rs`, with the JSON Pointers of `fingerprint_*` in `fields.rs`
+//! and the durations in `duration.rs`), validate (`handler.rs`, one check a function, under
+//! `handler/`), expand (`expand.rs`, one generated part a function, under `expand/`, the paths
+//! into `idem-runtime` in `expand/paths.rs`), read in `expand_or_refuse`: every error of the
+//! first two stages is collected (`errors.rs`) and reported at once, spanned on the offending
+//! token, next to the unchanged function (renamed) and a stand-in handler of the original name
+//! (`expand/refused.rs`), so that the rest of the crate still type-checks and `.route(...)`
+//! adds no error of its own.
+//!
+//! `#[grpc]`, on the impl of a tonic service, runs the same pipeline a method at a time, under
+//! `grpc/` (read in `grpc.rs`): parse (`grpc/parse.rs`, each method's arguments by `args.rs`),
+//! validate (`grpc/validate.rs` and `grpc/rpc.rs`, the method as a handler by `handler.rs`),
+//! expand (`grpc/expand.rs`, from the parts of `expand/`), a stand-in of the trait's signature
+//! for each refused method (`grpc/refused.rs`). A plain `fn` under `#[idempotent]` is first
+//! asked whether async-trait made it of a tonic method (`grpc/async_trait.rs`); an `async fn`,
+//! as every Axum handler is, never is.
+//!
+//! The output of each kind of handler is recorded under `tests/expansion/` (see
+//! `expansion_tests.rs`). No chain of imports between the files comes back to where it
+//! started: a stage imports the ones before it (`grpc/` imports all three, and none of them
+//! `grpc/`), and `errors.rs` and `expand/paths.rs`, which any file may import, import nothing of
+//! the crate.
 
 use proc_macro::TokenStream;
 
 mod args;
 mod duration;
+mod errors;
 mod expand;
 #[cfg(test)]
 mod expansion_tests;
@@ -110,14 +126,16 @@ fn expand_or_refuse(
     attr: proc_macro2::TokenStream,
     item: proc_macro2::TokenStream,
 ) -> proc_macro2::TokenStream {
-    if let Some((error, method)) = grpc::rewritten_by_async_trait(&item) {
-        // A method of a tonic service whose impl has no `#[grpc]`: async-trait has already
-        // rewritten it; what stands in for it matches the trait, and the error comes alone.
-        let error = error.to_compile_error();
-        let stand_in = grpc::async_trait_stand_in(&method.attrs, &method.vis, &method.sig);
-        return quote::quote!(#error #stand_in);
+    let function = syn::parse2::<syn::ItemFn>(item.clone());
+    // A plain `fn` may be what async-trait made of a tonic method whose impl has no `#[grpc]`;
+    // such a method is refused alone, and what stands in for it matches the trait.
+    if let Ok(function) = &function
+        && function.sig.asyncness.is_none()
+        && let Some(refusal) = grpc::async_trait::refusal(function)
+    {
+        return refusal;
     }
-    match parse_and_validate(attr, item.clone()) {
+    match parse_and_validate(attr, function) {
         Ok((args, handler)) => expand::handler(&args, &handler),
         Err(errors) => expand::after_errors(item, &errors),
     }
@@ -127,7 +145,7 @@ fn expand_or_refuse(
 /// wrong (the signature is still checked against the arguments that could be read).
 fn parse_and_validate(
     attr: proc_macro2::TokenStream,
-    item: proc_macro2::TokenStream,
+    function: syn::Result<syn::ItemFn>,
 ) -> Result<(args::Args, handler::Handler), syn::Error> {
     let (args, mut errors) = args::parse(attr);
     if let Some(rpc) = &args.rpc {
@@ -136,19 +154,13 @@ fn parse_and_validate(
             "`rpc` names a method of a tonic service, in an impl marked `#[idem_runtime::grpc]`; an Axum handler's route is its path",
         ));
     }
-    let validated = match syn::parse2::<syn::ItemFn>(item) {
-        Ok(item) => handler::analyse(item, &args),
+    let validated = match function {
+        Ok(function) => handler::analyse(function, &args),
         Err(error) => Err(syn::Error::new(
             error.span(),
             "`#[idempotent]` applies to an `async fn` handler",
         )),
     };
-    match validated {
-        Ok(handler) if errors.is_empty() => Ok((args, handler)),
-        Ok(_) => Err(args::combine(errors).expect("one error at least")),
-        Err(more) => {
-            errors.push(more);
-            Err(args::combine(errors).expect("one error at least"))
-        }
-    }
+    let handler = errors::unless_collected(errors, validated)?;
+    Ok((args, handler))
 }

@@ -7,7 +7,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::{ReturnType, Type, visit_mut::VisitMut};
 
-use super::{names_generic_params, runtime};
+use super::{names_generic_params, paths::runtime};
 use crate::handler::{Handler, Scope};
 
 /// The value of `__idem_scope`: global, or the caller's, read from the scope parameter through

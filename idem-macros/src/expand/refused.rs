@@ -7,7 +7,7 @@ use proc_macro2::TokenStream;
 use quote::quote;
 use syn::ItemFn;
 
-use super::runtime_private;
+use super::paths::runtime_private;
 
 /// The errors, with the function renamed and its stand-in; the item as it was when it is not
 /// a function.

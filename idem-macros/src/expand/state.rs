@@ -6,7 +6,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::Type;
 
-use super::{leading_extractors, names_generic_params, respan, runtime, ty_span};
+use super::{leading_extractors, names_generic_params, paths::runtime, respan, ty_span};
 use crate::{args::Args, handler::Handler};
 
 /// The checks sit in a closure that is never called, in the handler's body, where its type

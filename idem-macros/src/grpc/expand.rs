@@ -1,15 +1,41 @@
-//! A tonic method rewritten: the signature tonic's trait declares (`&self` and the request),
-//! the values the method reads from the metadata, the call taken in (its key and fingerprint),
-//! and the same claim as an Axum handler's, every answer turned back into the method's result.
+//! Expansion of `#[grpc]`: a checked method rewritten to the signature tonic's trait declares
+//! (`&self` and the request), with the values the method reads from the metadata, the call
+//! taken in (its key and fingerprint), and the same claim as an Axum handler's (from
+//! [`crate::expand`]), every answer turned back into the method's result; and the impl given
+//! the async-trait attribute it needs when it lacks one. Expansion cannot fail.
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
-use syn::ItemFn;
+use syn::{ItemFn, ItemImpl, Path};
 
-use super::{
-    claim, claimed, database, leading_extractors, policy, runtime, runtime_private, ty_span,
+use super::parse::is_async_trait;
+use crate::{
+    args::Args,
+    expand::{
+        claim, claimed, database, leading_extractors,
+        paths::{runtime, runtime_private},
+        policy, ty_span,
+    },
+    handler::Handler,
 };
-use crate::{args::Args, handler::Handler};
+
+/// An expression of the service's full name: the `NamedService::NAME` of `server`, the server
+/// tonic generated for the trait.
+pub fn service_name(server: &Path) -> TokenStream {
+    let private = runtime_private();
+    quote!(<#server<()> as #private::grpc::tonic::server::NamedService>::NAME)
+}
+
+/// `#[async_trait]` added to the impl when it has none, below `#[grpc]`, so that it rewrites the
+/// methods after this attribute has.
+pub fn with_async_trait(service: &mut ItemImpl) {
+    if !service.attrs.iter().any(is_async_trait) {
+        let private = runtime_private();
+        service
+            .attrs
+            .push(syn::parse_quote!(#[#private::grpc::async_trait]));
+    }
+}
 
 /// The gRPC method a tonic method serves.
 pub struct Target {
