@@ -228,7 +228,9 @@ pub mod sqlite {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::checkout::Checkout;
-    pub use crate::flow::{Acquired, Attempt, Claim, ExternalClaim, Limit, Scope, hint, run_until};
+    pub use crate::flow::{
+        Acquired, Attempt, Claim, ExternalClaim, Limit, StoredScope, run_until, typed_body,
+    };
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use idem_key::BodyFields;
     pub use inventory;

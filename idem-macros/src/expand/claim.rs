@@ -15,7 +15,7 @@ use crate::handler::{Handler, Scope};
 /// against that trait alone (no helper of the runtime in the error).
 pub fn scope(handler: &Handler, private: &TokenStream) -> TokenStream {
     match &handler.scope {
-        Scope::Global => quote!(#private::Scope::Global),
+        Scope::Global => quote!(#private::StoredScope::Global),
         Scope::Binding { ident, span } => {
             // The binding takes the reported span, so that a missing `IdempotencyScope` impl
             // is underlined on the type alone.
@@ -23,7 +23,7 @@ pub fn scope(handler: &Handler, private: &TokenStream) -> TokenStream {
             ident.set_span(*span);
             let runtime = runtime();
             quote_spanned! {*span=>
-                #private::Scope::Caller(::std::borrow::Cow::into_owned(
+                #private::StoredScope::Caller(::std::borrow::Cow::into_owned(
                     #runtime::IdempotencyScope::idempotency_scope(&#ident),
                 ))
             }
@@ -147,7 +147,7 @@ fn run(handler: &Handler, private: &TokenStream, protocol: Protocol) -> TokenStr
     let stopped = protocol.answer(private, quote!(__idem_claim.stopped(__idem_limit).await));
     let inferred = inferred_output(&handler.item.sig.output);
     let block = &handler.item.block;
-    let body = quote!(#private::hint::<#inferred, _>(async move #block));
+    let body = quote!(#private::typed_body::<#inferred, _>(async move #block));
     quote! {
         let __idem_limit = __idem_claim.limit();
         let __idem_output = {

@@ -33,7 +33,7 @@ pub(crate) async fn create(
     let __idem_span = __idem_request.span();
     ::idem_runtime::__private::Instrument::instrument(
             async move {
-                let __idem_scope = ::idem_runtime::__private::Scope::Caller(
+                let __idem_scope = ::idem_runtime::__private::StoredScope::Caller(
                     ::std::borrow::Cow::into_owned(
                         ::idem_runtime::IdempotencyScope::idempotency_scope(&tenant),
                     ),
@@ -79,7 +79,7 @@ pub(crate) async fn create(
                             .transaction();
                         ::idem_runtime::__private::run_until(
                                 __idem_limit,
-                                ::idem_runtime::__private::hint::<
+                                ::idem_runtime::__private::typed_body::<
                                     StatusCode,
                                     _,
                                 >(async move { StatusCode::CREATED }),

@@ -25,7 +25,7 @@ async fn ping(
     let __idem_span = __idem_request.span();
     ::idem_runtime::__private::Instrument::instrument(
             async move {
-                let __idem_scope = ::idem_runtime::__private::Scope::Caller(
+                let __idem_scope = ::idem_runtime::__private::StoredScope::Caller(
                     ::std::borrow::Cow::into_owned(
                         ::idem_runtime::IdempotencyScope::idempotency_scope(&account),
                     ),
@@ -49,7 +49,7 @@ async fn ping(
                 let __idem_output = {
                     ::idem_runtime::__private::run_until(
                             __idem_limit,
-                            ::idem_runtime::__private::hint::<
+                            ::idem_runtime::__private::typed_body::<
                                 String,
                                 _,
                             >(async move { account }),

@@ -22,7 +22,7 @@ async fn send_email(
     let __idem_span = __idem_request.span();
     ::idem_runtime::__private::Instrument::instrument(
             async move {
-                let __idem_scope = ::idem_runtime::__private::Scope::Caller(
+                let __idem_scope = ::idem_runtime::__private::StoredScope::Caller(
                     ::std::borrow::Cow::into_owned(
                         ::idem_runtime::IdempotencyScope::idempotency_scope(&account),
                     ),
@@ -47,7 +47,7 @@ async fn send_email(
                     let ctx: IdempotencyContext = __idem_claim.context();
                     ::idem_runtime::__private::run_until(
                             __idem_limit,
-                            ::idem_runtime::__private::hint::<
+                            ::idem_runtime::__private::typed_body::<
                                 String,
                                 _,
                             >(async move {

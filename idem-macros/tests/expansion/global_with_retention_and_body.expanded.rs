@@ -22,7 +22,7 @@ async fn import(
     let __idem_span = __idem_request.span();
     ::idem_runtime::__private::Instrument::instrument(
             async move {
-                let __idem_scope = ::idem_runtime::__private::Scope::Global;
+                let __idem_scope = ::idem_runtime::__private::StoredScope::Global;
                 let __idem_options = __IDEM_POLICY.__options();
                 let mut __idem_attempt = ::idem_runtime::__private::Attempt::from(
                     __idem_request,
@@ -64,7 +64,7 @@ async fn import(
                             .transaction();
                         ::idem_runtime::__private::run_until(
                                 __idem_limit,
-                                ::idem_runtime::__private::hint::<
+                                ::idem_runtime::__private::typed_body::<
                                     StatusCode,
                                     _,
                                 >(async move {

@@ -40,7 +40,7 @@ impl refunds_server::Refunds for RefundsApi {
         let __idem_span = __idem_request.span();
         ::idem_runtime::__private::Instrument::instrument(
                 async move {
-                    let __idem_scope = ::idem_runtime::__private::Scope::Global;
+                    let __idem_scope = ::idem_runtime::__private::StoredScope::Global;
                     let __idem_options = __IDEM_POLICY.__options();
                     #[allow(unused_mut)]
                     let mut __idem_claim = match ::idem_runtime::__private::ExternalClaim::<
@@ -64,7 +64,7 @@ impl refunds_server::Refunds for RefundsApi {
                         let ctx: IdempotencyContext = __idem_claim.context();
                         ::idem_runtime::__private::run_until(
                                 __idem_limit,
-                                ::idem_runtime::__private::hint::<
+                                ::idem_runtime::__private::typed_body::<
                                     Result<Response<Refund>, Status>,
                                     _,
                                 >(async move {

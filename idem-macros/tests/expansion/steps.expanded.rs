@@ -23,7 +23,7 @@ async fn create_order(
     let __idem_span = __idem_request.span();
     ::idem_runtime::__private::Instrument::instrument(
             async move {
-                let __idem_scope = ::idem_runtime::__private::Scope::Caller(
+                let __idem_scope = ::idem_runtime::__private::StoredScope::Caller(
                     ::std::borrow::Cow::into_owned(
                         ::idem_runtime::IdempotencyScope::idempotency_scope(&tenant),
                     ),
@@ -48,7 +48,7 @@ async fn create_order(
                     let steps: Steps<Postgres> = __idem_claim.steps();
                     ::idem_runtime::__private::run_until(
                             __idem_limit,
-                            ::idem_runtime::__private::hint::<
+                            ::idem_runtime::__private::typed_body::<
                                 Result<(StatusCode, String), OrderError>,
                                 _,
                             >(async move {

@@ -1,5 +1,20 @@
 //! What differs between databases in the statements they share: the contract each backend
 //! fulfils so that [`SharedStorage`](super::shared::SharedStorage) runs on it.
+//!
+//! Where a statement is written, one place per database:
+//!
+//! - a statement the shared code runs ([`SharedStorage`](super::shared::SharedStorage),
+//!   [`Inspection`](super::inspection::Inspection)) is written in the database's
+//!   `impl Dialect`, or here as a default where PostgreSQL and SQLite spell it alike (MySQL,
+//!   whose parameters are `?` and whose `key` is a reserved word, writes its own); what the
+//!   shared code builds from parts ([`UPDATE_BY_KEY`](Dialect::UPDATE_BY_KEY),
+//!   [`KEY_COLUMN`](Dialect::KEY_COLUMN), [`param`](Dialect::param)) is assembled in
+//!   `shared.rs` or `inspection.rs`;
+//! - a statement only one database runs (its claim, its lookup, its purge) is a constant of
+//!   that database's file, beside the `impl Storage` that runs it;
+//! - on PostgreSQL, the claim and the external-mode start are SQL functions (`idem_claim`,
+//!   `idem_start`) that the migrations create, so that each takes one round trip; the file's
+//!   constant is the call.
 
 use std::{future::Future, time::Duration};
 

@@ -202,12 +202,14 @@ pub(crate) trait Storage: SharedStorage + Inspection {
         start: &'c Start<'c>,
     ) -> impl Future<Output = Result<Started, crate::error::Error>> + Send + 'c;
 
-    /// Begins a transaction on `conn` that is going to write: as any other on PostgreSQL; on
-    /// SQLite with its write lock taken at once (`BEGIN IMMEDIATE`), so that a transaction
-    /// that reads first cannot fail to upgrade its lock later.
+    /// Begins a transaction on `conn` that is going to write: a plain `BEGIN`, written once
+    /// here for every database; SQLite's takes its write lock at once (`BEGIN IMMEDIATE`), so
+    /// that a transaction that reads first cannot fail to upgrade its lock later.
     fn begin_write(
         conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<Transaction<'_, Self>, crate::error::Error>> + Send;
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, crate::error::Error>> + Send {
+        async { Ok(Transaction::begin(conn, None).await?) }
+    }
 
     /// Deletes up to `limit` rows past their expiry, oldest first, skipping rows that live
     /// requests hold; `from` is where the previous batch of the same pass ended

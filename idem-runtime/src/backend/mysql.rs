@@ -35,6 +35,29 @@ use crate::record::{
 /// The handler's transaction, with a savepoint only this transaction has: a handler that ends
 /// the transaction itself (`COMMIT`, `ROLLBACK`) takes the savepoint with it, and the
 /// completion, which releases it first, then knows.
+/// How a statement that writes one key's row begins: `update_by_key!()` or `delete_by_key!()`,
+/// reaching the row by the primary key only (`FORCE INDEX (PRIMARY)`; MariaDB takes an index
+/// hint on a `DELETE` in the multi-table form), for `concat!` to join to the rest.
+///
+/// Every statement that writes one key's row begins so. Left to itself, MariaDB's optimizer at
+/// times reached the row through `idem_keys_started_lease_idx` (its `status = 'started'`),
+/// walking past other keys' in-flight claims and locking them: two completions each waited for
+/// the other's claim, a deadlock answered 409 (46 in 5 million requests of the purge
+/// benchmark's live load); and a statement with its lock wait at zero was refused for a key not
+/// its own.
+macro_rules! update_by_key {
+    () => {
+        "UPDATE idem_keys FORCE INDEX (PRIMARY)"
+    };
+}
+
+/// See [`update_by_key`].
+macro_rules! delete_by_key {
+    () => {
+        "DELETE idem_keys FROM idem_keys FORCE INDEX (PRIMARY)"
+    };
+}
+
 const BEGIN_CLAIM: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
      SAVEPOINT idem_claim";
 const RELEASE_CLAIM: &str = "RELEASE SAVEPOINT idem_claim";
@@ -65,46 +88,11 @@ const EXISTING: &str = "SELECT IF(status = 'started' AND parked_at IS NOT NULL, 
      FROM idem_keys WHERE scope = ? AND `key` = ?";
 
 // An expired row out of the claim's way; refused at once when another transaction holds it.
-const DELETE_EXPIRED: &str = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
-     DELETE idem_keys FROM idem_keys FORCE INDEX (PRIMARY) WHERE scope = ? AND `key` = ? AND expires_at <= UTC_TIMESTAMP(6) \
-       AND parked_at IS NULL";
-
-// Every statement that writes one key's row reaches it by the primary key only
-// (`FORCE INDEX (PRIMARY)`). Left to itself, MariaDB's optimizer at times reached the row
-// through `idem_keys_started_lease_idx` (its `status = 'started'`), walking past other keys'
-// in-flight claims and locking them: two completions each waited for the other's claim, a
-// deadlock answered 409 (46 in 5 million requests of the purge benchmark's live load); and a
-// statement with its lock wait at zero was refused for a key not its own.
-
-// The completion turns the claim's row `completed`.
-const COMPLETE: &str = "UPDATE idem_keys FORCE INDEX (PRIMARY) SET method = ?, path = ?, fingerprint = ?, \
-       status = 'completed', response_status = ?, response_headers = ?, response_body = ?, \
-       created_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
-       claim_token = NULL \
-     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
-
-const COMPLETE_STARTED: &str = "UPDATE idem_keys FORCE INDEX (PRIMARY) SET status = 'completed', response_status = ?, \
-       response_headers = ?, response_body = ?, \
-       expires_at = COALESCE(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at), \
-       locked_at = NULL, lease_until = NULL, claim_token = NULL, parked_at = NULL \
-     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
-
-// A claim given up with its recorded steps kept: its lease ends now.
-const LAPSE: &str = "UPDATE idem_keys FORCE INDEX (PRIMARY) SET lease_until = UTC_TIMESTAMP(6) \
-     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
-
-const RELEASE: &str = "DELETE idem_keys FROM idem_keys FORCE INDEX (PRIMARY) \
-     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
-
-const RELEASE_WITHOUT_STEPS: &str = "DELETE idem_keys FROM idem_keys FORCE INDEX (PRIMARY) \
-     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ? \
-       AND steps IS NULL";
-
-const RECORD_STEPS: &str = "UPDATE idem_keys FORCE INDEX (PRIMARY) SET steps = ? \
-     WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?";
-
-const RECORDED_STEPS: &str =
-    "SELECT steps FROM idem_keys WHERE scope = ? AND `key` = ? AND claim_token = ?";
+const DELETE_EXPIRED: &str = concat!(
+    "SET STATEMENT innodb_lock_wait_timeout = 0 FOR ",
+    delete_by_key!(),
+    " WHERE scope = ? AND `key` = ? AND expires_at <= UTC_TIMESTAMP(6) AND parked_at IS NULL"
+);
 
 const LOOKUP: &str = "SELECT status, method, path, fingerprint, response_status, \
      response_headers, response_body FROM idem_keys \
@@ -209,13 +197,52 @@ const OTHERS_ACTIVE: &str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST
        AND DB = DATABASE()";
 
 impl Dialect for MySql {
-    const COMPLETE: &'static str = COMPLETE;
-    const COMPLETE_STARTED: &'static str = COMPLETE_STARTED;
-    const LAPSE: &'static str = LAPSE;
-    const RELEASE: &'static str = RELEASE;
-    const RELEASE_WITHOUT_STEPS: &'static str = RELEASE_WITHOUT_STEPS;
-    const RECORD_STEPS: &'static str = RECORD_STEPS;
-    const RECORDED_STEPS: &'static str = RECORDED_STEPS;
+    /// The completion turns the claim's row `completed`.
+    const COMPLETE: &'static str = concat!(
+        update_by_key!(),
+        " SET method = ?, path = ?, fingerprint = ?, \
+           status = 'completed', response_status = ?, response_headers = ?, response_body = ?, \
+           created_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+           claim_token = NULL \
+         WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?"
+    );
+
+    const COMPLETE_STARTED: &'static str = concat!(
+        update_by_key!(),
+        " SET status = 'completed', response_status = ?, \
+           response_headers = ?, response_body = ?, \
+           expires_at = COALESCE(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at), \
+           locked_at = NULL, lease_until = NULL, claim_token = NULL, parked_at = NULL \
+         WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?"
+    );
+
+    /// A claim given up with its recorded steps kept: its lease ends now.
+    const LAPSE: &'static str = concat!(
+        update_by_key!(),
+        " SET lease_until = UTC_TIMESTAMP(6) \
+         WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?"
+    );
+
+    const RELEASE: &'static str = concat!(
+        delete_by_key!(),
+        " WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?"
+    );
+
+    const RELEASE_WITHOUT_STEPS: &'static str = concat!(
+        delete_by_key!(),
+        " WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ? \
+           AND steps IS NULL"
+    );
+
+    const RECORD_STEPS: &'static str = concat!(
+        update_by_key!(),
+        " SET steps = ? \
+         WHERE scope = ? AND `key` = ? AND status = 'started' AND claim_token = ?"
+    );
+
+    const RECORDED_STEPS: &'static str =
+        "SELECT steps FROM idem_keys WHERE scope = ? AND `key` = ? AND claim_token = ?";
+
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/mysql");
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
     const IN_AN_HOUR: &'static str = "(UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)";
@@ -230,11 +257,11 @@ impl Dialect for MySql {
 
     const KEY_COLUMN: &'static str = "`key`";
 
-    /// By the primary key only: see [`COMPLETE`].
-    const UPDATE_BY_KEY: &'static str = "UPDATE idem_keys FORCE INDEX (PRIMARY)";
+    /// By the primary key only: see [`update_by_key`].
+    const UPDATE_BY_KEY: &'static str = update_by_key!();
 
-    /// By the primary key only (MariaDB takes an index hint in the multi-table form).
-    const DELETE_BY_KEY: &'static str = "DELETE idem_keys FROM idem_keys FORCE INDEX (PRIMARY)";
+    /// By the primary key only: see [`update_by_key`].
+    const DELETE_BY_KEY: &'static str = delete_by_key!();
 
     /// `scope` and `key` are `VARBINARY`, which sqlx decodes only as bytes.
     const SCOPE_AND_KEY: &'static str =
@@ -590,12 +617,6 @@ impl Storage for MySql {
             Err(error) if error.is_conflict() => Ok(Started::Busy),
             started => started,
         }
-    }
-
-    async fn begin_write(
-        conn: &mut MySqlConnection,
-    ) -> Result<Transaction<'_, MySql>, crate::error::Error> {
-        Ok(Transaction::begin(conn, None).await?)
     }
 
     async fn purge_batch(

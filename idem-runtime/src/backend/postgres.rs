@@ -41,14 +41,6 @@ const DELETE_EXPIRED: &str = "DELETE FROM idem_keys \
 // The transaction's mark before a rollback (see `undo_handler`).
 const MARK: &str = "SELECT current_setting('idem.claim', true) AS mark";
 
-// A plain INSERT (the claim removed any expired row), written only in the claiming transaction.
-const COMPLETE: &str = "INSERT INTO idem_keys \
-     (scope, key, method, path, fingerprint, status, response_status, response_headers, \
-      response_body, created_at, expires_at) \
-     SELECT $8, $9, $1, $2, $3, 'completed', $4, $5, $6, now(), \
-            now() + make_interval(secs => $7) \
-     WHERE current_setting('idem.claim', true) = $10";
-
 const LOOKUP: &str = "SELECT status, method, path, fingerprint, response_status, \
      response_headers, response_body FROM idem_keys \
      WHERE scope = $1 AND key = $2 AND expires_at > now()";
@@ -56,16 +48,6 @@ const LOOKUP: &str = "SELECT status, method, path, fingerprint, response_status,
 const START: &str = "SELECT outcome, taken_over, status, method, path, fingerprint, \
      response_status, response_headers, response_body, lease_left \
      FROM idem_start($1, $2, $3, $4, $5, $6, $7, $8, $9)";
-
-// A claim given up with its recorded steps kept: its lease ends now.
-const LAPSE: &str = "UPDATE idem_keys SET lease_until = now() \
-     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
-
-const COMPLETE_STARTED: &str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
-     response_headers = $2, response_body = $3, locked_at = NULL, lease_until = NULL, \
-     claim_token = NULL, parked_at = NULL, \
-     expires_at = COALESCE(now() + make_interval(secs => $4::float8), expires_at) \
-     WHERE scope = $5 AND key = $6 AND status = 'started' AND claim_token = $7";
 
 // ctid batches: the inner SELECT finds the oldest expired rows through the expires_at index and
 // locks them, skipping any row a live request holds; the DELETE removes exactly those. Each
@@ -105,9 +87,24 @@ const OTHERS_ACTIVE: &str = "SELECT count(*) FROM pg_stat_activity \
        AND datname = current_database()";
 
 impl Dialect for Postgres {
-    const COMPLETE: &'static str = COMPLETE;
-    const COMPLETE_STARTED: &'static str = COMPLETE_STARTED;
-    const LAPSE: &'static str = LAPSE;
+    /// A plain INSERT (the claim removed any expired row), written only in the claiming transaction.
+    const COMPLETE: &'static str = "INSERT INTO idem_keys \
+         (scope, key, method, path, fingerprint, status, response_status, response_headers, \
+          response_body, created_at, expires_at) \
+         SELECT $8, $9, $1, $2, $3, 'completed', $4, $5, $6, now(), \
+                now() + make_interval(secs => $7) \
+         WHERE current_setting('idem.claim', true) = $10";
+
+    const COMPLETE_STARTED: &'static str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
+         response_headers = $2, response_body = $3, locked_at = NULL, lease_until = NULL, \
+         claim_token = NULL, parked_at = NULL, \
+         expires_at = COALESCE(now() + make_interval(secs => $4::float8), expires_at) \
+         WHERE scope = $5 AND key = $6 AND status = 'started' AND claim_token = $7";
+
+    /// A claim given up with its recorded steps kept: its lease ends now.
+    const LAPSE: &'static str = "UPDATE idem_keys SET lease_until = now() \
+         WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
     const NOW: &'static str = "now()";
     const IN_AN_HOUR: &'static str = "(now() + interval '1 hour')";
@@ -292,12 +289,6 @@ impl Storage for Postgres {
             Claimed::Held(mark) => Undone::Kept(Some(mark)),
             Claimed::Live(_) | Claimed::Busy => Undone::Taken,
         })
-    }
-
-    async fn begin_write(
-        conn: &mut PgConnection,
-    ) -> Result<Transaction<'_, Postgres>, crate::error::Error> {
-        Ok(Transaction::begin(conn, None).await?)
     }
 
     async fn lookup(

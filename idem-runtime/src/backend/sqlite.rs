@@ -19,23 +19,6 @@ const LIVE: &str = "SELECT \
      response_body, lease_until FROM idem_keys WHERE scope = $1 AND key = $2 \
        AND (expires_at > $3 OR (status = 'started' AND parked_at IS NOT NULL))";
 
-// The claim's savepoint released (it fails when the handler ended the claim's transaction),
-// then a fresh row, or every column written over an expired row of the key (and only such a
-// row); one row back when it was written. One statement list, so one call to the connection's
-// thread while the write lock is held.
-const COMPLETE: &str = "RELEASE SAVEPOINT idem_claim; INSERT INTO idem_keys \
-     (scope, key, method, path, fingerprint, status, response_status, response_headers, \
-      response_body, created_at, expires_at) \
-     VALUES ($8, $9, $1, $2, $3, 'completed', $4, $5, $6, $10, $10 + $7) \
-     ON CONFLICT (scope, key) DO UPDATE SET \
-       method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint, \
-       status = 'completed', response_status = excluded.response_status, \
-       response_headers = excluded.response_headers, response_body = excluded.response_body, \
-       created_at = excluded.created_at, expires_at = excluded.expires_at, locked_at = NULL, \
-       lease_until = NULL, claim_token = NULL \
-     WHERE idem_keys.expires_at <= $10 \
-     RETURNING 1";
-
 const START: &str = "INSERT INTO idem_keys \
      (scope, key, method, path, fingerprint, status, created_at, expires_at, locked_at, \
       lease_until, claim_token) \
@@ -51,16 +34,6 @@ const START: &str = "INSERT INTO idem_keys \
          ELSE idem_keys.recovery_attempts END, \
        recovery_error = CASE WHEN idem_keys.expires_at <= $6 THEN NULL \
          ELSE idem_keys.recovery_error END";
-
-// A claim given up with its recorded steps kept: its lease ends now.
-const LAPSE: &str = "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
-     WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
-
-const COMPLETE_STARTED: &str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
-     response_headers = $2, response_body = $3, locked_at = NULL, lease_until = NULL, \
-     claim_token = NULL, parked_at = NULL, \
-     expires_at = COALESCE(CAST(unixepoch('subsec') * 1000 AS INTEGER) + $4, expires_at) \
-     WHERE scope = $5 AND key = $6 AND status = 'started' AND claim_token = $7";
 
 const PURGE: &str = "DELETE FROM idem_keys WHERE rowid IN ( \
      SELECT rowid FROM idem_keys WHERE expires_at <= $1 AND parked_at IS NULL \
@@ -119,9 +92,33 @@ async fn live_row(
 }
 
 impl Dialect for Sqlite {
-    const COMPLETE: &'static str = COMPLETE;
-    const COMPLETE_STARTED: &'static str = COMPLETE_STARTED;
-    const LAPSE: &'static str = LAPSE;
+    /// The claim's savepoint released (it fails when the handler ended the claim's transaction),
+    /// then a fresh row, or every column written over an expired row of the key (and only such a
+    /// row); one row back when it was written. One statement list, so one call to the connection's
+    /// thread while the write lock is held.
+    const COMPLETE: &'static str = "RELEASE SAVEPOINT idem_claim; INSERT INTO idem_keys \
+         (scope, key, method, path, fingerprint, status, response_status, response_headers, \
+          response_body, created_at, expires_at) \
+         VALUES ($8, $9, $1, $2, $3, 'completed', $4, $5, $6, $10, $10 + $7) \
+         ON CONFLICT (scope, key) DO UPDATE SET \
+           method = excluded.method, path = excluded.path, fingerprint = excluded.fingerprint, \
+           status = 'completed', response_status = excluded.response_status, \
+           response_headers = excluded.response_headers, response_body = excluded.response_body, \
+           created_at = excluded.created_at, expires_at = excluded.expires_at, locked_at = NULL, \
+           lease_until = NULL, claim_token = NULL \
+         WHERE idem_keys.expires_at <= $10 \
+         RETURNING 1";
+
+    const COMPLETE_STARTED: &'static str = "UPDATE idem_keys SET status = 'completed', response_status = $1, \
+         response_headers = $2, response_body = $3, locked_at = NULL, lease_until = NULL, \
+         claim_token = NULL, parked_at = NULL, \
+         expires_at = COALESCE(CAST(unixepoch('subsec') * 1000 AS INTEGER) + $4, expires_at) \
+         WHERE scope = $5 AND key = $6 AND status = 'started' AND claim_token = $7";
+
+    /// A claim given up with its recorded steps kept: its lease ends now.
+    const LAPSE: &'static str = "UPDATE idem_keys SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
+         WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
+
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
     const NOW: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
     const IN_AN_HOUR: &'static str = "(CAST(unixepoch('subsec') * 1000 AS INTEGER) + 3600000)";

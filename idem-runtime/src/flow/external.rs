@@ -4,7 +4,7 @@
 
 use axum::response::Response;
 
-use super::{Limit, Scope, outcome::Outcome, request::IdemRequest};
+use super::{Limit, StoredScope, outcome::Outcome, request::IdemRequest};
 use crate::{
     attribute::Options,
     backend::Backend,
@@ -40,7 +40,7 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// carries the lease's remaining time in `Retry-After`.
     pub async fn acquire(
         mut request: IdemRequest<DB>,
-        scope: Scope,
+        scope: StoredScope,
         options: Options,
     ) -> Result<Self, Response> {
         request.count_fields(options.body_fields);

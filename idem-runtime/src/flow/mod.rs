@@ -38,9 +38,10 @@ pub use external::ExternalClaim;
 pub use extract::Input;
 pub use transactional::{Acquired, Attempt, Claim};
 
-/// Whose key it is: a caller's, or everyone's (`#[idempotent(global)]`).
+/// The stored scope of one request: the value its keys are stored under, a caller's, or
+/// everyone's (`#[idempotent(global)]`). What the handler declared is `policy::KeyScope`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
+pub enum StoredScope {
     /// Keys shared by all callers.
     Global,
     /// Keys of one caller.
@@ -49,7 +50,7 @@ pub enum Scope {
 
 /// Gives the handler body's future its declared output type, so `?` and `return` inside it
 /// behave as in the original function.
-pub fn hint<T, F: std::future::Future<Output = T>>(future: F) -> F {
+pub fn typed_body<T, F: std::future::Future<Output = T>>(future: F) -> F {
     future
 }
 

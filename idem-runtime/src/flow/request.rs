@@ -8,7 +8,7 @@ use http::Method;
 use idem_key::{Fingerprint, IdempotencyKey};
 use tracing::Span;
 
-use super::{Scope, outcome::Outcome};
+use super::{StoredScope, outcome::Outcome};
 use crate::{backend::Backend, problem::ProblemKind, record::KeyRef, store::Store};
 
 /// A request that carries a valid key and has been fingerprinted.
@@ -163,11 +163,11 @@ impl<DB: Backend> IdemRequest<DB> {
     }
 
     /// The key under the handler's scope; a scope that cannot hold keys is refused (400).
-    pub(super) fn key_ref(&self, scope: Scope) -> Result<KeyRef, Response> {
+    pub(super) fn key_ref(&self, scope: StoredScope) -> Result<KeyRef, Response> {
         let scope =
             match scope {
-                Scope::Global => String::new(),
-                Scope::Caller(scope) => {
+                StoredScope::Global => String::new(),
+                StoredScope::Caller(scope) => {
                     let wrong = if scope.is_empty() {
                         Some("is empty".to_owned())
                     } else if scope.contains('\0') {

@@ -6,7 +6,7 @@ use sqlx::Transaction;
 
 use tokio::time::Instant;
 
-use super::{Limit, Scope, outcome::Outcome, request::IdemRequest};
+use super::{Limit, StoredScope, outcome::Outcome, request::IdemRequest};
 use crate::{
     attribute::Options,
     backend::{Backend, Begun, Undone},
@@ -88,7 +88,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
     pub async fn acquire(
         slot: &'c mut Option<Checkout<DB>>,
         attempt: Attempt<DB>,
-        scope: &Scope,
+        scope: &StoredScope,
         options: Options,
     ) -> Acquired<'c, DB> {
         let Attempt { mut request, held } = attempt;
