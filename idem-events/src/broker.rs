@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use super::Message;
+use crate::message::Message;
 
 /// What a broker said or failed to say.
 #[derive(Debug, thiserror::Error)]

@@ -7,8 +7,11 @@ use idem_task::{Next, PassContext, Schedule, TaskHandle, Work};
 use sqlx::{Pool, Transaction};
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerError, Delivery, Message, Subscriber, Subscription};
-use crate::{Backend, error::bounded};
+use crate::{backend::Backend, error::bounded};
+use crate::{
+    broker::{BrokerError, Delivery, Subscriber, Subscription},
+    message::Message,
+};
 
 /// How many times a message may fail before it goes to the dead-letter place, unless
 /// [`ConsumerOptions::max_attempts`] says otherwise.
@@ -93,7 +96,7 @@ impl ConsumerOptions {
 
     /// How long each of the consumer's database operations may take (default 10 s), the
     /// handler's transaction counted whole: past it the operation fails with
-    /// [`Error::TimedOut`](crate::Error::TimedOut), its transaction is rolled back, and the
+    /// [`Error::TimedOut`](crate::error::Error::TimedOut), its transaction is rolled back, and the
     /// message goes back to the broker to be delivered again (a transaction whose `COMMIT`
     /// went unanswered is found recorded then, and acknowledged as a duplicate). A database
     /// that stops answering without refusing (a partition) is noticed this way.
@@ -195,7 +198,7 @@ pub enum ConsumeError {
     /// The database failed (or a commit's outcome is unknown); the failure is not counted
     /// against the message.
     #[error(transparent)]
-    Database(#[from] crate::Error),
+    Database(#[from] crate::error::Error),
     /// The broker was not told how the message ended.
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -389,7 +392,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
         let timeout = self.options.database_timeout;
         let applied = tokio::time::timeout(timeout, self.apply(&message, redelivered))
             .await
-            .unwrap_or(Err(Failure::Database(crate::Error::TimedOut {
+            .unwrap_or(Err(Failure::Database(crate::error::Error::TimedOut {
                 after: timeout,
             })));
         let failure = match applied {
@@ -455,10 +458,14 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
     /// Runs the handler in a transaction with the message's record; `Ok(false)` when it was
     /// recorded before.
     async fn apply(&self, message: &Message, redelivered: bool) -> Result<bool, Failure> {
-        let conn = self.pool.acquire().await.map_err(crate::Error::from)?;
+        let conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(crate::error::Error::from)?;
         let mut tx = DB::begin_write(conn).await?;
         if !DB::record_processed(&mut tx, &self.name, message.id()).await? {
-            tx.rollback().await.map_err(crate::Error::from)?;
+            tx.rollback().await.map_err(crate::error::Error::from)?;
             return Ok(false);
         }
         let handled = AssertUnwindSafe(self.handler.handle(message, &mut tx))
@@ -469,7 +476,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
                 if redelivered {
                     DB::clear_failures(&mut tx, &self.name, message.id()).await?;
                 }
-                tx.commit().await.map_err(crate::Error::from)?;
+                tx.commit().await.map_err(crate::error::Error::from)?;
                 return Ok(true);
             }
             Ok(Err(error)) => error.to_string(),
@@ -504,7 +511,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
     async fn give_back<D: Delivery>(
         &self,
         delivery: D,
-        error: crate::Error,
+        error: crate::error::Error,
     ) -> Result<Processed, ConsumeError> {
         if let Err(broker) = self.settled(delivery.retry()).await {
             tracing::debug!(error = %broker, "giving a message back to the broker failed");
@@ -533,7 +540,7 @@ impl<DB: Backend, H: EventHandler<DB>, S> Consumer<DB, H, S> {
     /// # Errors
     ///
     /// When the database failed.
-    pub async fn purge(&self, limit: i64) -> Result<u64, crate::Error> {
+    pub async fn purge(&self, limit: i64) -> Result<u64, crate::error::Error> {
         bounded(
             self.options.database_timeout,
             DB::purge_consumed(&self.pool, &self.name, self.options.retention, limit),
@@ -615,7 +622,7 @@ enum Stalled {
     #[error(transparent)]
     Broker(BrokerError),
     #[error(transparent)]
-    Database(crate::Error),
+    Database(crate::error::Error),
 }
 
 /// The outage of a spawned consumer's broker.
@@ -708,13 +715,13 @@ fn retry_delay(attempts: u32, cap: Duration) -> Duration {
 /// Why [`Consumer::apply`] did not commit.
 enum Failure {
     /// The database failed: not the message's fault.
-    Database(crate::Error),
+    Database(crate::error::Error),
     /// The handler returned an error or panicked: counted against the message.
     Handler(String),
 }
 
-impl From<crate::Error> for Failure {
-    fn from(error: crate::Error) -> Self {
+impl From<crate::error::Error> for Failure {
+    fn from(error: crate::error::Error) -> Self {
         Self::Database(error)
     }
 }

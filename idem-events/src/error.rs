@@ -8,8 +8,8 @@ pub enum Error {
     #[error("the events' database failed: {0}")]
     Database(#[from] sqlx::Error),
     /// The database did not answer within the relay's or consumer's `database_timeout`
-    /// ([`RelayOptions::database_timeout`](crate::RelayOptions::database_timeout),
-    /// [`ConsumerOptions::database_timeout`](crate::ConsumerOptions::database_timeout)): the
+    /// ([`RelayOptions::database_timeout`](crate::relay::RelayOptions::database_timeout),
+    /// [`ConsumerOptions::database_timeout`](crate::consumer::ConsumerOptions::database_timeout)): the
     /// operation was abandoned, and is tried again.
     #[error("the events' database did not answer within {after:?}")]
     TimedOut {
@@ -17,10 +17,10 @@ pub enum Error {
         after: std::time::Duration,
     },
     /// Creating or upgrading the event tables failed; nothing of the failed migration is
-    /// applied, but on MySQL (see [`migrate`](crate::migrate)).
+    /// applied, but on MySQL (see [`migrate`](crate::backend::migrate)).
     #[error("migrating idem's event tables failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    /// An event given to [`enqueue`](crate::enqueue) cannot be published: its topic is empty
+    /// An event given to [`enqueue`](crate::outbox::enqueue) cannot be published: its topic is empty
     /// or too long, or its payload does not serialize to JSON. Nothing was written.
     #[error("the event cannot be enqueued: {reason}")]
     InvalidEvent {

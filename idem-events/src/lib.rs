@@ -60,7 +60,6 @@ mod error;
 mod message;
 mod outbox;
 mod relay;
-mod storage;
 
 #[cfg(feature = "nats")]
 pub mod nats;

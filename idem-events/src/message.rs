@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 /// One message: its id (the outbox event's id, which consumers deduplicate on), its topic, and
-/// its payload (JSON, as [`enqueue`](crate::enqueue) wrote it).
+/// its payload (JSON, as [`enqueue`](crate::outbox::enqueue) wrote it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     id: String,

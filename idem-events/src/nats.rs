@@ -54,7 +54,10 @@ use async_nats::{
 use futures_util::StreamExt;
 use tokio::sync::{Mutex, watch};
 
-use super::{BrokerError, Delivery, Message, Publisher, Subscriber, Subscription};
+use crate::{
+    broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription},
+    message::Message,
+};
 
 /// How long connecting may take before it counts as a failure.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

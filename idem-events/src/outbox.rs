@@ -4,7 +4,7 @@ use std::fmt;
 
 use sqlx::Transaction;
 
-use crate::Backend;
+use crate::backend::Backend;
 
 /// The longest topic, in bytes: what a RabbitMQ routing key holds.
 pub const MAX_TOPIC_LEN: usize = 255;
@@ -44,7 +44,7 @@ impl fmt::Display for EventId {
 /// its id.
 ///
 /// Any handler may call it with its transaction, idempotent or not; the relay
-/// ([`Relay`](crate::Relay)) publishes the event after the commit.
+/// ([`Relay`](crate::relay::Relay)) publishes the event after the commit.
 ///
 /// ```no_run
 /// # async fn demo(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), idem_events::Error> {
@@ -61,15 +61,15 @@ impl fmt::Display for EventId {
 ///
 /// # Errors
 ///
-/// [`Error::InvalidEvent`](crate::Error::InvalidEvent) for an empty topic, one longer than
-/// [`MAX_TOPIC_LEN`], or a payload that does not serialize; [`Error::Database`](crate::Error)
+/// [`Error::InvalidEvent`](crate::error::Error::InvalidEvent) for an empty topic, one longer than
+/// [`MAX_TOPIC_LEN`], or a payload that does not serialize; [`Error::Database`](crate::error::Error)
 /// when the insert fails (the transaction should then be rolled back, as after any failed
 /// write).
 pub async fn enqueue<DB: Backend>(
     tx: &mut Transaction<'_, DB>,
     topic: &str,
     payload: &impl serde::Serialize,
-) -> Result<EventId, crate::Error> {
+) -> Result<EventId, crate::error::Error> {
     let id = EventId::new();
     enqueue_with_id(tx, id, topic, payload).await?;
     Ok(id)
@@ -85,15 +85,16 @@ pub async fn enqueue_with_id<DB: Backend>(
     id: EventId,
     topic: &str,
     payload: &impl serde::Serialize,
-) -> Result<(), crate::Error> {
+) -> Result<(), crate::error::Error> {
     check_topic(topic)?;
-    let payload = serde_json::to_string(payload).map_err(|error| crate::Error::InvalidEvent {
-        reason: format!("the payload does not serialize to JSON: {error}"),
-    })?;
+    let payload =
+        serde_json::to_string(payload).map_err(|error| crate::error::Error::InvalidEvent {
+            reason: format!("the payload does not serialize to JSON: {error}"),
+        })?;
     DB::enqueue(tx, &id.to_string(), topic, &payload).await
 }
 
-fn check_topic(topic: &str) -> Result<(), crate::Error> {
+fn check_topic(topic: &str) -> Result<(), crate::error::Error> {
     let reason = if topic.is_empty() {
         "the topic is empty".to_owned()
     } else if topic.len() > MAX_TOPIC_LEN {
@@ -104,5 +105,5 @@ fn check_topic(topic: &str) -> Result<(), crate::Error> {
     } else {
         return Ok(());
     };
-    Err(crate::Error::InvalidEvent { reason })
+    Err(crate::error::Error::InvalidEvent { reason })
 }

@@ -35,7 +35,10 @@ use lapin::{
 };
 use tokio::sync::Mutex;
 
-use super::{BrokerError, Delivery, Message, Publisher, Subscriber, Subscription};
+use crate::{
+    broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription},
+    message::Message,
+};
 
 /// The longest name (exchange, queue, routing key, message id) AMQP carries, in bytes.
 const MAX_NAME: usize = 255;

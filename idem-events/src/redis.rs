@@ -39,7 +39,10 @@ use redis::{
 };
 use tokio::{sync::Mutex, time::Instant};
 
-use super::{BrokerError, Delivery, Message, Publisher, Subscriber, Subscription};
+use crate::{
+    broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription},
+    message::Message,
+};
 
 /// How long connecting may take before it counts as a failure.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -12,8 +12,11 @@ use sqlx::Pool;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{BrokerError, Message, Publisher};
-use crate::{Backend, error::bounded};
+use crate::{backend::Backend, error::bounded};
+use crate::{
+    broker::{BrokerError, Publisher},
+    message::Message,
+};
 
 /// How a [`Relay`] works; [`RelayOptions::default`] suits most services.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,7 +140,7 @@ impl RelayOptions {
     }
 
     /// How long each of the relay's statements may wait on the database (default 10 s): past
-    /// it the pass fails with [`Error::TimedOut`](crate::Error::TimedOut) and the relay
+    /// it the pass fails with [`Error::TimedOut`](crate::error::Error::TimedOut) and the relay
     /// retries with backoff, as after any database error. A database that stops answering
     /// without refusing (a partition) is noticed this way; the events keep waiting in the
     /// outbox, and a batch published but not marked is published again (consumers drop the
@@ -161,7 +164,7 @@ impl RelayOptions {
 pub enum RelayError {
     /// The outbox's database failed; the events wait.
     #[error(transparent)]
-    Database(#[from] crate::Error),
+    Database(#[from] crate::error::Error),
     /// The broker did not confirm the batch; its events wait and are published again.
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -423,7 +426,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// # Errors
     ///
     /// When the database failed.
-    pub async fn waiting(&self) -> Result<Waiting, crate::Error> {
+    pub async fn waiting(&self) -> Result<Waiting, crate::error::Error> {
         let (events, oldest_ms) =
             bounded(self.options.database_timeout, DB::waiting(&self.pool)).await?;
         Ok(Waiting {
@@ -437,7 +440,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// # Errors
     ///
     /// When the database failed.
-    pub async fn purge(&self, limit: i64) -> Result<u64, crate::Error> {
+    pub async fn purge(&self, limit: i64) -> Result<u64, crate::error::Error> {
         bounded(
             self.options.database_timeout,
             DB::purge_published(&self.pool, self.options.retention, limit),
@@ -446,7 +449,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     }
 
     /// Purges in batches until no published event is past its retention.
-    async fn purge_all(&self) -> Result<u64, crate::Error> {
+    async fn purge_all(&self) -> Result<u64, crate::error::Error> {
         const BATCH: i64 = 1000;
         let mut purged = 0;
         loop {

@@ -119,7 +119,7 @@ impl EventStorage for Sqlite {
 
     async fn begin_write(
         conn: PoolConnection<Sqlite>,
-    ) -> Result<Transaction<'static, Sqlite>, crate::Error> {
+    ) -> Result<Transaction<'static, Sqlite>, crate::error::Error> {
         Ok(Transaction::begin(conn, Some("BEGIN IMMEDIATE".into_sql_str())).await?)
     }
 
@@ -130,7 +130,7 @@ impl EventStorage for Sqlite {
         skip: &[String],
         limit: i64,
         lease: Duration,
-    ) -> Result<Option<Batch<Sqlite>>, crate::Error> {
+    ) -> Result<Option<Batch<Sqlite>>, crate::error::Error> {
         // Read first: an idle relay takes no write lock.
         if !sqlx::query_scalar::<_, bool>(ANY_WAITING)
             .fetch_one(pool)
@@ -173,7 +173,7 @@ impl EventStorage for Sqlite {
         pool: &Pool<Sqlite>,
         relay: &str,
         batch: Batch<Sqlite>,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         let Lease = batch.held;
         let conn = pool.acquire().await?;
         let mut tx = Self::begin_write(conn).await?;
@@ -195,7 +195,7 @@ impl EventStorage for Sqlite {
         pool: &Pool<Sqlite>,
         relay: &str,
         batch: Batch<Sqlite>,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         let Lease = batch.held;
         sqlx::query(LET_GO)
             .bind(&batch.topic)

@@ -23,7 +23,6 @@ use std::{fmt::Write as _, time::Duration};
 
 use sqlx::{
     AssertSqlSafe, MySql, MySqlConnection, Pool, SqlSafeStr, Transaction, migrate::Migrator,
-    pool::PoolConnection,
 };
 
 use super::{Batch, EventStorage, dialect::Dialect};
@@ -180,7 +179,7 @@ async fn lock_topic(
     side: Side,
     after: &str,
     skip: &[String],
-) -> Result<Option<String>, crate::Error> {
+) -> Result<Option<String>, crate::error::Error> {
     let mut sql = String::from(match side {
         Side::After => LOCK_TOPIC_AFTER,
         Side::UpTo => LOCK_TOPIC_UP_TO,
@@ -203,19 +202,13 @@ async fn lock_topic(
 /// Begins a `READ COMMITTED` transaction on a connection of `pool`.
 async fn begin_read_committed(
     pool: &Pool<MySql>,
-) -> Result<Transaction<'static, MySql>, crate::Error> {
+) -> Result<Transaction<'static, MySql>, crate::error::Error> {
     let conn = pool.acquire().await?;
     Ok(Transaction::begin(conn, Some(BEGIN_READ_COMMITTED.into_sql_str())).await?)
 }
 
 impl EventStorage for MySql {
     type Held = Transaction<'static, MySql>;
-
-    async fn begin_write(
-        conn: PoolConnection<MySql>,
-    ) -> Result<Transaction<'static, MySql>, crate::Error> {
-        Ok(Transaction::begin(conn, None).await?)
-    }
 
     async fn take_batch(
         pool: &Pool<MySql>,
@@ -224,7 +217,7 @@ impl EventStorage for MySql {
         skip: &[String],
         limit: i64,
         _lease: Duration,
-    ) -> Result<Option<Batch<MySql>>, crate::Error> {
+    ) -> Result<Option<Batch<MySql>>, crate::error::Error> {
         if !sqlx::query_scalar::<_, bool>(ANY_WAITING)
             .fetch_one(pool)
             .await?
@@ -262,7 +255,7 @@ impl EventStorage for MySql {
         _pool: &Pool<MySql>,
         _relay: &str,
         batch: Batch<MySql>,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         let mut tx = batch.held;
         if !batch.rows.is_empty() {
             let (list, count) = placeholders(batch.rows.len());
@@ -280,7 +273,7 @@ impl EventStorage for MySql {
         _pool: &Pool<MySql>,
         _relay: &str,
         batch: Batch<MySql>,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         batch.held.rollback().await?;
         Ok(())
     }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use sqlx::{Pool, Postgres, Transaction, migrate::Migrator, pool::PoolConnection};
+use sqlx::{Pool, Postgres, Transaction, migrate::Migrator};
 
 use super::{
     Batch, EventStorage,
@@ -95,12 +95,6 @@ impl Dialect for Postgres {
 impl EventStorage for Postgres {
     type Held = Transaction<'static, Postgres>;
 
-    async fn begin_write(
-        conn: PoolConnection<Postgres>,
-    ) -> Result<Transaction<'static, Postgres>, crate::Error> {
-        Ok(Transaction::begin(conn, None).await?)
-    }
-
     async fn take_batch(
         pool: &Pool<Postgres>,
         _relay: &str,
@@ -108,7 +102,7 @@ impl EventStorage for Postgres {
         skip: &[String],
         limit: i64,
         _lease: Duration,
-    ) -> Result<Option<Batch<Postgres>>, crate::Error> {
+    ) -> Result<Option<Batch<Postgres>>, crate::error::Error> {
         if !sqlx::query_scalar::<_, bool>(ANY_WAITING)
             .fetch_one(pool)
             .await?
@@ -144,7 +138,7 @@ impl EventStorage for Postgres {
         _pool: &Pool<Postgres>,
         _relay: &str,
         batch: Batch<Postgres>,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         let mut tx = batch.held;
         sqlx::query(MARK)
             .bind(&batch.rows)
@@ -158,7 +152,7 @@ impl EventStorage for Postgres {
         _pool: &Pool<Postgres>,
         _relay: &str,
         batch: Batch<Postgres>,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         batch.held.rollback().await?;
         Ok(())
     }

@@ -16,19 +16,19 @@ pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
         id: &'c str,
         topic: &'c str,
         payload: &'c str,
-    ) -> impl Future<Output = Result<(), crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + 'c;
 
     /// How many events wait to be published, and the age of the oldest in milliseconds.
     fn waiting(
         pool: &Pool<Self>,
-    ) -> impl Future<Output = Result<(i64, Option<i64>), crate::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<(i64, Option<i64>), crate::error::Error>> + Send + '_;
 
     /// Deletes up to `limit` events published more than `retention` ago.
     fn purge_published(
         pool: &Pool<Self>,
         retention: Duration,
         limit: i64,
-    ) -> impl Future<Output = Result<u64, crate::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<u64, crate::error::Error>> + Send + '_;
 
     /// Records that `consumer` processed `message_id`, in the transaction `conn` is in; `false`
     /// when it was recorded before (waiting, on PostgreSQL and MySQL, for a transaction that is
@@ -37,14 +37,14 @@ pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
         conn: &'c mut Self::Connection,
         consumer: &'c str,
         message_id: &'c str,
-    ) -> impl Future<Output = Result<bool, crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + 'c;
 
     /// How many times `consumer` failed `message_id`.
     fn attempts<'p>(
         pool: &'p Pool<Self>,
         consumer: &'p str,
         message_id: &'p str,
-    ) -> impl Future<Output = Result<u32, crate::Error>> + Send + 'p;
+    ) -> impl Future<Output = Result<u32, crate::error::Error>> + Send + 'p;
 
     /// Records `error` as the last failure of `consumer` on `message_id`, counted before (see
     /// [`SharedEventStorage::count_failure`]); returns the count.
@@ -53,7 +53,7 @@ pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
         consumer: &'p str,
         message_id: &'p str,
         error: &'p str,
-    ) -> impl Future<Output = Result<u32, crate::Error>> + Send + 'p;
+    ) -> impl Future<Output = Result<u32, crate::error::Error>> + Send + 'p;
 
     /// Counts one more failure of `consumer` on `message_id` and returns the count.
     fn count_failure<'p>(
@@ -61,24 +61,26 @@ pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
         consumer: &'p str,
         message_id: &'p str,
         error: &'p str,
-    ) -> impl Future<Output = Result<u32, crate::Error>> + Send + 'p;
+    ) -> impl Future<Output = Result<u32, crate::error::Error>> + Send + 'p;
 
     /// Forgets the failures of `consumer` on `message_id`, in the transaction `conn` is in.
     fn clear_failures<'c>(
         conn: &'c mut Self::Connection,
         consumer: &'c str,
         message_id: &'c str,
-    ) -> impl Future<Output = Result<(), crate::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + 'c;
 
     /// Forgets the failures of `consumer` on `message_id`, in a statement of its own.
     fn clear_failures_apart<'p>(
         pool: &'p Pool<Self>,
         consumer: &'p str,
         message_id: &'p str,
-    ) -> impl Future<Output = Result<(), crate::Error>> + Send + 'p;
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + 'p;
 
     /// Creates or upgrades the event tables.
-    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), crate::Error>> + Send + '_;
+    fn migrate(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + '_;
 
     /// Deletes up to `limit` records of `consumer` (processed ids and failure counts) older
     /// than `retention`.
@@ -87,7 +89,7 @@ pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
         consumer: &'p str,
         retention: Duration,
         limit: i64,
-    ) -> impl Future<Output = Result<u64, crate::Error>> + Send + 'p;
+    ) -> impl Future<Output = Result<u64, crate::error::Error>> + Send + 'p;
 }
 
 /// The shared statements for every [`Dialect`], given what they need of sqlx for the database:
@@ -105,7 +107,7 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
 {
-    async fn migrate(pool: &Pool<DB>) -> Result<(), crate::Error> {
+    async fn migrate(pool: &Pool<DB>) -> Result<(), crate::error::Error> {
         // Recorded apart from the application's `_sqlx_migrations` and the key table's.
         let mut migrator = DB::MIGRATOR;
         migrator.set_ignore_missing(true);
@@ -118,7 +120,7 @@ where
         id: &str,
         topic: &str,
         payload: &str,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         sqlx::query(DB::ENQUEUE)
             .bind(id)
             .bind(topic)
@@ -128,7 +130,7 @@ where
         Ok(())
     }
 
-    async fn waiting(pool: &Pool<DB>) -> Result<(i64, Option<i64>), crate::Error> {
+    async fn waiting(pool: &Pool<DB>) -> Result<(i64, Option<i64>), crate::error::Error> {
         Ok(sqlx::query_as(DB::WAITING).fetch_one(pool).await?)
     }
 
@@ -136,7 +138,7 @@ where
         pool: &Pool<DB>,
         retention: Duration,
         limit: i64,
-    ) -> Result<u64, crate::Error> {
+    ) -> Result<u64, crate::error::Error> {
         let done = sqlx::query(DB::PURGE_PUBLISHED)
             .bind(millis(retention))
             .bind(limit)
@@ -149,7 +151,7 @@ where
         conn: &mut DB::Connection,
         consumer: &str,
         message_id: &str,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         let done = sqlx::query(DB::RECORD_PROCESSED)
             .bind(consumer)
             .bind(message_id)
@@ -162,7 +164,7 @@ where
         pool: &Pool<DB>,
         consumer: &str,
         message_id: &str,
-    ) -> Result<u32, crate::Error> {
+    ) -> Result<u32, crate::error::Error> {
         let attempts: Option<i64> = sqlx::query_scalar(DB::ATTEMPTS)
             .bind(consumer)
             .bind(message_id)
@@ -176,7 +178,7 @@ where
         consumer: &str,
         message_id: &str,
         error: &str,
-    ) -> Result<u32, crate::Error> {
+    ) -> Result<u32, crate::error::Error> {
         if !DB::FAILURE_RETURNS_COUNT {
             let attempts =
                 counted_apart(pool, DB::NOTE_FAILURE, consumer, message_id, error).await?;
@@ -196,7 +198,7 @@ where
         consumer: &str,
         message_id: &str,
         error: &str,
-    ) -> Result<u32, crate::Error> {
+    ) -> Result<u32, crate::error::Error> {
         if !DB::FAILURE_RETURNS_COUNT {
             let attempts =
                 counted_apart(pool, DB::COUNT_FAILURE, consumer, message_id, error).await?;
@@ -215,7 +217,7 @@ where
         conn: &mut DB::Connection,
         consumer: &str,
         message_id: &str,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         sqlx::query(DB::CLEAR_FAILURES)
             .bind(consumer)
             .bind(message_id)
@@ -228,7 +230,7 @@ where
         pool: &Pool<DB>,
         consumer: &str,
         message_id: &str,
-    ) -> Result<(), crate::Error> {
+    ) -> Result<(), crate::error::Error> {
         let mut conn = pool.acquire().await?;
         Self::clear_failures(&mut conn, consumer, message_id).await
     }
@@ -238,7 +240,7 @@ where
         consumer: &str,
         retention: Duration,
         limit: i64,
-    ) -> Result<u64, crate::Error> {
+    ) -> Result<u64, crate::error::Error> {
         let mut deleted = 0;
         for statement in [DB::PURGE_CONSUMED, DB::PURGE_FAILURES] {
             let done = sqlx::query(statement)
@@ -262,7 +264,7 @@ async fn counted_apart<DB>(
     consumer: &str,
     message_id: &str,
     error: &str,
-) -> Result<Option<i64>, crate::Error>
+) -> Result<Option<i64>, crate::error::Error>
 where
     DB: Dialect,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
