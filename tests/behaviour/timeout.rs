@@ -5,64 +5,18 @@
 //! The handlers here write their row, then wait on a gate that stays closed on their first
 //! call; the tests never sleep, they wait on answers and counters under a deadline.
 
-use std::{
-    future::Future,
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
-};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use axum::{
     Extension, Router,
     body::Body,
-    extract::State,
     http::{Request, StatusCode},
     routing::post,
 };
-use idem_runtime::{IdempotencyContext, ProblemKind, Store, StoreOptions, idempotent};
-use idem_tests::{App, Db, Param, Reply, Req, Tenant, TestBackend, backend_tests, run, run_on};
-use sqlx::Transaction;
+use idem_runtime::{ProblemKind, Store, StoreOptions};
+use idem_tests::{App, Db, Probe, Reply, Req, TestBackend, backend_tests};
+use sqlx::Pool;
 use tower::ServiceExt;
-
-/// What the test handlers share with the test.
-#[derive(Debug)]
-struct Probe {
-    /// Bodies that started (and wrote their row).
-    started: AtomicUsize,
-    /// Bodies that got past the gate and answered.
-    finished: AtomicUsize,
-    /// Closed until the test opens it.
-    gate: tokio::sync::Semaphore,
-}
-
-impl Probe {
-    fn new() -> Arc<Self> {
-        Arc::new(Self {
-            started: AtomicUsize::new(0),
-            finished: AtomicUsize::new(0),
-            gate: tokio::sync::Semaphore::new(0),
-        })
-    }
-
-    fn started(&self) -> usize {
-        self.started.load(Ordering::SeqCst)
-    }
-
-    fn finished(&self) -> usize {
-        self.finished.load(Ordering::SeqCst)
-    }
-
-    /// Counts a body that started, waits on the gate, counts it finished; answers 201 with the
-    /// call's number.
-    async fn hold(&self) -> (StatusCode, String) {
-        let call = self.started.fetch_add(1, Ordering::SeqCst) + 1;
-        self.gate.acquire().await.expect("gate open").forget();
-        self.finished.fetch_add(1, Ordering::SeqCst);
-        (StatusCode::CREATED, format!("call {call}"))
-    }
-}
 
 /// `/stuck` (transactional) and `/stuck-external`.
 fn stuck_routes<DB: TestBackend>(probe: &Arc<Probe>) -> Router<Store<DB>> {
@@ -72,39 +26,17 @@ fn stuck_routes<DB: TestBackend>(probe: &Arc<Probe>) -> Router<Store<DB>> {
         .layer(Extension(Arc::clone(probe)))
 }
 
-/// Writes a row in its transaction, then waits on the gate.
-#[idempotent(scope = "tenant", retention = "1h", timeout = "3s")]
-async fn stuck<DB: TestBackend>(
-    tenant: Tenant,
-    Extension(probe): Extension<Arc<Probe>>,
-    tx: &mut Transaction<'_, DB>,
-) -> (StatusCode, String) {
-    let sql = "INSERT INTO test_effects (route, tenant) VALUES ('stuck', $1)";
-    run(tx, sql, &[Param::Text(&tenant.0)])
-        .await
-        .expect("insert effect");
-    probe.hold().await
+idem_tests::gated_handler! {
+    /// Writes a row in its transaction, then waits on the gate.
+    #[idempotent(scope = "tenant", retention = "1h", timeout = "3s")]
+    async fn stuck;
 }
 
-/// External mode: performs its side effect (a committed row, keyed by the derived key as a
-/// downstream call would be), then waits on the gate.
-#[idempotent(external, scope = "tenant", lease = "5s", timeout = "3s", backend = DB)]
-async fn stuck_external<DB: TestBackend>(
-    tenant: Tenant,
-    ctx: IdempotencyContext,
-    Extension(probe): Extension<Arc<Probe>>,
-    State(store): State<Store<DB>>,
-) -> (StatusCode, String) {
-    let sql = "INSERT INTO test_effects (route, tenant) VALUES ($1, $2)";
-    let effect = ctx.derive("effect");
-    run_on(
-        store.pool(),
-        sql,
-        &[Param::Text(&effect), Param::Text(&tenant.0)],
-    )
-    .await
-    .expect("insert effect");
-    probe.hold().await
+idem_tests::gated_handler! {
+    /// External mode: performs its side effect (a committed row, keyed by the derived key as a
+    /// downstream call would be), then waits on the gate.
+    #[idempotent(external, scope = "tenant", lease = "5s", timeout = "3s", backend = DB)]
+    async fn stuck_external;
 }
 
 /// The test routes over `app`'s pool, and how many keys their store's handlers hold.
@@ -119,22 +51,21 @@ fn routes_with(
     settings: StoreOptions,
 ) -> (Router, Box<dyn Fn() -> usize>) {
     match &app.db {
-        Db::Postgres(pool) => {
-            let store = Store::new(pool.clone()).with_options(settings);
-            let router = stuck_routes(probe).with_state(store.clone());
-            (router, Box::new(move || store.keys_in_flight()))
-        }
-        Db::Sqlite(pool) => {
-            let store = Store::new(pool.clone()).with_options(settings);
-            let router = stuck_routes(probe).with_state(store.clone());
-            (router, Box::new(move || store.keys_in_flight()))
-        }
-        Db::MySql(pool) => {
-            let store = Store::new(pool.clone()).with_options(settings);
-            let router = stuck_routes(probe).with_state(store.clone());
-            (router, Box::new(move || store.keys_in_flight()))
-        }
+        Db::Postgres(pool) => routes_on(pool, probe, settings),
+        Db::Sqlite(pool) => routes_on(pool, probe, settings),
+        Db::MySql(pool) => routes_on(pool, probe, settings),
     }
+}
+
+/// [`routes_with`] on one backend's `pool`.
+fn routes_on<DB: TestBackend>(
+    pool: &Pool<DB>,
+    probe: &Arc<Probe>,
+    settings: StoreOptions,
+) -> (Router, Box<dyn Fn() -> usize>) {
+    let store = Store::new(pool.clone()).with_options(settings);
+    let router = stuck_routes(probe).with_state(store.clone());
+    (router, Box::new(move || store.keys_in_flight()))
 }
 
 /// Awaits `future`, failing the test if it takes longer than [`idem_tests::DEADLINE`].
@@ -220,7 +151,7 @@ backend_tests! {
         assert_eq!(app.db_locks().await, 0, "no advisory lock is left");
 
         // The key is free: a retry runs the handler again, which completes this time.
-        probe.gate.add_permits(1);
+        probe.open(1);
         let retry = deadline("the retry on the single pooled connection", send(&router, request())).await;
         assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
         assert!(!retry.replayed());
@@ -275,7 +206,7 @@ backend_tests! {
         .await;
 
         // The retry runs the handler on a new connection, and completes.
-        probe.gate.add_permits(1);
+        probe.open(1);
         let retry = deadline("the retry", send(&router, request())).await;
         assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
         assert_eq!(&retry.body[..], b"call 2");
@@ -298,7 +229,7 @@ backend_tests! {
 
         // The key is free at once, long before the 5 s lease would end: a retry runs the
         // handler again, which completes this time.
-        probe.gate.add_permits(1);
+        probe.open(1);
         let retry = deadline("the retry", send(&router, request())).await;
         assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
         assert!(!retry.replayed());
