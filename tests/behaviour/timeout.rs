@@ -14,7 +14,7 @@ use axum::{
     routing::post,
 };
 use idem_runtime::{ProblemKind, Store, StoreOptions};
-use idem_tests::{App, Db, Probe, Reply, Req, TestBackend, backend_tests};
+use idem_tests::{App, Db, Probe, Reply, Req, TestBackend, TestDb, backend_tests};
 use sqlx::Pool;
 use tower::ServiceExt;
 
@@ -104,6 +104,38 @@ fn assert_timed_out(reply: &Reply) {
     assert!(!reply.replayed());
 }
 
+/// The app on `db`, its pool of one connection: a handler that kept it would stop every
+/// request after it.
+async fn on_one_connection(db: TestDb) -> App {
+    let options = idem_tests::Options {
+        connections: Some(1),
+        ..idem_tests::Options::default()
+    };
+    App::build(db, options).await
+}
+
+/// The retry once the gate is open: the body ran again and completed (`call 2`), a first
+/// execution, not a replay.
+#[track_caller]
+fn assert_ran_again(retry: &Reply, probe: &Probe) {
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed());
+    assert_eq!(&retry.body[..], b"call 2");
+    assert_eq!(
+        (probe.started(), probe.finished()),
+        (2, 1),
+        "the body ran twice, finished once"
+    );
+}
+
+/// One more `request` under the key: the retry's outcome, replayed without running the body.
+async fn assert_replays_the_retry(router: &Router, request: Request<Body>, probe: &Probe) {
+    let replay = deadline("the replay", send(router, request)).await;
+    assert!(replay.replayed());
+    assert_eq!(&replay.body[..], b"call 2");
+    assert_eq!(probe.started(), 2, "a replay does not run the body");
+}
+
 /// How many connections `app`'s pool has open, idle or in use.
 fn pool_size(app: &App) -> u32 {
     match &app.db {
@@ -127,14 +159,7 @@ async fn effect_routes(app: &App) -> Vec<String> {
 backend_tests! {
     async fn a_transactional_handler_past_its_timeout_is_rolled_back_and_frees_its_key(db) {
         // One pooled connection: the stopped handler's transaction must give it back.
-        let app = App::build(
-            db,
-            idem_tests::Options {
-                connections: Some(1),
-                ..idem_tests::Options::default()
-            },
-        )
-        .await;
+        let app = on_one_connection(db).await;
         let probe = Probe::new();
         let (router, in_flight) = routes(&app, &probe);
         let request = || Req::post("/stuck").tenant("t1").key("k1").build();
@@ -153,29 +178,16 @@ backend_tests! {
         // The key is free: a retry runs the handler again, which completes this time.
         probe.open(1);
         let retry = deadline("the retry on the single pooled connection", send(&router, request())).await;
-        assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
-        assert!(!retry.replayed());
-        assert_eq!(&retry.body[..], b"call 2");
-        assert_eq!((probe.started(), probe.finished()), (2, 1), "the body ran twice, finished once");
+        assert_ran_again(&retry, &probe);
         assert_eq!(effect_routes(&app).await, ["stuck"], "only the retry's write is committed");
         assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
 
-        let replay = deadline("the replay", send(&router, request())).await;
-        assert!(replay.replayed());
-        assert_eq!(&replay.body[..], b"call 2");
-        assert_eq!(probe.started(), 2, "a replay does not run the body");
+        assert_replays_the_retry(&router, request(), &probe).await;
     }
 
     async fn a_transactional_handler_past_the_database_deadline_is_503_store_unavailable_and_its_connection_closed(db) {
         // One pooled connection: the abandoned one must be closed, and a new one opened.
-        let app = App::build(
-            db,
-            idem_tests::Options {
-                connections: Some(1),
-                ..idem_tests::Options::default()
-            },
-        )
-        .await;
+        let app = on_one_connection(db).await;
         let probe = Probe::new();
         // The deadline (1 s) comes before the handler's own timeout (3 s).
         let settings = StoreOptions::default().with_database_timeout(Duration::from_secs(1));
@@ -231,10 +243,7 @@ backend_tests! {
         // handler again, which completes this time.
         probe.open(1);
         let retry = deadline("the retry", send(&router, request())).await;
-        assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
-        assert!(!retry.replayed());
-        assert_eq!(&retry.body[..], b"call 2");
-        assert_eq!((probe.started(), probe.finished()), (2, 1), "the body ran twice, finished once");
+        assert_ran_again(&retry, &probe);
         // The side effect was made twice, under one derived key: a downstream service that
         // honours it executes it once.
         let effects = effect_routes(&app).await;
@@ -242,10 +251,7 @@ backend_tests! {
         assert_eq!(effects[0], effects[1], "both runs used the same derived key");
         assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
 
-        let replay = deadline("the replay", send(&router, request())).await;
-        assert!(replay.replayed());
-        assert_eq!(&replay.body[..], b"call 2");
-        assert_eq!(probe.started(), 2, "a replay does not run the body");
+        assert_replays_the_retry(&router, request(), &probe).await;
     }
 }
 
@@ -280,11 +286,7 @@ async fn a_handler_stuck_in_a_statement_is_stopped_and_frees_its_connection(
     _: sqlx::postgres::PgPoolOptions,
     connect: sqlx::postgres::PgConnectOptions,
 ) {
-    let options = idem_tests::Options {
-        connections: Some(1),
-        ..idem_tests::Options::default()
-    };
-    let app = App::build(idem_tests::TestDb::Postgres(Box::new(connect)), options).await;
+    let app = on_one_connection(idem_tests::TestDb::Postgres(Box::new(connect))).await;
     let Db::Postgres(pool) = &app.db else {
         unreachable!("a PostgreSQL app")
     };
