@@ -138,6 +138,43 @@ async fn next(subscription: &mut AnySubscription, waiting_for: &str) -> idem_tes
         .expect("the subscription broke")
 }
 
+/// The event tables and `test_applied` on `pool`; the consumer's queue (or stream) on `broker`.
+async fn set_up<DB: EventBackend>(pool: &Pool<DB>, broker: &TestBroker) {
+    DB::prepare_events(pool).await;
+    broker.declare(CONSUMER).await;
+}
+
+/// A subscription of the tests' consumer on `broker`.
+async fn subscribe(broker: &TestBroker) -> AnySubscription {
+    broker
+        .subscriber(CONSUMER)
+        .subscribe()
+        .await
+        .expect("subscribe")
+}
+
+/// The tests' consumer on `pool`, with `applier` and the default options.
+fn consumer_with<DB: EventBackend>(
+    pool: &Pool<DB>,
+    applier: Applier,
+) -> events::Consumer<DB, Applier> {
+    events::Consumer::new(pool.clone(), applier, ConsumerOptions::new(CONSUMER))
+}
+
+/// Publishes one empty `payment.succeeded` message, `id`.
+async fn publish(publisher: &impl Publisher, id: &str) {
+    publisher
+        .publish(&[Message::new(id, "payment.succeeded", "{}")])
+        .await
+        .expect("publish");
+}
+
+/// How many events of the outbox are not published yet.
+async fn unpublished<DB: EventBackend>(pool: &Pool<DB>) -> i64 {
+    let sql = "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL";
+    DB::count(pool, sql).await
+}
+
 /// Enqueues one event in a transaction of its own and commits; returns its id.
 async fn enqueue_committed<DB: EventBackend>(pool: &Pool<DB>, topic: &str, seq: usize) -> String {
     let mut tx = pool.begin().await.expect("begin");
@@ -200,8 +237,7 @@ async fn a_rolled_back_transaction_enqueues_nothing<DB: EventBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
+    set_up(&pool, &broker).await;
 
     let mut tx = pool.begin().await.expect("begin");
     events::enqueue(&mut tx, "payment.succeeded", &json!({ "n": 1 }))
@@ -220,11 +256,7 @@ async fn a_rolled_back_transaction_enqueues_nothing<DB: EventBackend>(
         1,
         "only the committed event is published"
     );
-    let mut subscription = broker
-        .subscriber(CONSUMER)
-        .subscribe()
-        .await
-        .expect("subscribe");
+    let mut subscription = subscribe(&broker).await;
     let delivery = next(&mut subscription, "the committed event").await;
     assert_eq!(delivery.message().id(), committed);
     assert_eq!(
@@ -232,23 +264,14 @@ async fn a_rolled_back_transaction_enqueues_nothing<DB: EventBackend>(
         json!({ "seq": 2 })
     );
     delivery.ack().await.expect("ack");
-    assert_eq!(
-        DB::count(
-            &pool,
-            "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL"
-        )
-        .await,
-        0,
-        "the event is marked published"
-    );
+    assert_eq!(unpublished(&pool).await, 0, "the event is marked published");
 }
 
 async fn a_redelivered_message_is_applied_once<DB: EventBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
+    set_up(&pool, &broker).await;
     let message = Message::new("evt-1", "payment.succeeded", r#"{"amount":5}"#);
     // Published twice, as a relay that stopped before marking it would.
     let publisher = broker.publisher();
@@ -262,16 +285,8 @@ async fn a_redelivered_message_is_applied_once<DB: EventBackend>(
         .expect("publish again");
 
     let applier = Applier::default();
-    let consumer = events::Consumer::new(
-        pool.clone(),
-        applier.clone(),
-        ConsumerOptions::new(CONSUMER),
-    );
-    let mut subscription = broker
-        .subscriber(CONSUMER)
-        .subscribe()
-        .await
-        .expect("subscribe");
+    let consumer = consumer_with(&pool, applier.clone());
+    let mut subscription = subscribe(&broker).await;
     // The first delivery is applied, but its acknowledgement is lost: the broker delivers it
     // once more, besides the second copy (which JetStream drops: the same `Nats-Msg-Id`
     // within its duplicate window).
@@ -307,8 +322,7 @@ async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
+    set_up(&pool, &broker).await;
     broker
         .publisher()
         .publish(&[
@@ -321,13 +335,9 @@ async fn a_poison_message_is_dead_lettered_after_five_attempts_and_the_rest_flow
 
     let applier = Applier::default();
     let shutdown = CancellationToken::new();
-    let running = events::Consumer::new(
-        pool.clone(),
-        applier.clone(),
-        ConsumerOptions::new(CONSUMER),
-    )
-    .with_subscriber(broker.subscriber(CONSUMER))
-    .spawn(shutdown.clone());
+    let running = consumer_with(&pool, applier.clone())
+        .with_subscriber(broker.subscriber(CONSUMER))
+        .spawn(shutdown.clone());
     wait_until(
         "both good messages applied and the poison one dead-lettered",
         || async {
@@ -362,8 +372,7 @@ async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broke
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
+    set_up(&pool, &broker).await;
     let proxy = TcpProxy::start(broker.address()).await;
     let mut relay = Relay::new(
         pool.clone(),
@@ -417,21 +426,10 @@ async fn the_relay_keeps_each_topic_in_order_when_connections_drop_and_the_broke
         "the proxy cut {} connections",
         proxy.cuts()
     );
-    assert_eq!(
-        DB::count(
-            &pool,
-            "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL"
-        )
-        .await,
-        0
-    );
+    assert_eq!(unpublished(&pool).await, 0);
 
     let expected = enqueued.values().flatten().cloned().collect();
-    let mut subscription = broker
-        .subscriber(CONSUMER)
-        .subscribe()
-        .await
-        .expect("subscribe");
+    let mut subscription = subscribe(&broker).await;
     let arrived = receive_all(&mut subscription, &expected).await;
     assert_in_order(&arrived, &enqueued);
 }
@@ -440,8 +438,7 @@ async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: EventBa
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
+    set_up(&pool, &broker).await;
     let shutdown = CancellationToken::new();
     let options = RelayOptions::default()
         .with_batch(3)
@@ -471,11 +468,7 @@ async fn relays_side_by_side_share_the_topics_and_keep_each_in_order<DB: EventBa
         enqueued.insert(topic, ids);
     }
     let expected = enqueued.values().flatten().cloned().collect();
-    let mut subscription = broker
-        .subscriber(CONSUMER)
-        .subscribe()
-        .await
-        .expect("subscribe");
+    let mut subscription = subscribe(&broker).await;
     let arrived = receive_all(&mut subscription, &expected).await;
     shutdown.cancel();
     for relay in relays {
@@ -488,8 +481,7 @@ async fn a_relay_passes_over_a_topic_that_another_relay_holds<DB: EventBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
+    set_up(&pool, &broker).await;
     enqueue_committed(&pool, "a", 0).await;
     enqueue_committed(&pool, "b", 0).await;
     // A relay whose broker never confirms holds its topic for as long as it waits.
@@ -541,23 +533,14 @@ async fn a_shutdown_lets_the_message_in_flight_finish_and_settle<DB: EventBacken
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
+    set_up(&pool, &broker).await;
     let shutdown = CancellationToken::new();
     // The handler goes on only once the shutdown has come: the consumer must let it finish.
     let applier = Applier::holding_until(shutdown.clone());
-    let running = events::Consumer::new(
-        pool.clone(),
-        applier.clone(),
-        ConsumerOptions::new(CONSUMER),
-    )
-    .with_subscriber(broker.subscriber(CONSUMER))
-    .spawn(shutdown.clone());
-    broker
-        .publisher()
-        .publish(&[Message::new("in-flight", "payment.succeeded", "{}")])
-        .await
-        .expect("publish");
+    let running = consumer_with(&pool, applier.clone())
+        .with_subscriber(broker.subscriber(CONSUMER))
+        .spawn(shutdown.clone());
+    publish(&broker.publisher(), "in-flight").await;
     wait_until("the handler to start on the message", || async {
         applier.calls("in-flight") == 1
     })
@@ -576,31 +559,20 @@ async fn a_consumer_receives_again_after_its_connection_drops<DB: EventBackend>(
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
+    set_up(&pool, &broker).await;
     let proxy = TcpProxy::start(broker.address()).await;
     let shutdown = CancellationToken::new();
-    let running = events::Consumer::new(
-        pool.clone(),
-        Applier::default(),
-        ConsumerOptions::new(CONSUMER),
-    )
-    .with_subscriber(broker.through(&proxy).subscriber(CONSUMER))
-    .spawn(shutdown.clone());
+    let running = consumer_with(&pool, Applier::default())
+        .with_subscriber(broker.through(&proxy).subscriber(CONSUMER))
+        .spawn(shutdown.clone());
     let publisher = broker.publisher();
-    publisher
-        .publish(&[Message::new("before", "payment.succeeded", "{}")])
-        .await
-        .expect("publish");
+    publish(&publisher, "before").await;
     wait_until("the first message applied", || async {
         DB::applied(&pool).await.contains(&"before".to_owned())
     })
     .await;
     proxy.cut_all();
-    publisher
-        .publish(&[Message::new("after", "payment.succeeded", "{}")])
-        .await
-        .expect("publish");
+    publish(&publisher, "after").await;
     wait_until("the message sent after the cut applied", || async {
         DB::applied(&pool).await.contains(&"after".to_owned())
     })
@@ -619,23 +591,14 @@ async fn an_acknowledgement_never_answered_ends_as_a_broker_error_after_the_sett
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
-    broker
-        .publisher()
-        .publish(&[Message::new("unanswered", "payment.succeeded", "{}")])
-        .await
-        .expect("publish");
+    set_up(&pool, &broker).await;
+    publish(&broker.publisher(), "unanswered").await;
     let consumer = events::Consumer::new(
         pool.clone(),
         Applier::default(),
         ConsumerOptions::new(CONSUMER).with_settle_timeout(Duration::from_millis(200)),
     );
-    let mut subscription = broker
-        .subscriber(CONSUMER)
-        .subscribe()
-        .await
-        .expect("subscribe");
+    let mut subscription = subscribe(&broker).await;
     let delivery = next(&mut subscription, "the message").await;
     // Without the settle timeout `process` waits for good, and with it the spawned consumer,
     // which then receives nothing more on any connection.
@@ -655,29 +618,16 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
     pool: Pool<DB>,
     broker: TestBroker,
 ) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
-    broker
-        .publisher()
-        .publish(&[Message::new("killer", "payment.succeeded", "{}")])
-        .await
-        .expect("publish");
+    set_up(&pool, &broker).await;
+    publish(&broker.publisher(), "killer").await;
     // The handler never returns: each attempt ends with its consumer stopped mid-message, as
     // a process that an abort or the OOM killer stops.
     let never = CancellationToken::new();
     let applier = Applier::holding_until(never.clone());
-    let consumer = events::Consumer::new(
-        pool.clone(),
-        applier.clone(),
-        ConsumerOptions::new(CONSUMER),
-    );
+    let consumer = consumer_with(&pool, applier.clone());
     let mut outcome = None;
     for delivery in 1..=10 {
-        let mut subscription = broker
-            .subscriber(CONSUMER)
-            .subscribe()
-            .await
-            .expect("subscribe");
+        let mut subscription = subscribe(&broker).await;
         let received = next(&mut subscription, "the killer message again").await;
         let consumer = consumer.clone();
         let processing = tokio::spawn(async move { consumer.process(received).await });
@@ -711,8 +661,7 @@ async fn a_message_that_stops_its_consumer_every_time_ends_in_the_dead_letter_pl
 }
 
 async fn the_relay_reports_its_backlog<DB: EventBackend>(pool: Pool<DB>, broker: TestBroker) {
-    DB::prepare_events(&pool).await;
-    broker.declare(CONSUMER).await;
+    set_up(&pool, &broker).await;
     let mut relay = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
     let empty = Waiting {
         events: 0,
@@ -873,13 +822,7 @@ async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: EventBack
     // Applied, and marked published: the consumer can apply an event before the relay has
     // heard the broker take it.
     wait_until("the first event applied and marked published", || async {
-        DB::applied(&pool).await.contains(&before)
-            && DB::count(
-                &pool,
-                "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL",
-            )
-            .await
-                == 0
+        DB::applied(&pool).await.contains(&before) && unpublished(&pool).await == 0
     })
     .await;
 
@@ -889,11 +832,7 @@ async fn the_relay_and_the_consumer_carry_on_after_a_redis_restart<DB: EventBack
         enqueue_committed(&pool, "payment.succeeded", 2).await,
     ];
     assert_eq!(
-        DB::count(
-            &pool,
-            "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL"
-        )
-        .await,
+        unpublished(&pool).await,
         2,
         "with the broker down, the events wait in the outbox"
     );
@@ -967,15 +906,7 @@ async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: EventBackend>
         delivery.ack().await.expect("ack");
     }
     drop(subscription);
-    assert_eq!(
-        DB::count(
-            &pool,
-            "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL"
-        )
-        .await,
-        1,
-        "topic a's event waits"
-    );
+    assert_eq!(unpublished(&pool).await, 1, "topic a's event waits");
 
     // A queue for topic a appears: once its backoff is over, the relay publishes it.
     broker
@@ -984,8 +915,7 @@ async fn a_topic_no_queue_receives_waits_while_the_others_flow<DB: EventBackend>
         .await
         .expect("bind topic a");
     let deadline = Instant::now() + DEADLINE;
-    let waiting = "SELECT COUNT(*) FROM idem_outbox WHERE published_at IS NULL";
-    while DB::count(&pool, waiting).await > 0 {
+    while unpublished(&pool).await > 0 {
         assert!(
             Instant::now() < deadline,
             "topic a not published within {DEADLINE:?}"
@@ -1156,9 +1086,8 @@ async fn nats_an_event_the_relay_publishes_again_is_stored_delivered_and_applied
 >(
     pool: Pool<DB>,
 ) {
-    DB::prepare_events(&pool).await;
     let broker = TestBroker::new(BrokerKind::Nats);
-    broker.declare(CONSUMER).await;
+    set_up(&pool, &broker).await;
     let event = enqueue_committed(&pool, "payment.succeeded", 0).await;
     let mut relay = Relay::new(pool.clone(), broker.publisher(), RelayOptions::default());
     assert_eq!(relay.drain().await.expect("relay"), 1);
@@ -1176,16 +1105,8 @@ async fn nats_an_event_the_relay_publishes_again_is_stored_delivered_and_applied
     assert_eq!(broker.nats_stored().await, 2, "JetStream kept one copy");
 
     let applier = Applier::default();
-    let consumer = events::Consumer::new(
-        pool.clone(),
-        applier.clone(),
-        ConsumerOptions::new(CONSUMER),
-    );
-    let mut subscription = broker
-        .subscriber(CONSUMER)
-        .subscribe()
-        .await
-        .expect("subscribe");
+    let consumer = consumer_with(&pool, applier.clone());
+    let mut subscription = subscribe(&broker).await;
     for expected in [&event, &later] {
         let delivery = next(&mut subscription, "the next event").await;
         assert_eq!(delivery.message().id(), expected, "no copy in between");
@@ -1209,35 +1130,18 @@ async fn nats_an_event_the_relay_publishes_again_is_stored_delivered_and_applied
 async fn nats_a_message_left_unsettled_is_delivered_again_after_the_ack_wait<DB: EventBackend>(
     pool: Pool<DB>,
 ) {
-    DB::prepare_events(&pool).await;
     let broker = TestBroker::new(BrokerKind::Nats);
-    broker.declare(CONSUMER).await;
-    broker
-        .publisher()
-        .publish(&[Message::new("stuck", "payment.succeeded", "{}")])
-        .await
-        .expect("publish");
-    let mut first = broker
-        .subscriber(CONSUMER)
-        .subscribe()
-        .await
-        .expect("subscribe");
+    set_up(&pool, &broker).await;
+    publish(&broker.publisher(), "stuck").await;
+    let mut first = subscribe(&broker).await;
     let taken = next(&mut first, "the message").await;
     assert!(!taken.redelivered());
     // Never settled, never given back: its connection stays open too.
     std::mem::forget(taken);
     drop(first);
 
-    let consumer = events::Consumer::new(
-        pool.clone(),
-        Applier::default(),
-        ConsumerOptions::new(CONSUMER),
-    );
-    let mut second = broker
-        .subscriber(CONSUMER)
-        .subscribe()
-        .await
-        .expect("subscribe");
+    let consumer = consumer_with(&pool, Applier::default());
+    let mut second = subscribe(&broker).await;
     let again = next(&mut second, "the unsettled message again").await;
     assert_eq!(again.message().id(), "stuck");
     assert!(again.redelivered(), "JetStream counts the deliveries");

@@ -5,64 +5,18 @@
 //! The handlers here write their row, then wait on a gate that stays closed on their first
 //! call; the tests never sleep, they wait on answers and counters under a deadline.
 
-use std::{
-    future::Future,
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
-};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use axum::{
     Extension, Router,
     body::Body,
-    extract::State,
     http::{Request, StatusCode},
     routing::post,
 };
-use idem_runtime::{IdempotencyContext, ProblemKind, Store, StoreOptions, idempotent};
-use idem_tests::{App, Db, Param, Reply, Req, Tenant, TestBackend, backend_tests, run, run_on};
-use sqlx::Transaction;
+use idem_runtime::{ProblemKind, Store, StoreOptions};
+use idem_tests::{App, Db, Probe, Reply, Req, TestBackend, TestDb, backend_tests};
+use sqlx::Pool;
 use tower::ServiceExt;
-
-/// What the test handlers share with the test.
-#[derive(Debug)]
-struct Probe {
-    /// Bodies that started (and wrote their row).
-    started: AtomicUsize,
-    /// Bodies that got past the gate and answered.
-    finished: AtomicUsize,
-    /// Closed until the test opens it.
-    gate: tokio::sync::Semaphore,
-}
-
-impl Probe {
-    fn new() -> Arc<Self> {
-        Arc::new(Self {
-            started: AtomicUsize::new(0),
-            finished: AtomicUsize::new(0),
-            gate: tokio::sync::Semaphore::new(0),
-        })
-    }
-
-    fn started(&self) -> usize {
-        self.started.load(Ordering::SeqCst)
-    }
-
-    fn finished(&self) -> usize {
-        self.finished.load(Ordering::SeqCst)
-    }
-
-    /// Counts a body that started, waits on the gate, counts it finished; answers 201 with the
-    /// call's number.
-    async fn hold(&self) -> (StatusCode, String) {
-        let call = self.started.fetch_add(1, Ordering::SeqCst) + 1;
-        self.gate.acquire().await.expect("gate open").forget();
-        self.finished.fetch_add(1, Ordering::SeqCst);
-        (StatusCode::CREATED, format!("call {call}"))
-    }
-}
 
 /// `/stuck` (transactional) and `/stuck-external`.
 fn stuck_routes<DB: TestBackend>(probe: &Arc<Probe>) -> Router<Store<DB>> {
@@ -72,39 +26,17 @@ fn stuck_routes<DB: TestBackend>(probe: &Arc<Probe>) -> Router<Store<DB>> {
         .layer(Extension(Arc::clone(probe)))
 }
 
-/// Writes a row in its transaction, then waits on the gate.
-#[idempotent(scope = "tenant", retention = "1h", timeout = "3s")]
-async fn stuck<DB: TestBackend>(
-    tenant: Tenant,
-    Extension(probe): Extension<Arc<Probe>>,
-    tx: &mut Transaction<'_, DB>,
-) -> (StatusCode, String) {
-    let sql = "INSERT INTO test_effects (route, tenant) VALUES ('stuck', $1)";
-    run(tx, sql, &[Param::Text(&tenant.0)])
-        .await
-        .expect("insert effect");
-    probe.hold().await
+idem_tests::gated_handler! {
+    /// Writes a row in its transaction, then waits on the gate.
+    #[idempotent(scope = "tenant", retention = "1h", timeout = "3s")]
+    async fn stuck;
 }
 
-/// External mode: performs its side effect (a committed row, keyed by the derived key as a
-/// downstream call would be), then waits on the gate.
-#[idempotent(external, scope = "tenant", lease = "5s", timeout = "3s", backend = DB)]
-async fn stuck_external<DB: TestBackend>(
-    tenant: Tenant,
-    ctx: IdempotencyContext,
-    Extension(probe): Extension<Arc<Probe>>,
-    State(store): State<Store<DB>>,
-) -> (StatusCode, String) {
-    let sql = "INSERT INTO test_effects (route, tenant) VALUES ($1, $2)";
-    let effect = ctx.derive("effect");
-    run_on(
-        store.pool(),
-        sql,
-        &[Param::Text(&effect), Param::Text(&tenant.0)],
-    )
-    .await
-    .expect("insert effect");
-    probe.hold().await
+idem_tests::gated_handler! {
+    /// External mode: performs its side effect (a committed row, keyed by the derived key as a
+    /// downstream call would be), then waits on the gate.
+    #[idempotent(external, scope = "tenant", lease = "5s", timeout = "3s", backend = DB)]
+    async fn stuck_external;
 }
 
 /// The test routes over `app`'s pool, and how many keys their store's handlers hold.
@@ -119,22 +51,21 @@ fn routes_with(
     settings: StoreOptions,
 ) -> (Router, Box<dyn Fn() -> usize>) {
     match &app.db {
-        Db::Postgres(pool) => {
-            let store = Store::new(pool.clone()).with_options(settings);
-            let router = stuck_routes(probe).with_state(store.clone());
-            (router, Box::new(move || store.keys_in_flight()))
-        }
-        Db::Sqlite(pool) => {
-            let store = Store::new(pool.clone()).with_options(settings);
-            let router = stuck_routes(probe).with_state(store.clone());
-            (router, Box::new(move || store.keys_in_flight()))
-        }
-        Db::MySql(pool) => {
-            let store = Store::new(pool.clone()).with_options(settings);
-            let router = stuck_routes(probe).with_state(store.clone());
-            (router, Box::new(move || store.keys_in_flight()))
-        }
+        Db::Postgres(pool) => routes_on(pool, probe, settings),
+        Db::Sqlite(pool) => routes_on(pool, probe, settings),
+        Db::MySql(pool) => routes_on(pool, probe, settings),
     }
+}
+
+/// [`routes_with`] on one backend's `pool`.
+fn routes_on<DB: TestBackend>(
+    pool: &Pool<DB>,
+    probe: &Arc<Probe>,
+    settings: StoreOptions,
+) -> (Router, Box<dyn Fn() -> usize>) {
+    let store = Store::new(pool.clone()).with_options(settings);
+    let router = stuck_routes(probe).with_state(store.clone());
+    (router, Box::new(move || store.keys_in_flight()))
 }
 
 /// Awaits `future`, failing the test if it takes longer than [`idem_tests::DEADLINE`].
@@ -173,6 +104,38 @@ fn assert_timed_out(reply: &Reply) {
     assert!(!reply.replayed());
 }
 
+/// The app on `db`, its pool of one connection: a handler that kept it would stop every
+/// request after it.
+async fn on_one_connection(db: TestDb) -> App {
+    let options = idem_tests::Options {
+        connections: Some(1),
+        ..idem_tests::Options::default()
+    };
+    App::build(db, options).await
+}
+
+/// The retry once the gate is open: the body ran again and completed (`call 2`), a first
+/// execution, not a replay.
+#[track_caller]
+fn assert_ran_again(retry: &Reply, probe: &Probe) {
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed());
+    assert_eq!(&retry.body[..], b"call 2");
+    assert_eq!(
+        (probe.started(), probe.finished()),
+        (2, 1),
+        "the body ran twice, finished once"
+    );
+}
+
+/// One more `request` under the key: the retry's outcome, replayed without running the body.
+async fn assert_replays_the_retry(router: &Router, request: Request<Body>, probe: &Probe) {
+    let replay = deadline("the replay", send(router, request)).await;
+    assert!(replay.replayed());
+    assert_eq!(&replay.body[..], b"call 2");
+    assert_eq!(probe.started(), 2, "a replay does not run the body");
+}
+
 /// How many connections `app`'s pool has open, idle or in use.
 fn pool_size(app: &App) -> u32 {
     match &app.db {
@@ -196,14 +159,7 @@ async fn effect_routes(app: &App) -> Vec<String> {
 backend_tests! {
     async fn a_transactional_handler_past_its_timeout_is_rolled_back_and_frees_its_key(db) {
         // One pooled connection: the stopped handler's transaction must give it back.
-        let app = App::build(
-            db,
-            idem_tests::Options {
-                connections: Some(1),
-                ..idem_tests::Options::default()
-            },
-        )
-        .await;
+        let app = on_one_connection(db).await;
         let probe = Probe::new();
         let (router, in_flight) = routes(&app, &probe);
         let request = || Req::post("/stuck").tenant("t1").key("k1").build();
@@ -220,31 +176,18 @@ backend_tests! {
         assert_eq!(app.db_locks().await, 0, "no advisory lock is left");
 
         // The key is free: a retry runs the handler again, which completes this time.
-        probe.gate.add_permits(1);
+        probe.open(1);
         let retry = deadline("the retry on the single pooled connection", send(&router, request())).await;
-        assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
-        assert!(!retry.replayed());
-        assert_eq!(&retry.body[..], b"call 2");
-        assert_eq!((probe.started(), probe.finished()), (2, 1), "the body ran twice, finished once");
+        assert_ran_again(&retry, &probe);
         assert_eq!(effect_routes(&app).await, ["stuck"], "only the retry's write is committed");
         assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
 
-        let replay = deadline("the replay", send(&router, request())).await;
-        assert!(replay.replayed());
-        assert_eq!(&replay.body[..], b"call 2");
-        assert_eq!(probe.started(), 2, "a replay does not run the body");
+        assert_replays_the_retry(&router, request(), &probe).await;
     }
 
     async fn a_transactional_handler_past_the_database_deadline_is_503_store_unavailable_and_its_connection_closed(db) {
         // One pooled connection: the abandoned one must be closed, and a new one opened.
-        let app = App::build(
-            db,
-            idem_tests::Options {
-                connections: Some(1),
-                ..idem_tests::Options::default()
-            },
-        )
-        .await;
+        let app = on_one_connection(db).await;
         let probe = Probe::new();
         // The deadline (1 s) comes before the handler's own timeout (3 s).
         let settings = StoreOptions::default().with_database_timeout(Duration::from_secs(1));
@@ -275,7 +218,7 @@ backend_tests! {
         .await;
 
         // The retry runs the handler on a new connection, and completes.
-        probe.gate.add_permits(1);
+        probe.open(1);
         let retry = deadline("the retry", send(&router, request())).await;
         assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
         assert_eq!(&retry.body[..], b"call 2");
@@ -298,12 +241,9 @@ backend_tests! {
 
         // The key is free at once, long before the 5 s lease would end: a retry runs the
         // handler again, which completes this time.
-        probe.gate.add_permits(1);
+        probe.open(1);
         let retry = deadline("the retry", send(&router, request())).await;
-        assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
-        assert!(!retry.replayed());
-        assert_eq!(&retry.body[..], b"call 2");
-        assert_eq!((probe.started(), probe.finished()), (2, 1), "the body ran twice, finished once");
+        assert_ran_again(&retry, &probe);
         // The side effect was made twice, under one derived key: a downstream service that
         // honours it executes it once.
         let effects = effect_routes(&app).await;
@@ -311,10 +251,7 @@ backend_tests! {
         assert_eq!(effects[0], effects[1], "both runs used the same derived key");
         assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
 
-        let replay = deadline("the replay", send(&router, request())).await;
-        assert!(replay.replayed());
-        assert_eq!(&replay.body[..], b"call 2");
-        assert_eq!(probe.started(), 2, "a replay does not run the body");
+        assert_replays_the_retry(&router, request(), &probe).await;
     }
 }
 
@@ -349,11 +286,7 @@ async fn a_handler_stuck_in_a_statement_is_stopped_and_frees_its_connection(
     _: sqlx::postgres::PgPoolOptions,
     connect: sqlx::postgres::PgConnectOptions,
 ) {
-    let options = idem_tests::Options {
-        connections: Some(1),
-        ..idem_tests::Options::default()
-    };
-    let app = App::build(idem_tests::TestDb::Postgres(Box::new(connect)), options).await;
+    let app = on_one_connection(idem_tests::TestDb::Postgres(Box::new(connect))).await;
     let Db::Postgres(pool) = &app.db else {
         unreachable!("a PostgreSQL app")
     };

@@ -9,163 +9,154 @@
 //! on counters (bodies started, requests waiting), never on time.
 
 use std::{
-    collections::VecDeque,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
 };
 
-use axum::{Extension, Router, extract::State, http::StatusCode, routing::post as route_post};
+use axum::{Extension, Router, http::StatusCode, routing::post as route_post};
 use idem_client::{IdempotentRetry, RetryPolicy};
-use idem_runtime::{IdempotencyContext, Store, idempotent};
+use idem_runtime::Store;
 use idem_tests::{
-    AnyStore, App, Building, Options, Param, Parts, Service, Tenant, TestBackend, backend_tests,
-    run, run_on, wait_until,
+    AnyStore, App, Building, Options, Parts, Probe, Service, TestBackend, TestDb, backend_tests,
+    wait_until,
 };
-use sqlx::Transaction;
-
-/// What the test handlers share with the test.
-#[derive(Debug)]
-struct Probe {
-    /// Bodies that started (and wrote their row).
-    started: AtomicUsize,
-    /// Closed until the test opens it.
-    gate: tokio::sync::Semaphore,
-    /// The status each call answers, in order; 201 once the script is used up.
-    script: Mutex<VecDeque<u16>>,
-    /// Requests the service received, answered or not.
-    requests: AtomicUsize,
-}
-
-impl Default for Probe {
-    fn default() -> Self {
-        Self {
-            started: AtomicUsize::new(0),
-            gate: tokio::sync::Semaphore::new(0),
-            script: Mutex::default(),
-            requests: AtomicUsize::new(0),
-        }
-    }
-}
-
-impl Probe {
-    fn started(&self) -> usize {
-        self.started.load(Ordering::SeqCst)
-    }
-
-    /// Counts a body that started, waits on the gate, answers its scripted status with the
-    /// call's number.
-    async fn hold(&self) -> (StatusCode, String) {
-        let call = self.started.fetch_add(1, Ordering::SeqCst) + 1;
-        self.gate.acquire().await.expect("gate open").forget();
-        let status = self
-            .script
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front()
-            .unwrap_or(201);
-        (
-            StatusCode::from_u16(status).expect("a status"),
-            format!("call {call}"),
-        )
-    }
-
-    /// Lets `n` held bodies finish.
-    fn open(&self, n: usize) {
-        self.gate.add_permits(n);
-    }
-}
+use tokio::task::JoinHandle;
 
 /// The service of these tests: the routes below over the store it is given.
-struct Waiting(Arc<Probe>);
+struct Waiting {
+    probe: Arc<Probe>,
+    /// Requests the service received, answered or not.
+    requests: Arc<AtomicUsize>,
+}
 
 impl Service for Waiting {
     fn build(&self, parts: Parts) -> Building<'_> {
         Box::pin(async move {
             match parts.store {
-                AnyStore::Postgres(store) => routes(store, &self.0).await,
-                AnyStore::Sqlite(store) => routes(store, &self.0).await,
-                AnyStore::MySql(store) => routes(store, &self.0).await,
+                AnyStore::Postgres(store) => self.routes(store).await,
+                AnyStore::Sqlite(store) => self.routes(store).await,
+                AnyStore::MySql(store) => self.routes(store).await,
             }
         })
     }
 }
 
-async fn routes<DB: TestBackend>(store: Store<DB>, probe: &Arc<Probe>) -> Router {
-    idem_runtime::migrate(store.pool())
-        .await
-        .expect("idem's tables");
-    DB::create_tables(store.pool())
-        .await
-        .expect("the test tables");
-    Router::new()
-        .route("/wait", route_post(waits::<DB>))
-        .route("/no-wait", route_post(no_wait::<DB>))
-        .route("/wait-external", route_post(waits_external::<DB>))
-        .layer(Extension(Arc::clone(probe)))
-        .layer(axum::middleware::map_request({
-            let probe = Arc::clone(probe);
-            move |request: axum::extract::Request| {
-                probe.requests.fetch_add(1, Ordering::SeqCst);
-                std::future::ready(request)
-            }
-        }))
-        .with_state(store)
+impl Waiting {
+    async fn routes<DB: TestBackend>(&self, store: Store<DB>) -> Router {
+        idem_tests::migrate_and_create_tables(store.pool()).await;
+        Router::new()
+            .route("/wait", route_post(waits::<DB>))
+            .route("/no-wait", route_post(no_wait::<DB>))
+            .route("/wait-external", route_post(waits_external::<DB>))
+            .layer(Extension(Arc::clone(&self.probe)))
+            .layer(axum::middleware::map_request({
+                let requests = Arc::clone(&self.requests);
+                move |request: axum::extract::Request| {
+                    requests.fetch_add(1, Ordering::SeqCst);
+                    std::future::ready(request)
+                }
+            }))
+            .with_state(store)
+    }
 }
 
-/// Writes its row in its transaction, then waits on the gate; duplicates may wait 5 s.
-#[idempotent(scope = "tenant", retention = "1h", wait = "5s")]
-async fn waits<DB: TestBackend>(
-    tenant: Tenant,
-    Extension(probe): Extension<Arc<Probe>>,
-    tx: &mut Transaction<'_, DB>,
-) -> (StatusCode, String) {
-    let sql = "INSERT INTO test_effects (route, tenant) VALUES ('wait', $1)";
-    run(tx, sql, &[Param::Text(&tenant.0)])
-        .await
-        .expect("insert effect");
-    probe.hold().await
+idem_tests::gated_handler! {
+    /// Writes its row in its transaction, then waits on the gate; duplicates may wait 5 s.
+    #[idempotent(scope = "tenant", retention = "1h", wait = "5s")]
+    async fn waits;
 }
 
-/// As `/wait`, without `wait`: duplicates get 409 at once.
-#[idempotent(scope = "tenant", retention = "1h")]
-async fn no_wait<DB: TestBackend>(
-    tenant: Tenant,
-    Extension(probe): Extension<Arc<Probe>>,
-    tx: &mut Transaction<'_, DB>,
-) -> (StatusCode, String) {
-    let sql = "INSERT INTO test_effects (route, tenant) VALUES ('no-wait', $1)";
-    run(tx, sql, &[Param::Text(&tenant.0)])
-        .await
-        .expect("insert effect");
-    probe.hold().await
+idem_tests::gated_handler! {
+    /// As `/wait`, without `wait`: duplicates get 409 at once.
+    #[idempotent(scope = "tenant", retention = "1h")]
+    async fn no_wait;
 }
 
-/// External mode: its side effect (a committed row under the derived key), then the gate.
-#[idempotent(external, scope = "tenant", lease = "30s", wait = "5s", backend = DB)]
-async fn waits_external<DB: TestBackend>(
-    tenant: Tenant,
-    ctx: IdempotencyContext,
-    Extension(probe): Extension<Arc<Probe>>,
-    State(store): State<Store<DB>>,
-) -> (StatusCode, String) {
-    let sql = "INSERT INTO test_effects (route, tenant) VALUES ($1, $2)";
-    let effect = ctx.derive("effect");
-    run_on(
-        store.pool(),
-        sql,
-        &[Param::Text(&effect), Param::Text(&tenant.0)],
-    )
-    .await
-    .expect("insert effect");
-    probe.hold().await
+idem_tests::gated_handler! {
+    /// External mode: its side effect (a committed row under the derived key), then the gate.
+    #[idempotent(external, scope = "tenant", lease = "30s", wait = "5s", backend = DB)]
+    async fn waits_external;
+}
+
+/// A test's service, on its database and served over TCP.
+struct Served {
+    probe: Arc<Probe>,
+    /// Requests the service received, answered or not.
+    requests: Arc<AtomicUsize>,
+    app: App,
+    /// Its base URL.
+    base: String,
+}
+
+/// The service on `db` with `options`, served over TCP.
+async fn served(db: TestDb, options: Options) -> Served {
+    let probe = Probe::new();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let service = Waiting {
+        probe: Arc::clone(&probe),
+        requests: Arc::clone(&requests),
+    };
+    let app = App::serving(db, options, service).await;
+    let base = serve(&app).await;
+    Served {
+        probe,
+        requests,
+        app,
+        base,
+    }
 }
 
 /// An instance of the service on `db`, served over TCP, with its base URL.
 async fn serve(app: &App) -> String {
     format!("http://{}", app.serve().await)
+}
+
+/// Starts a request to `path` under `key` without `Prefer`, and returns once its body started
+/// (it is then held at the gate).
+async fn start_held(
+    probe: &Probe,
+    base: &str,
+    path: &'static str,
+    key: &'static str,
+) -> JoinHandle<Answer> {
+    let before = probe.started();
+    let request = spawn_post(base, path, key, None);
+    wait_until(&format!("the body of {path} {key} to start"), || async {
+        probe.started() == before + 1
+    })
+    .await;
+    request
+}
+
+/// Starts a duplicate under `k1` with `Prefer: {prefer}`, and returns once `app` counts it as
+/// its one waiting request.
+async fn start_waiter(
+    app: &App,
+    base: &str,
+    path: &'static str,
+    prefer: &'static str,
+) -> JoinHandle<Answer> {
+    let waiter = spawn_post(base, path, "k1", Some(prefer));
+    wait_until("the duplicate to wait", || async { waiting(app) == 1 }).await;
+    waiter
+}
+
+/// With the first request ended without a stored outcome (and its body the first of
+/// `probe`'s): the waiter runs the handler itself, which answers with a first execution of
+/// its own.
+async fn assert_the_waiter_runs_the_handler(probe: &Probe, waiter: JoinHandle<Answer>) {
+    wait_until("the waiter to run the handler", || async {
+        probe.started() == 2
+    })
+    .await;
+    probe.open(1);
+    let waiter = waiter.await.expect("the waiter");
+    assert_eq!(waiter.status, StatusCode::CREATED, "{}", waiter.body);
+    assert!(!waiter.replayed(), "a first execution of its own");
+    assert_eq!(waiter.body, "call 2");
 }
 
 /// An HTTP reply, read whole.
@@ -266,19 +257,11 @@ fn waiting(app: &App) -> usize {
     }
 }
 
-fn built(probe: &Arc<Probe>) -> Waiting {
-    Waiting(Arc::clone(probe))
-}
-
 backend_tests! {
     async fn a_waiting_duplicate_gets_the_first_outcome_as_a_replay_marked_preference_applied(db) {
-        let probe = Arc::new(Probe::default());
-        let app = App::serving(db, Options::default(), built(&probe)).await;
-        let base = serve(&app).await;
-        let first = spawn_post(&base, "/wait", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
-        let waiter = spawn_post(&base, "/wait", "k1", Some("wait=5"));
-        wait_until("the duplicate to wait", || async { waiting(&app) == 1 }).await;
+        let Served { probe, app, base, .. } = served(db, Options::default()).await;
+        let first = start_held(&probe, &base, "/wait", "k1").await;
+        let waiter = start_waiter(&app, &base, "/wait", "wait=5").await;
 
         probe.open(1);
         let first = first.await.expect("the first request");
@@ -293,14 +276,10 @@ backend_tests! {
     }
 
     async fn the_wait_is_the_smaller_of_the_clients_and_the_handlers(db) {
-        let probe = Arc::new(Probe::default());
-        let app = App::serving(db, Options::default(), built(&probe)).await;
-        let base = serve(&app).await;
-        let first = spawn_post(&base, "/wait", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
+        let Served { probe, app, base, .. } = served(db, Options::default()).await;
+        let first = start_held(&probe, &base, "/wait", "k1").await;
         // The handler allows 5 s; the client asks for 60.
-        let waiter = spawn_post(&base, "/wait", "k1", Some("respond-async, wait=60"));
-        wait_until("the duplicate to wait", || async { waiting(&app) == 1 }).await;
+        let waiter = start_waiter(&app, &base, "/wait", "respond-async, wait=60").await;
         probe.open(1);
         let waiter = waiter.await.expect("the waiter");
         assert!(waiter.replayed(), "{}: {}", waiter.status, waiter.body);
@@ -309,35 +288,23 @@ backend_tests! {
     }
 
     async fn a_waiter_runs_the_handler_when_the_first_ends_without_a_stored_outcome(db) {
-        let probe = Arc::new(Probe::default());
+        let Served { probe, app, base, .. } = served(db, Options::default()).await;
         // The first call answers 500, which is not stored; the next ones 201.
-        probe.script.lock().unwrap().push_back(500);
-        let app = App::serving(db, Options::default(), built(&probe)).await;
-        let base = serve(&app).await;
-        let first = spawn_post(&base, "/wait", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
-        let waiter = spawn_post(&base, "/wait", "k1", Some("wait=5"));
-        wait_until("the duplicate to wait", || async { waiting(&app) == 1 }).await;
+        probe.answer_next(500);
+        let first = start_held(&probe, &base, "/wait", "k1").await;
+        let waiter = start_waiter(&app, &base, "/wait", "wait=5").await;
 
         probe.open(1);
         let first = first.await.expect("the first request");
         assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR);
-        wait_until("the waiter to run the handler", || async { probe.started() == 2 }).await;
-        probe.open(1);
-        let waiter = waiter.await.expect("the waiter");
-        assert_eq!(waiter.status, StatusCode::CREATED, "{}", waiter.body);
-        assert!(!waiter.replayed(), "a first execution of its own");
-        assert_eq!(waiter.body, "call 2");
+        assert_the_waiter_runs_the_handler(&probe, waiter).await;
         assert_eq!(app.count("test_effects").await, 1, "only the waiter's write committed");
         assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
     }
 
     async fn a_waiter_gets_409_with_retry_after_when_its_wait_is_over(db) {
-        let probe = Arc::new(Probe::default());
-        let app = App::serving(db, Options::default(), built(&probe)).await;
-        let base = serve(&app).await;
-        let first = spawn_post(&base, "/wait", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
+        let Served { probe, app: _app, base, .. } = served(db, Options::default()).await;
+        let first = start_held(&probe, &base, "/wait", "k1").await;
         let waiter = post(&base, "/wait", "k1", r#"{"n":1}"#, Some("wait=1")).await;
         assert_eq!(waiter.status, StatusCode::CONFLICT, "{}", waiter.body);
         assert!(waiter.header("retry-after").is_some(), "{:?}", waiter.headers);
@@ -348,11 +315,8 @@ backend_tests! {
     }
 
     async fn what_may_not_wait_is_answered_at_once(db) {
-        let probe = Arc::new(Probe::default());
-        let app = App::serving(db, Options::default(), built(&probe)).await;
-        let base = serve(&app).await;
-        let first = spawn_post(&base, "/wait", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
+        let Served { probe, app, base, .. } = served(db, Options::default()).await;
+        let first = start_held(&probe, &base, "/wait", "k1").await;
 
         // Each of these is answered while the first request still runs (the gate is closed),
         // without waiting.
@@ -372,8 +336,7 @@ backend_tests! {
         assert_eq!(different.status, StatusCode::UNPROCESSABLE_ENTITY);
 
         // A handler without `wait` answers 409 at once whatever the client prefers.
-        let other = spawn_post(&base, "/no-wait", "k2", None);
-        wait_until("the other body to start", || async { probe.started() == 2 }).await;
+        let other = start_held(&probe, &base, "/no-wait", "k2").await;
         let unwilling = at_once(&app, &base, "/no-wait", "k2", r#"{"n":1}"#, "wait=5").await;
         assert_eq!(unwilling.status, StatusCode::CONFLICT, "a handler without `wait`");
         probe.open(1);
@@ -381,17 +344,14 @@ backend_tests! {
     }
 
     async fn two_hundred_waiters_on_one_key_share_a_pool_of_ten_with_other_requests(db) {
-        let probe = Arc::new(Probe::default());
         let options = Options { connections: Some(10), ..Options::default() };
-        let app = App::serving(db, options, built(&probe)).await;
-        let base = serve(&app).await;
+        let Served { probe, app, base, .. } = served(db, options).await;
         // Another tenant's finished key, to replay while the waiters wait.
         probe.open(1);
         let done = post_as("t2", &base, "/no-wait", "done", r#"{"n":1}"#, None).await;
         assert_eq!(done.status, StatusCode::CREATED);
 
-        let first = spawn_post(&base, "/wait", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 2 }).await;
+        let first = start_held(&probe, &base, "/wait", "k1").await;
         let waiters: Vec<_> = (0..200)
             .map(|_| spawn_post(&base, "/wait", "k1", Some("wait=10")))
             .collect();
@@ -414,16 +374,13 @@ backend_tests! {
     }
 
     async fn a_waiter_on_one_instance_gets_the_outcome_completed_on_another(db) {
-        let probe = Arc::new(Probe::default());
-        let app = App::serving(db, Options::default(), built(&probe)).await;
+        let Served { probe, app, base, .. } = served(db, Options::default()).await;
         let other = app.sibling().await;
-        let (base, other_base) = (serve(&app).await, serve(&other).await);
-        let first = spawn_post(&base, "/wait", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
-        let waiter = spawn_post(&other_base, "/wait", "k1", Some("wait=5"));
+        let other_base = serve(&other).await;
+        let first = start_held(&probe, &base, "/wait", "k1").await;
         // PostgreSQL, MySQL: the other instance looks again now and then, holding no
         // connection. SQLite: it waits inside the database, for the file's write lock.
-        wait_until("the duplicate to wait", || async { waiting(&other) == 1 }).await;
+        let waiter = start_waiter(&other, &other_base, "/wait", "wait=5").await;
         probe.open(1);
         assert_eq!(first.await.expect("first").status, StatusCode::CREATED);
         let waiter = waiter.await.expect("the waiter");
@@ -435,11 +392,8 @@ backend_tests! {
     }
 
     async fn an_external_waiter_gets_the_outcome_stored_under_the_claim(db) {
-        let probe = Arc::new(Probe::default());
-        let app = App::serving(db, Options::default(), built(&probe)).await;
-        let base = serve(&app).await;
-        let first = spawn_post(&base, "/wait-external", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
+        let Served { probe, app, base, .. } = served(db, Options::default()).await;
+        let first = start_held(&probe, &base, "/wait-external", "k1").await;
         let waiters: Vec<_> = (0..3)
             .map(|_| spawn_post(&base, "/wait-external", "k1", Some("wait=5")))
             .collect();
@@ -459,32 +413,20 @@ backend_tests! {
     }
 
     async fn an_external_waiter_runs_the_handler_when_the_first_releases_its_claim(db) {
-        let probe = Arc::new(Probe::default());
+        let Served { probe, app, base, .. } = served(db, Options::default()).await;
         // The first call answers 500, which is not stored: its claim is released.
-        probe.script.lock().unwrap().push_back(500);
-        let app = App::serving(db, Options::default(), built(&probe)).await;
-        let base = serve(&app).await;
-        let first = spawn_post(&base, "/wait-external", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
-        let waiter = spawn_post(&base, "/wait-external", "k1", Some("wait=5"));
-        wait_until("the duplicate to wait", || async { waiting(&app) == 1 }).await;
+        probe.answer_next(500);
+        let first = start_held(&probe, &base, "/wait-external", "k1").await;
+        let waiter = start_waiter(&app, &base, "/wait-external", "wait=5").await;
         probe.open(1);
         assert_eq!(first.await.expect("first").status, StatusCode::INTERNAL_SERVER_ERROR);
-        wait_until("the waiter to run the handler", || async { probe.started() == 2 }).await;
-        probe.open(1);
-        let waiter = waiter.await.expect("the waiter");
-        assert_eq!(waiter.status, StatusCode::CREATED, "{}", waiter.body);
-        assert!(!waiter.replayed(), "a first execution of its own");
-        assert_eq!(waiter.body, "call 2");
+        assert_the_waiter_runs_the_handler(&probe, waiter).await;
         assert_eq!(app.key_status("k1").await.as_deref(), Some("completed"));
     }
 
     async fn an_external_waiter_gets_409_with_the_leases_retry_after_when_its_wait_is_over(db) {
-        let probe = Arc::new(Probe::default());
-        let app = App::serving(db, Options::default(), built(&probe)).await;
-        let base = serve(&app).await;
-        let first = spawn_post(&base, "/wait-external", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
+        let Served { probe, app: _app, base, .. } = served(db, Options::default()).await;
+        let first = start_held(&probe, &base, "/wait-external", "k1").await;
         let waiter = post(&base, "/wait-external", "k1", r#"{"n":1}"#, Some("wait=1")).await;
         assert_eq!(waiter.status, StatusCode::CONFLICT, "{}", waiter.body);
         let after: u64 = waiter
@@ -499,11 +441,8 @@ backend_tests! {
     }
 
     async fn a_client_that_prefers_to_wait_gets_the_first_outcome_without_a_retry(db) {
-        let probe = Arc::new(Probe::default());
-        let app = App::serving(db, Options::default(), built(&probe)).await;
-        let base = serve(&app).await;
-        let first = spawn_post(&base, "/wait", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
+        let Served { probe, requests, app, base } = served(db, Options::default()).await;
+        let first = start_held(&probe, &base, "/wait", "k1").await;
         // One attempt only: a 201 can only come from the server's waiting.
         let policy = RetryPolicy::default()
             .with_max_attempts(1)
@@ -516,15 +455,12 @@ backend_tests! {
         assert!(replayed);
         assert_eq!(applied.as_deref(), Some("wait=5"));
         assert_eq!(first.await.expect("first").status, StatusCode::CREATED);
-        assert_eq!(probe.requests.load(Ordering::SeqCst), 2, "no retry was sent");
+        assert_eq!(requests.load(Ordering::SeqCst), 2, "no retry was sent");
     }
 
     async fn a_client_that_prefers_to_wait_still_retries_a_409_from_a_handler_that_does_not(db) {
-        let probe = Arc::new(Probe::default());
-        let app = App::serving(db, Options::default(), built(&probe)).await;
-        let base = serve(&app).await;
-        let first = spawn_post(&base, "/no-wait", "k1", None);
-        wait_until("the first body to start", || async { probe.started() == 1 }).await;
+        let Served { probe, requests, app, base } = served(db, Options::default()).await;
+        let first = start_held(&probe, &base, "/no-wait", "k1").await;
         let policy = RetryPolicy::default()
             .with_max_attempts(20)
             .with_backoff(Duration::from_millis(10), Duration::from_millis(200))
@@ -532,7 +468,7 @@ backend_tests! {
         let sent = tokio::spawn(client_post(policy, format!("{base}/no-wait"), "k1"));
         // The first request, and the client's first attempt, answered 409 at once.
         wait_until("the client's first attempt", || async {
-            probe.requests.load(Ordering::SeqCst) >= 2
+            requests.load(Ordering::SeqCst) >= 2
         })
         .await;
         assert_eq!(waiting(&app), 0, "the handler does not let duplicates wait");
@@ -542,7 +478,7 @@ backend_tests! {
         assert!(replayed, "the retry got the first outcome");
         assert_eq!(applied, None);
         assert_eq!(first.await.expect("first").status, StatusCode::CREATED);
-        assert!(probe.requests.load(Ordering::SeqCst) >= 3, "the client retried");
+        assert!(requests.load(Ordering::SeqCst) >= 3, "the client retried");
     }
 }
 

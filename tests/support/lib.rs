@@ -18,6 +18,7 @@ mod downstream;
 mod entries;
 mod fault_proxy;
 mod galera;
+mod gated;
 mod handlers;
 mod http;
 mod log;
@@ -45,6 +46,7 @@ pub use cluster_dir::{ClusterDir, RestartOnDrop};
 pub use downstream::{Downstream, unreachable_url};
 pub use fault_proxy::{Fault, FaultProxy, Seen};
 pub use galera::{GALERA_NODES, GaleraCluster};
+pub use gated::Probe;
 pub use handlers::{Account, Calls};
 pub use http::{Reply, Req, entry};
 pub use idem_examples::sql::spelling::{positional, spelled};
@@ -59,7 +61,9 @@ pub use redis_server::RedisServer;
 pub use statements::StatementLog;
 pub use tcp_proxy::TcpProxy;
 pub use tenant::Tenant;
-pub use test_app::{EventBackend, Param, TestApp, TestBackend, run, run_on};
+pub use test_app::{
+    EventBackend, Param, TestApp, TestBackend, migrate_and_create_tables, run, run_on,
+};
 
 /// Runs each test body on PostgreSQL (a fresh database from `#[sqlx::test]`), on SQLite (a
 /// fresh file) and on MySQL (a fresh database on the MariaDB server), as `postgres::<name>`,

@@ -33,12 +33,7 @@ impl TestApp {
     }
 
     async fn router<DB: TestBackend>(&self, store: Store<DB>, parts: Parts) -> Router {
-        idem_runtime::migrate(store.pool())
-            .await
-            .expect("idem's tables");
-        DB::create_tables(store.pool())
-            .await
-            .expect("the test app's tables");
+        migrate_and_create_tables(store.pool()).await;
         self.routes(store, parts)
     }
 
@@ -133,6 +128,15 @@ pub trait EventBackend: TestBackend + idem_events::Backend {
         tx: &'a mut Transaction<'static, Self>,
         message: &'a idem_events::Message,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+}
+
+/// Creates idem's tables (its migrations) and the test app's on `pool`: what a service of the
+/// suite does when it starts.
+pub async fn migrate_and_create_tables<DB: TestBackend>(pool: &Pool<DB>) {
+    idem_runtime::migrate(pool).await.expect("idem's tables");
+    DB::create_tables(pool)
+        .await
+        .expect("the test app's tables");
 }
 
 /// Runs `sql` in the handler's transaction.
