@@ -13,6 +13,21 @@ use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, RawRecord, RecordedStep, checked_fingerprint,
 };
 
+/// Runs `statement`, whose parameters are the scope, the key and a claim token, on the row of
+/// `key` owned by `token`: whether it wrote that one row. (A macro rather than a function: the
+/// statement runs under the bounds of `SharedStorage`'s one implementation.)
+macro_rules! on_owned_row {
+    ($statement:expr, $conn:expr, $key:expr, $token:expr) => {{
+        let done = sqlx::query($statement)
+            .bind(&$key.scope)
+            .bind(&$key.key)
+            .bind($token)
+            .execute($conn)
+            .await?;
+        DB::rows_affected(&done) == 1
+    }};
+}
+
 /// The part of [`Storage`](super::Storage) that is the same on every database: implemented
 /// once, below, for every database with a [`Dialect`].
 pub(crate) trait SharedStorage: sqlx::Database + Sized {
@@ -170,13 +185,7 @@ where
         key: &KeyRef,
         token: i64,
     ) -> Result<bool, crate::error::Error> {
-        let done = sqlx::query(DB::RELEASE)
-            .bind(&key.scope)
-            .bind(&key.key)
-            .bind(token)
-            .execute(conn)
-            .await?;
-        Ok(DB::rows_affected(&done) == 1)
+        Ok(on_owned_row!(DB::RELEASE, conn, key, token))
     }
 
     async fn give_up(
@@ -184,23 +193,11 @@ where
         key: &KeyRef,
         token: i64,
     ) -> Result<bool, crate::error::Error> {
-        let deleted = sqlx::query(DB::RELEASE_WITHOUT_STEPS)
-            .bind(&key.scope)
-            .bind(&key.key)
-            .bind(token)
-            .execute(&mut *conn)
-            .await?;
-        if DB::rows_affected(&deleted) == 1 {
+        if on_owned_row!(DB::RELEASE_WITHOUT_STEPS, &mut *conn, key, token) {
             return Ok(true);
         }
         // Steps are recorded (or the claim is no longer `token`'s: then nothing matches).
-        let lapsed = sqlx::query(DB::LAPSE)
-            .bind(&key.scope)
-            .bind(&key.key)
-            .bind(token)
-            .execute(conn)
-            .await?;
-        Ok(DB::rows_affected(&lapsed) == 1)
+        Ok(on_owned_row!(DB::LAPSE, conn, key, token))
     }
 
     async fn record_steps(

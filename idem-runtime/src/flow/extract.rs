@@ -102,24 +102,16 @@ where
         headers: content_type,
         body: bytes.clone(),
     };
-    let prefer_wait = crate::prefer::wait(&parts.headers);
-    let method = parts.method.clone();
-    let request = Request::from_parts(parts, Body::from(bytes));
-    Ok((
-        request,
-        IdemRequest {
-            store,
-            key,
-            method,
-            path,
-            fingerprint,
-            span,
-            route,
-            prefer_wait,
-            waiting: None,
-            fingerprinted: Some(fingerprinted),
-        },
-    ))
+    let idem = IdemRequest::new(
+        store,
+        key,
+        (parts.method.clone(), path),
+        fingerprint,
+        (span, route),
+        &parts.headers,
+    )
+    .with_fingerprinted(fingerprinted);
+    Ok((Request::from_parts(parts, Body::from(bytes)), idem))
 }
 
 fn axum_problem_bad_body(reason: &str) -> crate::problem::Problem {

@@ -81,22 +81,15 @@ where
         &HeaderMap::new(),
         &request.get_ref().encode_to_vec(),
     );
-    let prefer_wait = crate::prefer::wait(&headers);
-    Ok((
-        request,
-        IdemRequest {
-            store,
-            key,
-            method,
-            path,
-            fingerprint,
-            span,
-            route,
-            prefer_wait,
-            waiting: None,
-            fingerprinted: None,
-        },
-    ))
+    let idem = IdemRequest::new(
+        store,
+        key,
+        (method, path),
+        fingerprint,
+        (span, route),
+        &headers,
+    );
+    Ok((request, idem))
 }
 
 /// What is wrong with the call's key, in the words of gRPC metadata.

@@ -53,6 +53,39 @@ pub(super) struct DuplicateWait {
     pub(super) polls: idem_task::Backoff,
 }
 
+impl<DB: Backend> IdemRequest<DB> {
+    /// A request with a valid `key`, fingerprinted, on `route` and traced by `span`; the
+    /// client's `Prefer: wait` read from `headers`.
+    pub(super) fn new(
+        store: Store<DB>,
+        key: IdempotencyKey,
+        (method, path): (Method, String),
+        fingerprint: Fingerprint,
+        (span, route): (Span, Arc<str>),
+        headers: &http::HeaderMap,
+    ) -> Self {
+        Self {
+            store,
+            key,
+            method,
+            path,
+            fingerprint,
+            span,
+            route,
+            prefer_wait: crate::prefer::wait(headers),
+            waiting: None,
+            fingerprinted: None,
+        }
+    }
+
+    /// The same request, keeping what its fingerprint was taken from for a handler that counts
+    /// only some fields of the body.
+    pub(super) fn with_fingerprinted(mut self, fingerprinted: Fingerprinted) -> Self {
+        self.fingerprinted = Some(fingerprinted);
+        self
+    }
+}
+
 impl<DB: Backend> std::fmt::Debug for IdemRequest<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdemRequest")

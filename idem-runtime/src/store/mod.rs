@@ -203,6 +203,17 @@ impl<DB: Backend> Store<DB> {
         done
     }
 
+    /// Runs one write on a connection of its own, in this process's turn to write, until the
+    /// store's deadline from now.
+    async fn in_turn<T>(
+        &self,
+        write: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, crate::error::Error>,
+    ) -> Result<T, crate::error::Error> {
+        let deadline = self.deadline();
+        let _permit = self.write_permit(deadline).await?;
+        self.on_connection(deadline, write).await
+    }
+
     /// The live row of `key`, read without any lock.
     pub(crate) async fn lookup(
         &self,
@@ -271,9 +282,7 @@ impl<DB: Backend> Store<DB> {
         key: &KeyRef,
         token: i64,
     ) -> Result<bool, crate::error::Error> {
-        let deadline = self.deadline();
-        let _permit = self.write_permit(deadline).await?;
-        self.on_connection(deadline, async |conn| DB::release(conn, key, token).await)
+        self.in_turn(async |conn| DB::release(conn, key, token).await)
             .await
     }
 
@@ -298,12 +307,8 @@ impl<DB: Backend> Store<DB> {
         reason: Option<&str>,
         park: bool,
     ) -> Result<bool, crate::error::Error> {
-        let deadline = self.deadline();
-        let _permit = self.write_permit(deadline).await?;
-        self.on_connection(deadline, async |conn| {
-            DB::unsettled_round(conn, key, token, reason, park).await
-        })
-        .await
+        self.in_turn(async |conn| DB::unsettled_round(conn, key, token, reason, park).await)
+            .await
     }
 
     /// Lets go of the `started` row owned by `token` (see `Storage::give_up`: deleted, or its
@@ -313,9 +318,7 @@ impl<DB: Backend> Store<DB> {
         key: &KeyRef,
         token: i64,
     ) -> Result<bool, crate::error::Error> {
-        let deadline = self.deadline();
-        let _permit = self.write_permit(deadline).await?;
-        self.on_connection(deadline, async |conn| DB::give_up(conn, key, token).await)
+        self.in_turn(async |conn| DB::give_up(conn, key, token).await)
             .await
     }
 
@@ -340,12 +343,8 @@ impl<DB: Backend> Store<DB> {
         token: i64,
         retention: Option<Duration>,
     ) -> Result<bool, crate::error::Error> {
-        let deadline = self.deadline();
-        let _permit = self.write_permit(deadline).await?;
-        self.on_connection(deadline, async |conn| {
-            DB::complete_started(conn, completion, token, retention).await
-        })
-        .await
+        self.in_turn(async |conn| DB::complete_started(conn, completion, token, retention).await)
+            .await
     }
 
     /// Whether the database admits one writing transaction at a time (SQLite): this process's
@@ -449,12 +448,8 @@ impl<DB: Backend> Store<DB> {
         token: i64,
         steps: &[RecordedStep],
     ) -> Result<bool, crate::error::Error> {
-        let deadline = self.deadline();
-        let _permit = self.write_permit(deadline).await?;
-        self.on_connection(deadline, async |conn| {
-            DB::record_steps(conn, key, token, steps).await
-        })
-        .await
+        self.in_turn(async |conn| DB::record_steps(conn, key, token, steps).await)
+            .await
     }
 
     /// On a single-writer database, this process's turn to write; `None` elsewhere.
