@@ -14,8 +14,8 @@ use crate::{
     attribute::attribute_duration,
     backend::Backend,
     problem::{DEFAULT_PROBLEM_TYPE_BASE, Problem, ProblemKind, Rebasable},
-    record::{Completion, KeyRecord, KeyRef, KeyStatus, StoredResponse},
-    replay::{self, CaptureError, Captured},
+    record::{KeyRecord, KeyStatus},
+    replay,
 };
 
 impl<DB: Backend> IdemRequest<DB> {
@@ -308,50 +308,6 @@ impl<DB: Backend> IdemRequest<DB> {
             (KeyStatus::Completed, None) => self.store_failed(&crate::error::Error::corrupt(
                 "a completed idempotency key has no stored response",
             )),
-        }
-    }
-
-    /// Reads the handler's response for storage.
-    pub(super) async fn capture(&self, response: Response) -> Result<Captured, Response> {
-        let limit = self.store.options().max_response_body();
-        match Captured::read(response, limit).await {
-            Ok(captured) => Ok(captured),
-            Err(error @ CaptureError::TooLarge { .. }) => Err(self.end(
-                Outcome::Failed,
-                self.problem(
-                    ProblemKind::ResponseTooLarge,
-                    format!("{error}; the handler's outcome was not stored"),
-                )
-                .into_response(),
-            )),
-            Err(CaptureError::Body(error)) => {
-                tracing::error!(parent: &self.span, %error, "response body failed");
-                Err(self.end(
-                    Outcome::Failed,
-                    crate::problem::Problem::new(
-                        http::StatusCode::INTERNAL_SERVER_ERROR,
-                        "Response body failed",
-                    )
-                    .with_detail("the handler's response body failed; its outcome was not stored")
-                    .into_response(),
-                ))
-            }
-        }
-    }
-
-    pub(super) fn completion<'a>(
-        &'a self,
-        key: &'a KeyRef,
-        stored: &'a StoredResponse,
-        mark: Option<&'a str>,
-    ) -> Completion<'a> {
-        Completion {
-            key,
-            method: self.method.as_str(),
-            path: &self.path,
-            fingerprint: &self.fingerprint,
-            response: stored,
-            mark,
         }
     }
 

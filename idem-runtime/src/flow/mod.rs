@@ -11,7 +11,8 @@
 //!    - [`external`]: [`ExternalClaim::acquire`] commits a leased `started` row first;
 //!      [`ExternalClaim::complete`] stores the response under the claim's token afterwards.
 //! 3. The handler body runs between the two, within its `timeout` if it has one ([`run_until`]).
-//! 4. [`answers`]: every answer the layer gives itself (a replay, 409, 422, a problem), each
+//! 4. [`capture`]: the handler's response read for storage and the completion that writes it.
+//! 5. [`answers`]: every answer the layer gives itself (a replay, 409, 422, a problem), each
 //!    ending the request ([`request`]) with an [`outcome`] recorded on its span.
 //!
 //! [`StoreOptions::max_request_body`]: crate::store::StoreOptions::max_request_body
@@ -22,6 +23,7 @@
 )]
 
 mod answers;
+mod capture;
 mod external;
 mod extract;
 #[cfg(feature = "grpc")]
