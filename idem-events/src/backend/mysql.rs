@@ -27,9 +27,6 @@ use sqlx::{
 
 use super::{Batch, EventStorage, dialect::Dialect};
 
-const ENQUEUE: &str = "INSERT INTO idem_outbox (event_id, topic, payload, created_at) \
-     VALUES (?, ?, ?, UTC_TIMESTAMP(6))";
-
 const ANY_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM idem_outbox WHERE published_at IS NULL)";
 
 /// Begins the relay's transaction (see the module's documentation): `SET TRANSACTION` sets the
@@ -68,65 +65,48 @@ const READY: &str = "SELECT id, CONVERT(event_id USING utf8mb4) AS event_id, pay
 /// Marks events published; `mark_published` adds the ids' `IN (…)` list.
 const MARK: &str = "UPDATE idem_outbox SET published_at = UTC_TIMESTAMP(6) WHERE id IN ";
 
-const WAITING: &str = "SELECT COUNT(*), \
-     CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED) \
-     FROM idem_outbox WHERE published_at IS NULL";
-
-const PURGE_PUBLISHED: &str = "DELETE FROM idem_outbox \
-     WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? * 1000 MICROSECOND \
-     ORDER BY published_at LIMIT ?";
-
-// `INSERT IGNORE` writes nothing (0 rows) for an id recorded before, and waits, as PostgreSQL's
-// `ON CONFLICT DO NOTHING`, for a transaction that is inserting it right now. (`ON DUPLICATE KEY
-// UPDATE` with a no-op cannot tell: sqlx connects with `CLIENT_FOUND_ROWS`, which counts the
-// untouched row as affected.) `IGNORE` also cuts an id longer than its column instead of
-// failing: the limits are documented with the table.
-const RECORD_PROCESSED: &str = "INSERT IGNORE INTO idem_consumed (consumer, message_id, processed_at) \
-     VALUES (?, ?, UTC_TIMESTAMP(6))";
-
-const ATTEMPTS: &str = "SELECT CAST(attempts AS SIGNED) FROM idem_consumer_failures \
-     WHERE consumer = ? AND message_id = ?";
-
-// The parameters come as the shared statements bind them (consumer, message id, error), from a
-// derived table; `CAST(… AS BINARY)` keeps the comparisons with the columns exact.
-const COUNT_FAILURE: &str = "INSERT INTO idem_consumer_failures \
-         (consumer, message_id, attempts, last_error, failed_at) \
-     SELECT p.consumer, p.message_id, 1, p.last_error, UTC_TIMESTAMP(6) \
-     FROM (SELECT CAST(? AS BINARY) AS consumer, CAST(? AS BINARY) AS message_id, \
-                  ? AS last_error) AS p \
-     ON DUPLICATE KEY UPDATE attempts = idem_consumer_failures.attempts + 1, \
-         last_error = p.last_error, failed_at = UTC_TIMESTAMP(6)";
-
-const NOTE_FAILURE: &str = "UPDATE idem_consumer_failures f \
-     JOIN (SELECT CAST(? AS BINARY) AS consumer, CAST(? AS BINARY) AS message_id, \
-                  ? AS last_error) AS p \
-       ON f.consumer = p.consumer AND f.message_id = p.message_id \
-     SET f.last_error = p.last_error, f.failed_at = UTC_TIMESTAMP(6)";
-
-const CLEAR_FAILURES: &str =
-    "DELETE FROM idem_consumer_failures WHERE consumer = ? AND message_id = ?";
-
-const PURGE_CONSUMED: &str = "DELETE FROM idem_consumed \
-     WHERE consumer = ? AND processed_at < UTC_TIMESTAMP(6) - INTERVAL ? * 1000 MICROSECOND \
-     ORDER BY processed_at LIMIT ?";
-
-const PURGE_FAILURES: &str = "DELETE FROM idem_consumer_failures \
-     WHERE consumer = ? AND failed_at < UTC_TIMESTAMP(6) - INTERVAL ? * 1000 MICROSECOND \
-     ORDER BY failed_at LIMIT ?";
-
 impl Dialect for MySql {
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/mysql");
-    const ENQUEUE: &'static str = ENQUEUE;
-    const WAITING: &'static str = WAITING;
-    const PURGE_PUBLISHED: &'static str = PURGE_PUBLISHED;
-    const RECORD_PROCESSED: &'static str = RECORD_PROCESSED;
-    const ATTEMPTS: &'static str = ATTEMPTS;
-    const NOTE_FAILURE: &'static str = NOTE_FAILURE;
-    const COUNT_FAILURE: &'static str = COUNT_FAILURE;
+    const ENQUEUE: &'static str = "INSERT INTO idem_outbox (event_id, topic, payload, created_at) \
+         VALUES (?, ?, ?, UTC_TIMESTAMP(6))";
+    const WAITING: &'static str = "SELECT COUNT(*), \
+         CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED) \
+         FROM idem_outbox WHERE published_at IS NULL";
+    const PURGE_PUBLISHED: &'static str = "DELETE FROM idem_outbox \
+         WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? * 1000 MICROSECOND \
+         ORDER BY published_at LIMIT ?";
+    /// `INSERT IGNORE` writes nothing (0 rows) for an id recorded before, and waits, as PostgreSQL's
+    /// `ON CONFLICT DO NOTHING`, for a transaction that is inserting it right now. (`ON DUPLICATE KEY
+    /// UPDATE` with a no-op cannot tell: sqlx connects with `CLIENT_FOUND_ROWS`, which counts the
+    /// untouched row as affected.) `IGNORE` also cuts an id longer than its column instead of
+    /// failing: the limits are documented with the table.
+    const RECORD_PROCESSED: &'static str = "INSERT IGNORE INTO idem_consumed (consumer, message_id, processed_at) \
+         VALUES (?, ?, UTC_TIMESTAMP(6))";
+    const ATTEMPTS: &'static str = "SELECT CAST(attempts AS SIGNED) FROM idem_consumer_failures \
+         WHERE consumer = ? AND message_id = ?";
+    const NOTE_FAILURE: &'static str = "UPDATE idem_consumer_failures f \
+         JOIN (SELECT CAST(? AS BINARY) AS consumer, CAST(? AS BINARY) AS message_id, \
+                      ? AS last_error) AS p \
+           ON f.consumer = p.consumer AND f.message_id = p.message_id \
+         SET f.last_error = p.last_error, f.failed_at = UTC_TIMESTAMP(6)";
+    /// The parameters come as the shared statements bind them (consumer, message id, error), from a
+    /// derived table; `CAST(… AS BINARY)` keeps the comparisons with the columns exact.
+    const COUNT_FAILURE: &'static str = "INSERT INTO idem_consumer_failures \
+             (consumer, message_id, attempts, last_error, failed_at) \
+         SELECT p.consumer, p.message_id, 1, p.last_error, UTC_TIMESTAMP(6) \
+         FROM (SELECT CAST(? AS BINARY) AS consumer, CAST(? AS BINARY) AS message_id, \
+                      ? AS last_error) AS p \
+         ON DUPLICATE KEY UPDATE attempts = idem_consumer_failures.attempts + 1, \
+             last_error = p.last_error, failed_at = UTC_TIMESTAMP(6)";
     const FAILURE_RETURNS_COUNT: bool = false;
-    const CLEAR_FAILURES: &'static str = CLEAR_FAILURES;
-    const PURGE_CONSUMED: &'static str = PURGE_CONSUMED;
-    const PURGE_FAILURES: &'static str = PURGE_FAILURES;
+    const CLEAR_FAILURES: &'static str =
+        "DELETE FROM idem_consumer_failures WHERE consumer = ? AND message_id = ?";
+    const PURGE_CONSUMED: &'static str = "DELETE FROM idem_consumed \
+         WHERE consumer = ? AND processed_at < UTC_TIMESTAMP(6) - INTERVAL ? * 1000 MICROSECOND \
+         ORDER BY processed_at LIMIT ?";
+    const PURGE_FAILURES: &'static str = "DELETE FROM idem_consumer_failures \
+         WHERE consumer = ? AND failed_at < UTC_TIMESTAMP(6) - INTERVAL ? * 1000 MICROSECOND \
+         ORDER BY failed_at LIMIT ?";
 
     fn rows_affected(done: &sqlx::mysql::MySqlQueryResult) -> u64 {
         done.rows_affected()

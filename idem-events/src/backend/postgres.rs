@@ -14,8 +14,6 @@ use super::{
     dialect::{Dialect, NUMBERED_CLEAR_FAILURES},
 };
 
-const ENQUEUE: &str = "INSERT INTO idem_outbox (event_id, topic, payload) VALUES ($1, $2, $3)";
-
 const ANY_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM idem_outbox WHERE published_at IS NULL)";
 
 // The distinct topics of the waiting events, one index probe per topic (a loose index scan of
@@ -40,52 +38,37 @@ const READY: &str = "SELECT id, event_id, payload FROM idem_outbox \
 
 const MARK: &str = "UPDATE idem_outbox SET published_at = now() WHERE id = ANY($1)";
 
-const WAITING: &str = "SELECT COUNT(*), \
-     CAST(EXTRACT(EPOCH FROM now() - MIN(created_at)) * 1000 AS BIGINT) \
-     FROM idem_outbox WHERE published_at IS NULL";
-
-const PURGE_PUBLISHED: &str = "DELETE FROM idem_outbox WHERE id IN ( \
-     SELECT id FROM idem_outbox \
-     WHERE published_at < now() - $1 * interval '1 millisecond' LIMIT $2)";
-
-const RECORD_PROCESSED: &str = "INSERT INTO idem_consumed (consumer, message_id) VALUES ($1, $2) \
-     ON CONFLICT DO NOTHING";
-
-const ATTEMPTS: &str = "SELECT attempts::bigint FROM idem_consumer_failures \
-     WHERE consumer = $1 AND message_id = $2";
-
-const COUNT_FAILURE: &str = "INSERT INTO idem_consumer_failures \
-         (consumer, message_id, attempts, last_error) VALUES ($1, $2, 1, $3) \
-     ON CONFLICT (consumer, message_id) DO UPDATE \
-         SET attempts = idem_consumer_failures.attempts + 1, \
-             last_error = excluded.last_error, failed_at = now() \
-     RETURNING attempts::bigint";
-
-const NOTE_FAILURE: &str = "UPDATE idem_consumer_failures \
-     SET last_error = $3, failed_at = now() WHERE consumer = $1 AND message_id = $2 \
-     RETURNING attempts::bigint";
-
-const PURGE_CONSUMED: &str = "DELETE FROM idem_consumed WHERE ctid IN ( \
-     SELECT ctid FROM idem_consumed \
-     WHERE consumer = $1 AND processed_at < now() - $2 * interval '1 millisecond' LIMIT $3)";
-
-const PURGE_FAILURES: &str = "DELETE FROM idem_consumer_failures WHERE ctid IN ( \
-     SELECT ctid FROM idem_consumer_failures \
-     WHERE consumer = $1 AND failed_at < now() - $2 * interval '1 millisecond' LIMIT $3)";
-
 impl Dialect for Postgres {
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
-    const ENQUEUE: &'static str = ENQUEUE;
-    const WAITING: &'static str = WAITING;
-    const PURGE_PUBLISHED: &'static str = PURGE_PUBLISHED;
-    const RECORD_PROCESSED: &'static str = RECORD_PROCESSED;
-    const ATTEMPTS: &'static str = ATTEMPTS;
-    const NOTE_FAILURE: &'static str = NOTE_FAILURE;
-    const COUNT_FAILURE: &'static str = COUNT_FAILURE;
+    const ENQUEUE: &'static str =
+        "INSERT INTO idem_outbox (event_id, topic, payload) VALUES ($1, $2, $3)";
+    const WAITING: &'static str = "SELECT COUNT(*), \
+         CAST(EXTRACT(EPOCH FROM now() - MIN(created_at)) * 1000 AS BIGINT) \
+         FROM idem_outbox WHERE published_at IS NULL";
+    const PURGE_PUBLISHED: &'static str = "DELETE FROM idem_outbox WHERE id IN ( \
+         SELECT id FROM idem_outbox \
+         WHERE published_at < now() - $1 * interval '1 millisecond' LIMIT $2)";
+    const RECORD_PROCESSED: &'static str = "INSERT INTO idem_consumed (consumer, message_id) VALUES ($1, $2) \
+         ON CONFLICT DO NOTHING";
+    const ATTEMPTS: &'static str = "SELECT attempts::bigint FROM idem_consumer_failures \
+         WHERE consumer = $1 AND message_id = $2";
+    const NOTE_FAILURE: &'static str = "UPDATE idem_consumer_failures \
+         SET last_error = $3, failed_at = now() WHERE consumer = $1 AND message_id = $2 \
+         RETURNING attempts::bigint";
+    const COUNT_FAILURE: &'static str = "INSERT INTO idem_consumer_failures \
+             (consumer, message_id, attempts, last_error) VALUES ($1, $2, 1, $3) \
+         ON CONFLICT (consumer, message_id) DO UPDATE \
+             SET attempts = idem_consumer_failures.attempts + 1, \
+                 last_error = excluded.last_error, failed_at = now() \
+         RETURNING attempts::bigint";
     const FAILURE_RETURNS_COUNT: bool = true;
     const CLEAR_FAILURES: &'static str = NUMBERED_CLEAR_FAILURES;
-    const PURGE_CONSUMED: &'static str = PURGE_CONSUMED;
-    const PURGE_FAILURES: &'static str = PURGE_FAILURES;
+    const PURGE_CONSUMED: &'static str = "DELETE FROM idem_consumed WHERE ctid IN ( \
+         SELECT ctid FROM idem_consumed \
+         WHERE consumer = $1 AND processed_at < now() - $2 * interval '1 millisecond' LIMIT $3)";
+    const PURGE_FAILURES: &'static str = "DELETE FROM idem_consumer_failures WHERE ctid IN ( \
+         SELECT ctid FROM idem_consumer_failures \
+         WHERE consumer = $1 AND failed_at < now() - $2 * interval '1 millisecond' LIMIT $3)";
 
     fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
         done.rows_affected()

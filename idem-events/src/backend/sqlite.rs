@@ -25,9 +25,6 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-const ENQUEUE: &str = "INSERT INTO idem_outbox (event_id, topic, payload, created_at) \
-     VALUES ($1, $2, $3, CAST(unixepoch('subsec') * 1000 AS INTEGER))";
-
 const ANY_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM idem_outbox WHERE published_at IS NULL)";
 
 // The distinct topics of the waiting events, one index probe per topic.
@@ -59,55 +56,40 @@ const MARK: &str = "UPDATE idem_outbox SET published_at = $1 \
 const LET_GO: &str = "UPDATE idem_outbox_topics SET relay = NULL, leased_until = NULL \
      WHERE topic = $1 AND relay = $2";
 
-const WAITING: &str = "SELECT COUNT(*), \
-     CAST(unixepoch('subsec') * 1000 AS INTEGER) - MIN(created_at) \
-     FROM idem_outbox WHERE published_at IS NULL";
-
-const PURGE_PUBLISHED: &str = "DELETE FROM idem_outbox WHERE id IN ( \
-     SELECT id FROM idem_outbox WHERE published_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1 LIMIT $2)";
-
-const RECORD_PROCESSED: &str = "INSERT INTO idem_consumed (consumer, message_id, processed_at) \
-     VALUES ($1, $2, CAST(unixepoch('subsec') * 1000 AS INTEGER)) ON CONFLICT DO NOTHING";
-
-const ATTEMPTS: &str =
-    "SELECT attempts FROM idem_consumer_failures WHERE consumer = $1 AND message_id = $2";
-
-const COUNT_FAILURE: &str = "INSERT INTO idem_consumer_failures \
-         (consumer, message_id, attempts, last_error, failed_at) \
-         VALUES ($1, $2, 1, $3, CAST(unixepoch('subsec') * 1000 AS INTEGER)) \
-     ON CONFLICT (consumer, message_id) DO UPDATE \
-         SET attempts = attempts + 1, last_error = excluded.last_error, \
-             failed_at = excluded.failed_at \
-     RETURNING attempts";
-
-const NOTE_FAILURE: &str = "UPDATE idem_consumer_failures \
-     SET last_error = $3, failed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) WHERE consumer = $1 AND message_id = $2 \
-     RETURNING attempts";
-
-const PURGE_CONSUMED: &str = "DELETE FROM idem_consumed WHERE rowid IN ( \
-     SELECT rowid FROM idem_consumed \
-     WHERE consumer = $1 AND processed_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - $2 LIMIT $3)";
-
-const PURGE_FAILURES: &str = "DELETE FROM idem_consumer_failures WHERE rowid IN ( \
-     SELECT rowid FROM idem_consumer_failures \
-     WHERE consumer = $1 AND failed_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - $2 LIMIT $3)";
-
 /// A relay's lease on a topic: nothing to hold on to but the row it wrote.
 pub struct Lease;
 
 impl Dialect for Sqlite {
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
-    const ENQUEUE: &'static str = ENQUEUE;
-    const WAITING: &'static str = WAITING;
-    const PURGE_PUBLISHED: &'static str = PURGE_PUBLISHED;
-    const RECORD_PROCESSED: &'static str = RECORD_PROCESSED;
-    const ATTEMPTS: &'static str = ATTEMPTS;
-    const NOTE_FAILURE: &'static str = NOTE_FAILURE;
-    const COUNT_FAILURE: &'static str = COUNT_FAILURE;
+    const ENQUEUE: &'static str = "INSERT INTO idem_outbox (event_id, topic, payload, created_at) \
+         VALUES ($1, $2, $3, CAST(unixepoch('subsec') * 1000 AS INTEGER))";
+    const WAITING: &'static str = "SELECT COUNT(*), \
+         CAST(unixepoch('subsec') * 1000 AS INTEGER) - MIN(created_at) \
+         FROM idem_outbox WHERE published_at IS NULL";
+    const PURGE_PUBLISHED: &'static str = "DELETE FROM idem_outbox WHERE id IN ( \
+         SELECT id FROM idem_outbox WHERE published_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - $1 LIMIT $2)";
+    const RECORD_PROCESSED: &'static str = "INSERT INTO idem_consumed (consumer, message_id, processed_at) \
+         VALUES ($1, $2, CAST(unixepoch('subsec') * 1000 AS INTEGER)) ON CONFLICT DO NOTHING";
+    const ATTEMPTS: &'static str =
+        "SELECT attempts FROM idem_consumer_failures WHERE consumer = $1 AND message_id = $2";
+    const NOTE_FAILURE: &'static str = "UPDATE idem_consumer_failures \
+         SET last_error = $3, failed_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) WHERE consumer = $1 AND message_id = $2 \
+         RETURNING attempts";
+    const COUNT_FAILURE: &'static str = "INSERT INTO idem_consumer_failures \
+             (consumer, message_id, attempts, last_error, failed_at) \
+             VALUES ($1, $2, 1, $3, CAST(unixepoch('subsec') * 1000 AS INTEGER)) \
+         ON CONFLICT (consumer, message_id) DO UPDATE \
+             SET attempts = attempts + 1, last_error = excluded.last_error, \
+                 failed_at = excluded.failed_at \
+         RETURNING attempts";
     const FAILURE_RETURNS_COUNT: bool = true;
     const CLEAR_FAILURES: &'static str = NUMBERED_CLEAR_FAILURES;
-    const PURGE_CONSUMED: &'static str = PURGE_CONSUMED;
-    const PURGE_FAILURES: &'static str = PURGE_FAILURES;
+    const PURGE_CONSUMED: &'static str = "DELETE FROM idem_consumed WHERE rowid IN ( \
+         SELECT rowid FROM idem_consumed \
+         WHERE consumer = $1 AND processed_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - $2 LIMIT $3)";
+    const PURGE_FAILURES: &'static str = "DELETE FROM idem_consumer_failures WHERE rowid IN ( \
+         SELECT rowid FROM idem_consumer_failures \
+         WHERE consumer = $1 AND failed_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - $2 LIMIT $3)";
 
     fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
         done.rows_affected()
