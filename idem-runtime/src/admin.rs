@@ -147,6 +147,22 @@ macro_rules! on_store {
     };
 }
 
+/// `AnyStore`'s operator methods, each the [`Store`] method of the same name on whichever
+/// database it is.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+macro_rules! delegate_to_store {
+    ($(fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
+        #[doc = concat!("As [`Store::", stringify!($name), "`].")]
+        ///
+        /// # Errors
+        ///
+        #[doc = concat!("As [`Store::", stringify!($name), "`].")]
+        pub async fn $name(&self, $($arg: $ty),*) -> Result<$ret, crate::error::Error> {
+            on_store!(self, store => store.$name($($arg),*).await)
+        }
+    )*};
+}
+
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 impl AnyStore {
     /// Connects to `url` with a pool of at most `max_connections`: `sqlite:<path>` (an existing
@@ -214,99 +230,15 @@ impl AnyStore {
         }
     }
 
-    /// As [`Store::stats`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Store::stats`].
-    pub async fn stats(&self) -> Result<Stats, crate::error::Error> {
-        on_store!(self, store => store.stats().await)
-    }
-
-    /// As [`Store::inspect`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Store::inspect`].
-    pub async fn inspect(
-        &self,
-        scope: &str,
-        key: &str,
-        with_body: bool,
-    ) -> Result<Option<KeyInfo>, crate::error::Error> {
-        on_store!(self, store => store.inspect(scope, key, with_body).await)
-    }
-
-    /// As [`Store::in_flight`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Store::in_flight`].
-    pub async fn in_flight(
-        &self,
-        older_than: Duration,
-    ) -> Result<Vec<KeyInfo>, crate::error::Error> {
-        on_store!(self, store => store.in_flight(older_than).await)
-    }
-
-    /// As [`Store::release_claim`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Store::release_claim`].
-    pub async fn release_claim(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> Result<Released, crate::error::Error> {
-        on_store!(self, store => store.release_claim(scope, key).await)
-    }
-
-    /// As [`Store::parked`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Store::parked`].
-    pub async fn parked(&self) -> Result<Vec<ParkedClaim>, crate::error::Error> {
-        on_store!(self, store => store.parked().await)
-    }
-
-    /// As [`Store::resume_parked`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Store::resume_parked`].
-    pub async fn resume_parked(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> Result<Unparked, crate::error::Error> {
-        on_store!(self, store => store.resume_parked(scope, key).await)
-    }
-
-    /// As [`Store::abandon_parked`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Store::abandon_parked`].
-    pub async fn abandon_parked(
-        &self,
-        scope: &str,
-        key: &str,
-    ) -> Result<Unparked, crate::error::Error> {
-        on_store!(self, store => store.abandon_parked(scope, key).await)
-    }
-
-    /// As [`Store::purge_expired`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Store::purge_expired`].
-    pub async fn purge_expired(
-        &self,
-        options: PurgeOptions,
-    ) -> Result<PurgeReport, crate::error::Error> {
-        on_store!(self, store => store.purge_expired(options).await)
+    delegate_to_store! {
+        fn stats() -> Stats;
+        fn inspect(scope: &str, key: &str, with_body: bool) -> Option<KeyInfo>;
+        fn in_flight(older_than: Duration) -> Vec<KeyInfo>;
+        fn release_claim(scope: &str, key: &str) -> Released;
+        fn parked() -> Vec<ParkedClaim>;
+        fn resume_parked(scope: &str, key: &str) -> Unparked;
+        fn abandon_parked(scope: &str, key: &str) -> Unparked;
+        fn purge_expired(options: PurgeOptions) -> PurgeReport;
     }
 }
 

@@ -179,17 +179,7 @@ where
         message_id: &str,
         error: &str,
     ) -> Result<u32, crate::error::Error> {
-        if !DB::FAILURE_RETURNS_COUNT {
-            let attempts =
-                counted_apart(pool, DB::NOTE_FAILURE, consumer, message_id, error).await?;
-            return Ok(count(attempts));
-        }
-        let attempts: Option<i64> = sqlx::query_scalar(DB::NOTE_FAILURE)
-            .bind(consumer)
-            .bind(message_id)
-            .bind(error)
-            .fetch_optional(pool)
-            .await?;
+        let attempts = failure_counted(pool, DB::NOTE_FAILURE, consumer, message_id, error).await?;
         Ok(count(attempts))
     }
 
@@ -199,17 +189,11 @@ where
         message_id: &str,
         error: &str,
     ) -> Result<u32, crate::error::Error> {
-        if !DB::FAILURE_RETURNS_COUNT {
-            let attempts =
-                counted_apart(pool, DB::COUNT_FAILURE, consumer, message_id, error).await?;
-            return Ok(count(attempts));
-        }
-        let attempts: i64 = sqlx::query_scalar(DB::COUNT_FAILURE)
-            .bind(consumer)
-            .bind(message_id)
-            .bind(error)
-            .fetch_one(pool)
-            .await?;
+        // The upsert always answers with the count: a missing one is an error, as a row not
+        // found.
+        let attempts = failure_counted(pool, DB::COUNT_FAILURE, consumer, message_id, error)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
         Ok(count(Some(attempts)))
     }
 
@@ -255,10 +239,12 @@ where
     }
 }
 
-/// Runs a failure statement that returns nothing ([`Dialect::FAILURE_RETURNS_COUNT`] is
-/// `false`) and reads the count it left with [`Dialect::ATTEMPTS`], both in one transaction, so
-/// that the row the statement wrote stays locked until the count is read.
-async fn counted_apart<DB>(
+/// Runs `statement`, which notes a failure of `message_id` (its parameters the consumer, the
+/// message id and the error), and reads how many times the message failed: from the
+/// statement's own answer where the database returns it ([`Dialect::FAILURE_RETURNS_COUNT`]);
+/// otherwise with [`Dialect::ATTEMPTS`] in the same transaction, so that the row the statement
+/// wrote stays locked until the count is read. `None` when the statement wrote nothing.
+async fn failure_counted<DB>(
     pool: &Pool<DB>,
     statement: &'static str,
     consumer: &str,
@@ -273,6 +259,14 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
 {
+    if DB::FAILURE_RETURNS_COUNT {
+        return Ok(sqlx::query_scalar(statement)
+            .bind(consumer)
+            .bind(message_id)
+            .bind(error)
+            .fetch_optional(pool)
+            .await?);
+    }
     let mut tx = pool.begin().await?;
     sqlx::query(statement)
         .bind(consumer)

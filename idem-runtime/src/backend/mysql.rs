@@ -384,6 +384,28 @@ async fn claim(conn: &mut MySqlConnection, key: &KeyRef) -> Result<Claimed, crat
 /// A key as its row holds it: `scope` and `key`, as bytes.
 type RowKey = (Vec<u8>, Vec<u8>);
 
+/// Begins a transaction on `conn` (read committed) and reads, locking them, the rows that
+/// `select` chooses (its parameters `first`, then `limit`): the transaction, the rows and their
+/// keys. MySQL's `DELETE` and `UPDATE` cannot skip locked rows, so a batch is chosen first.
+async fn choose<'c, T>(
+    conn: &'c mut MySqlConnection,
+    select: &'static str,
+    first: T,
+    limit: i64,
+) -> Result<(Transaction<'c, MySql>, Vec<MySqlRow>, Vec<RowKey>), crate::error::Error>
+where
+    T: for<'q> sqlx::Encode<'q, MySql> + sqlx::Type<MySql> + Send + 'c,
+{
+    let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
+    let rows = sqlx::query(select)
+        .bind(first)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+    let keys = keys_of(&rows)?;
+    Ok((tx, rows, keys))
+}
+
 /// The keys of `rows`.
 fn keys_of(rows: &[sqlx::mysql::MySqlRow]) -> Result<Vec<RowKey>, crate::error::Error> {
     rows.iter()
@@ -646,13 +668,7 @@ impl Storage for MySql {
         }
         // MySQL's DELETE cannot skip locked rows: the rows are chosen and locked first, then
         // deleted by key, in one short transaction.
-        let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
-        let rows = sqlx::query(PURGE_SELECT)
-            .bind(from)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
-        let keys = keys_of(&rows)?;
+        let (mut tx, rows, keys) = choose(conn, PURGE_SELECT, from, limit).await?;
         let mut deleted = 0;
         for chunk in keys.chunks(KEYS_PER_STATEMENT) {
             let mut delete = QueryBuilder::<MySql>::new("DELETE idem_keys FROM ");
@@ -670,13 +686,7 @@ impl Storage for MySql {
         token: i64,
         with_steps: bool,
     ) -> Result<Vec<Abandoned>, crate::error::Error> {
-        let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
-        let rows = sqlx::query(RECLAIM_SELECT)
-            .bind(with_steps)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
-        let keys = keys_of(&rows)?;
+        let (mut tx, _, keys) = choose(conn, RECLAIM_SELECT, with_steps, limit).await?;
         if keys.is_empty() {
             // Ended now rather than when the connection is next used (sqlx's rollback of a
             // dropped transaction), so that it holds nothing past the pass.

@@ -13,12 +13,14 @@ use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, RawRecord, RecordedStep, checked_fingerprint,
 };
 
-/// Runs `statement`, whose parameters are the scope, the key and a claim token, on the row of
-/// `key` owned by `token`: whether it wrote that one row. (A macro rather than a function: the
-/// statement runs under the bounds of `SharedStorage`'s one implementation.)
+/// Runs `statement` on the row of `key` owned by `token`: whether it wrote that one row. Its
+/// parameters are the values in brackets, then the scope, the key and the claim token. (A macro
+/// rather than a function: the statement runs under the bounds of `SharedStorage`'s one
+/// implementation.)
 macro_rules! on_owned_row {
-    ($statement:expr, $conn:expr, $key:expr, $token:expr) => {{
+    ($statement:expr, $conn:expr, [$($first:expr),*], $key:expr, $token:expr) => {{
         let done = sqlx::query($statement)
+            $(.bind($first))*
             .bind(&$key.scope)
             .bind(&$key.key)
             .bind($token)
@@ -167,17 +169,19 @@ where
         token: i64,
         retention: Option<Duration>,
     ) -> Result<bool, crate::error::Error> {
-        let done = sqlx::query(DB::COMPLETE_STARTED)
-            .bind(DB::status(c.response.status)?)
-            .bind(Json(&c.response.headers))
-            .bind(&c.response.body)
-            .bind(DB::expiry(retention))
-            .bind(&c.key.scope)
-            .bind(&c.key.key)
-            .bind(token)
-            .execute(conn)
-            .await?;
-        Ok(DB::rows_affected(&done) == 1)
+        let response = c.response;
+        Ok(on_owned_row!(
+            DB::COMPLETE_STARTED,
+            conn,
+            [
+                DB::status(response.status)?,
+                Json(&response.headers),
+                &response.body,
+                DB::expiry(retention)
+            ],
+            c.key,
+            token
+        ))
     }
 
     async fn release(
@@ -185,7 +189,7 @@ where
         key: &KeyRef,
         token: i64,
     ) -> Result<bool, crate::error::Error> {
-        Ok(on_owned_row!(DB::RELEASE, conn, key, token))
+        Ok(on_owned_row!(DB::RELEASE, conn, [], key, token))
     }
 
     async fn give_up(
@@ -193,11 +197,11 @@ where
         key: &KeyRef,
         token: i64,
     ) -> Result<bool, crate::error::Error> {
-        if on_owned_row!(DB::RELEASE_WITHOUT_STEPS, &mut *conn, key, token) {
+        if on_owned_row!(DB::RELEASE_WITHOUT_STEPS, &mut *conn, [], key, token) {
             return Ok(true);
         }
         // Steps are recorded (or the claim is no longer `token`'s: then nothing matches).
-        Ok(on_owned_row!(DB::LAPSE, conn, key, token))
+        Ok(on_owned_row!(DB::LAPSE, conn, [], key, token))
     }
 
     async fn record_steps(
@@ -206,14 +210,13 @@ where
         token: i64,
         steps: &[RecordedStep],
     ) -> Result<bool, crate::error::Error> {
-        let done = sqlx::query(DB::RECORD_STEPS)
-            .bind(Json(steps))
-            .bind(&key.scope)
-            .bind(&key.key)
-            .bind(token)
-            .execute(conn)
-            .await?;
-        Ok(DB::rows_affected(&done) == 1)
+        Ok(on_owned_row!(
+            DB::RECORD_STEPS,
+            conn,
+            [Json(steps)],
+            key,
+            token
+        ))
     }
 
     async fn recorded_steps(
@@ -260,14 +263,13 @@ where
             key_param = DB::param(3),
             token = DB::param(4),
         );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(reason)
-            .bind(&key.scope)
-            .bind(&key.key)
-            .bind(token)
-            .execute(conn)
-            .await?;
-        Ok(DB::rows_affected(&done) == 1)
+        Ok(on_owned_row!(
+            sqlx::AssertSqlSafe(sql),
+            conn,
+            [reason],
+            key,
+            token
+        ))
     }
 
     async fn migrate(pool: &Pool<DB>) -> Result<(), crate::error::Error> {
