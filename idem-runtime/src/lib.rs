@@ -40,7 +40,7 @@
 //!
 //! The handler only borrows the transaction, so it cannot commit half its work: the macro
 //! commits the business writes and the completed key together, or neither. The router's state
-//! provides the [`Store`], as the state itself or through [`FromRef`](axum::extract::FromRef)
+//! provides the [`Store`], as the state itself or through [`FromRef`]
 //! (write `state = AppState` in the attribute to have that checked at the handler).
 //!
 //! ## Features
@@ -208,6 +208,11 @@ pub use tokio_util::sync::CancellationToken;
 /// The sqlx idem is built on: a handler's `Transaction` and the pool given to [`Store`] must be
 /// this version's types.
 pub use sqlx;
+
+/// How a router's state, or a tonic service, hands handlers the [`Store`]: implement
+/// `FromRef<YourState> for Store<DB>`. Re-exported from axum so that a service that serves only
+/// gRPC needs no `axum` dependency of its own for it.
+pub use axum::extract::FromRef;
 
 /// PostgreSQL behind a connection pooler: what the pooler lets through, told at start instead
 /// of as a bare sqlx error under load ([`check_pooler`](postgres::check_pooler)).

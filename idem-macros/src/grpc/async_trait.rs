@@ -21,7 +21,10 @@ pub fn refusal(method: &ItemFn) -> Option<TokenStream> {
     rewritten.then(|| {
         let error = syn::Error::new(
             method.sig.ident.span(),
-            "`#[idempotent]` on a method of a tonic service needs `#[idem_runtime::grpc]` on its impl, above `#[tonic::async_trait]`: it rewrites the method before async-trait does",
+            crate::errors::unless_grpc_is_off(
+                cfg!(feature = "grpc"),
+                "`#[idempotent]` on a method of a tonic service needs `#[idem_runtime::grpc]` on its impl, above `#[tonic::async_trait]`: it rewrites the method before async-trait does",
+            ),
         )
         .to_compile_error();
         let stand_in = stand_in(&method.attrs, &method.vis, &method.sig);

@@ -30,7 +30,10 @@ pub fn sort(sig: &Signature, errors: &mut Vec<syn::Error>) -> Params {
         match input {
             FnArg::Receiver(receiver) => errors.push(syn::Error::new_spanned(
                 receiver,
-                "`#[idempotent]` handlers cannot take `self`: write a free `async fn` and pass the state through an extractor such as `State`; on a tonic service method, put `#[idem_runtime::grpc]` on the impl, above `#[tonic::async_trait]`",
+                crate::errors::unless_grpc_is_off(
+                    cfg!(feature = "grpc"),
+                    "`#[idempotent]` handlers cannot take `self`: write a free `async fn` and pass the state through an extractor such as `State`; on a tonic service method, put `#[idem_runtime::grpc]` on the impl, above `#[tonic::async_trait]`",
+                ),
             )),
             FnArg::Typed(arg) => errors.extend(params.add(arg)),
         }
