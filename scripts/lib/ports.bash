@@ -1,5 +1,5 @@
-# Loopback ports for the servers that scripts/galera and scripts/nats-cluster start; sourced by
-# both.
+# Loopback ports for the servers that scripts/galera, scripts/nats-cluster, scripts/pooler and
+# scripts/pg-ha start; sourced by all four.
 #
 # A port found free and bound later by a server can be taken in between. Two things keep that
 # from failing a run:
