@@ -57,6 +57,8 @@
 //! - `mysql`: handlers on `Transaction<'_, sqlx::MySql>` on MariaDB 10.6 or newer (InnoDB;
 //!   Galera clusters too). MySQL 8 itself is not supported yet: the claim uses MariaDB's
 //!   per-statement lock wait.
+//! - `grpc`: `#[idempotent]` on tonic service methods, with `#[idem_runtime::grpc]` on their
+//!   impl (the `grpc` module has the status mapping).
 //! - `uuid`: [`IdempotencyScope`] for `uuid::Uuid`.
 //!
 //! ```toml

@@ -54,3 +54,31 @@ fn each_library_crate_names_in_its_docs_every_database_and_broker_it_has_a_featu
         );
     }
 }
+
+/// The guide's "Your first tonic service" shows each file of `examples/first-tonic-service` as
+/// it is (the manifest with idem as a `git` dependency instead of the repository's path), so
+/// that the page a newcomer follows is the code the suite builds and runs.
+#[test]
+fn the_first_tonic_service_page_shows_each_file_of_the_service_as_it_is() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let page = std::fs::read_to_string(workspace.join("docs/guide/grpc-first-service.md"))
+        .expect("the page");
+    let service = workspace.join("examples/first-tonic-service");
+    for file in [
+        "Cargo.toml",
+        "build.rs",
+        "proto/bank/v1/transfers.proto",
+        "src/main.rs",
+        "tests/replay.rs",
+    ] {
+        let text = std::fs::read_to_string(service.join(file)).expect("the service's file");
+        let shown = text.replace(
+            r#"idem-runtime = { path = "../../idem-runtime","#,
+            r#"idem-runtime = { git = "https://github.com/idem-rs/idem","#,
+        );
+        assert!(
+            page.contains(&format!("\n{shown}```")),
+            "docs/guide/grpc-first-service.md does not show {file} as it is: copy it into the page"
+        );
+    }
+}
