@@ -1,8 +1,8 @@
 //! Error collection: each check reports into a list instead of stopping the macro, and the list
 //! becomes one `syn::Error` whose parts keep their own spans, so that the compiler shows every
-//! problem at once (serde_derive's `ctxt.rs` does the same); and the one refusal whose words
-//! depend on a feature of idem-runtime. Every other file may import this one; it imports none
-//! of them.
+//! problem at once (serde_derive's `ctxt.rs` does the same); and the fix a tonic method's
+//! refusal ends with, whose words depend on a feature of idem-runtime. Every other file may
+//! import this one; it imports none of them.
 
 /// Folds errors into one, so that each is reported at its own span.
 pub fn combine(errors: impl IntoIterator<Item = syn::Error>) -> Option<syn::Error> {
@@ -25,17 +25,16 @@ pub fn unless_collected<T>(mut errors: Vec<syn::Error>, result: syn::Result<T>) 
     }
 }
 
-/// The refusal of a tonic method's `#[idempotent]` that lacks `#[idem_runtime::grpc]` on its
-/// impl: `message` where idem-runtime's `grpc` feature is on; where it is off that attribute
-/// does not exist (rustc says so beside this), and the fix is the feature, not the attribute.
-pub fn unless_grpc_is_off(grpc_feature: bool, message: &str) -> String {
+/// How to make a tonic method's `#[idempotent]` work, to end a refusal with: mark the impl;
+/// and where idem-runtime's `grpc` feature is off, turn it on first (`#[idem_runtime::grpc]`
+/// does not exist then, as rustc says beside this).
+pub fn tonic_method_fix(grpc_feature: bool) -> &'static str {
     if grpc_feature {
-        return message.to_owned();
+        "put `#[idem_runtime::grpc]` on the impl, above `#[tonic::async_trait]`"
+    } else {
+        "turn on the `grpc` feature of `idem-runtime` (`features = [\"grpc\", ...]`), which is \
+         off, and put `#[idem_runtime::grpc]` on the impl, above `#[tonic::async_trait]`"
     }
-    "`#[idempotent]` on a tonic method needs the `grpc` feature of `idem-runtime`, which is off: \
-     `idem-runtime = { ..., features = [\"grpc\", ...] }`; then mark the impl \
-     `#[idem_runtime::grpc]`, above `#[tonic::async_trait]`"
-        .to_owned()
 }
 
 #[cfg(test)]
@@ -44,13 +43,16 @@ mod tests {
 
     #[test]
     fn a_tonic_method_without_the_grpc_feature_is_told_to_turn_it_on() {
-        let with = unless_grpc_is_off(true, "put `#[idem_runtime::grpc]` on the impl");
-        assert_eq!(with, "put `#[idem_runtime::grpc]` on the impl");
-        let without = unless_grpc_is_off(false, "put `#[idem_runtime::grpc]` on the impl");
+        let with = tonic_method_fix(true);
+        assert_eq!(
+            with,
+            "put `#[idem_runtime::grpc]` on the impl, above `#[tonic::async_trait]`"
+        );
+        let without = tonic_method_fix(false);
         assert!(
-            without.contains("the `grpc` feature of `idem-runtime`, which is off"),
+            without.starts_with("turn on the `grpc` feature of `idem-runtime`"),
             "{without}"
         );
-        assert!(without.contains("features = [\"grpc\""), "{without}");
+        assert!(without.ends_with(with), "{without}");
     }
 }

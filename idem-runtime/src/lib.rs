@@ -216,17 +216,49 @@ pub use sqlx;
 /// gRPC needs no `axum` dependency of its own for it.
 pub use axum::extract::FromRef;
 
-/// PostgreSQL behind a connection pooler: what the pooler lets through, told at start instead
-/// of as a bare sqlx error under load ([`check_pooler`](postgres::check_pooler)).
 #[cfg(feature = "postgres")]
 pub mod postgres {
+    //! PostgreSQL behind a connection pooler: what the pooler lets through, told at start instead
+    //! of as a bare sqlx error under load.
+    //!
+    //! A pooler in session mode (PgBouncer's `pool_mode = session`) gives each client connection a
+    //! server connection of its own for as long as it stays open: everything works as on a direct
+    //! connection. In transaction mode it hands a server connection to a client for one transaction
+    //! only, and to another client next. sqlx prepares every statement it sends under a name
+    //! (`sqlx_s_<n>`, even with its statement cache off) and keeps it on the server connection, so
+    //! two clients' names collide there (`prepared statement "sqlx_s_1" already exists`), and a
+    //! statement's `Bind` can land on another server connection than its `Parse`. PgBouncer 1.21
+    //! and newer keep clients' prepared statements apart when `max_prepared_statements` is set;
+    //! older ones, and other poolers in transaction mode, do not.
+    //!
+    //! ```no_run
+    //! # async fn example(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
+    //! // Refuses a transaction-mode pooler that breaks sqlx's statements, with what to do.
+    //! let pooling = idem_runtime::postgres::check_pooler(&pool).await?;
+    //! if pooling == idem_runtime::postgres::Pooling::Shared {
+    //!     // Serving works; run the migrations through a direct connection.
+    //! }
+    //! # Ok(()) }
+    //! ```
+
     pub use crate::pooler::{Pooling, check_pooler};
 }
 
-/// Opening a SQLite file as idem expects it: one writer at a time, readers beside it
-/// ([`connect`](sqlite::connect)).
 #[cfg(feature = "sqlite")]
 pub mod sqlite {
+    //! Opening a SQLite file as idem expects it: one writer at a time, readers beside it.
+    //!
+    //! ```no_run
+    //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    //! use idem_runtime::Store;
+    //!
+    //! let pool = idem_runtime::sqlite::connect("app.db").await?;
+    //! idem_runtime::migrate(&pool).await?;
+    //! let store = Store::new(pool);
+    //! # let _ = store;
+    //! # Ok(()) }
+    //! ```
+
     pub use crate::sqlite_file::{connect, connect_options};
 }
 

@@ -18,14 +18,14 @@ pub struct Stats {
     /// Rows past their expiry that the purge has not deleted yet (parked claims, which the
     /// purge passes over, not counted).
     pub expired: i64,
-    /// Claims the recovery gave up on, waiting for an operator ([`Store::parked`](crate::store::Store::parked)).
+    /// Claims the recovery gave up on, waiting for an operator
+    /// ([`Store::parked`](crate::store::Store::parked)).
     pub parked: i64,
 }
 
-/// A claim the recovery gave up on ([`RecoveryOptions::max_attempts`](crate::tasks::RecoveryOptions::max_attempts)): its request's route,
-/// never its body.
-///
-/// [`RecoveryOptions::max_attempts`]: crate::tasks::RecoveryOptions::max_attempts
+/// A claim the recovery gave up on
+/// ([`RecoveryOptions::max_attempts`](crate::tasks::RecoveryOptions::max_attempts)): its
+/// request's route, never its body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct ParkedClaim {
@@ -39,9 +39,8 @@ pub struct ParkedClaim {
     pub path: String,
     /// The rounds the recovery's hook had at it.
     pub attempts: i64,
-    /// The hook's last reason ([`Verdict::Failed`](crate::tasks::Verdict::Failed)); `None` when it only ever kept the claim.
-    ///
-    /// [`Verdict::Failed`]: crate::tasks::Verdict::Failed
+    /// The hook's last reason ([`Verdict::Failed`](crate::tasks::Verdict::Failed)); `None` when
+    /// it only ever kept the claim.
     pub last_error: Option<String>,
     /// Since it was parked, in milliseconds.
     pub parked_ms: i64,

@@ -1,15 +1,5 @@
-//! Opening a SQLite file as idem expects it: one writer at a time, readers beside it.
-//!
-//! ```no_run
-//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_runtime::Store;
-//!
-//! let pool = idem_runtime::sqlite::connect("app.db").await?;
-//! idem_runtime::migrate(&pool).await?;
-//! let store = Store::new(pool);
-//! # let _ = store;
-//! # Ok(()) }
-//! ```
+//! Opening a SQLite file as idem expects it: the public `idem_runtime::sqlite` (documented
+//! there).
 
 use std::{path::Path, time::Duration};
 

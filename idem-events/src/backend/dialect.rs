@@ -13,7 +13,7 @@ pub(super) const NUMBERED_CLEAR_FAILURES: &str =
 /// The SQL in which one database differs from the others in the statements they share: those
 /// statements bind alike everywhere (text, an `i64` count of milliseconds for a retention, a
 /// limit), read attempts as a 64-bit integer, and let the database compute the time. Implemented
-/// once per database (`storage/postgres.rs`, `storage/sqlite.rs`, `storage/mysql.rs`); every
+/// once per database (`backend/postgres.rs`, `backend/sqlite.rs`, `backend/mysql.rs`); every
 /// database that implements it gets [`SharedEventStorage`](super::shared::SharedEventStorage),
 /// the statements written once for all.
 ///

@@ -189,12 +189,14 @@ where
         message_id: &str,
         error: &str,
     ) -> Result<u32, crate::error::Error> {
-        // The upsert always answers with the count: a missing one is an error, as a row not
-        // found.
-        let attempts = failure_counted(pool, DB::COUNT_FAILURE, consumer, message_id, error)
-            .await?
-            .ok_or(sqlx::Error::RowNotFound)?;
-        Ok(count(Some(attempts)))
+        let attempts =
+            failure_counted(pool, DB::COUNT_FAILURE, consumer, message_id, error).await?;
+        // An upsert that returns the count always answers with one: none is an error, as a row
+        // not found. Counted apart (MySQL), no row read back counts as none.
+        if DB::FAILURE_RETURNS_COUNT && attempts.is_none() {
+            return Err(sqlx::Error::RowNotFound.into());
+        }
+        Ok(count(attempts))
     }
 
     async fn clear_failures(

@@ -21,10 +21,14 @@ pub fn refusal(method: &ItemFn) -> Option<TokenStream> {
     rewritten.then(|| {
         let error = syn::Error::new(
             method.sig.ident.span(),
-            crate::errors::unless_grpc_is_off(
-                cfg!(feature = "grpc"),
-                "`#[idempotent]` on a method of a tonic service needs `#[idem_runtime::grpc]` on its impl, above `#[tonic::async_trait]`: it rewrites the method before async-trait does",
-            ),
+            if cfg!(feature = "grpc") {
+                "`#[idempotent]` on a method of a tonic service needs `#[idem_runtime::grpc]` on its impl, above `#[tonic::async_trait]`: it rewrites the method before async-trait does".to_owned()
+            } else {
+                format!(
+                    "`#[idempotent]` on a method of a tonic service: {}",
+                    crate::errors::tonic_method_fix(false)
+                )
+            },
         )
         .to_compile_error();
         let stand_in = stand_in(&method.attrs, &method.vis, &method.sig);

@@ -30,9 +30,9 @@ pub fn sort(sig: &Signature, errors: &mut Vec<syn::Error>) -> Params {
         match input {
             FnArg::Receiver(receiver) => errors.push(syn::Error::new_spanned(
                 receiver,
-                crate::errors::unless_grpc_is_off(
-                    cfg!(feature = "grpc"),
-                    "`#[idempotent]` handlers cannot take `self`: write a free `async fn` and pass the state through an extractor such as `State`; on a tonic service method, put `#[idem_runtime::grpc]` on the impl, above `#[tonic::async_trait]`",
+                format!(
+                    "`#[idempotent]` handlers cannot take `self`: write a free `async fn` and pass the state through an extractor such as `State`; on a tonic service method, {}",
+                    crate::errors::tonic_method_fix(cfg!(feature = "grpc")),
                 ),
             )),
             FnArg::Typed(arg) => errors.extend(params.add(arg)),

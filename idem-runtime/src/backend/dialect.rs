@@ -12,9 +12,9 @@
 //!   `shared.rs` or `inspection.rs`;
 //! - a statement only one database runs (its claim, its lookup, its purge) is a constant of
 //!   that database's file, beside the `impl Storage` that runs it;
-//! - on PostgreSQL, the claim and the external-mode start are SQL functions (`idem_claim`,
-//!   `idem_start`) that the migrations create, so that each takes one round trip; the file's
-//!   constant is the call.
+//! - on PostgreSQL, the external-mode start is a SQL function (`idem_start`) that the
+//!   migrations create, so that it takes one round trip; the file's constant (`START`) is the
+//!   call.
 
 use std::{future::Future, time::Duration};
 

@@ -32,9 +32,6 @@ use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started, fresh_token,
 };
 
-/// The handler's transaction, with a savepoint only this transaction has: a handler that ends
-/// the transaction itself (`COMMIT`, `ROLLBACK`) takes the savepoint with it, and the
-/// completion, which releases it first, then knows.
 /// How a statement that writes one key's row begins: `update_by_key!()` or `delete_by_key!()`,
 /// reaching the row by the primary key only (`FORCE INDEX (PRIMARY)`; MariaDB takes an index
 /// hint on a `DELETE` in the multi-table form), for `concat!` to join to the rest.
@@ -58,6 +55,9 @@ macro_rules! delete_by_key {
     };
 }
 
+/// The handler's transaction, with a savepoint only this transaction has: a handler that ends
+/// the transaction itself (`COMMIT`, `ROLLBACK`) takes the savepoint with it, and the
+/// completion, which releases it first, then knows.
 const BEGIN_CLAIM: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
      SAVEPOINT idem_claim";
 const RELEASE_CLAIM: &str = "RELEASE SAVEPOINT idem_claim";

@@ -1,6 +1,8 @@
 //! The store handed to idempotent handlers through router state: a pool and its options, and
-//! the one gate from the request flow, the steps and the tasks to the database. Every
-//! statement a request runs goes through a method here, bounded by the request's deadline.
+//! the one gate from the request flow and the steps to the database. Every statement a request
+//! runs goes through a method here, bounded by a deadline: the request's (a transactional
+//! claim's, from the pool to the `COMMIT`), or the store's `database_timeout` from now for
+//! each write of an external claim; a database step's statements are bounded by its caller.
 //!
 //! - [`options`]: [`StoreOptions`], the layer's limits and answers;
 //! - [`held`]: the keys this process's requests hold right now.
