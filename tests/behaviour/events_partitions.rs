@@ -489,6 +489,16 @@ async fn a_spawned_relay_and_consumer_carry_on_after_the_database_heals(
     };
     let mut enqueued = vec![enqueue_committed(&direct, 0).await];
     applied_all(&enqueued).await;
+    // The relay marks an event published after the broker confirmed it, and the consumer may
+    // apply it before that: the freeze must not be cued by the first event's mark, or the second
+    // event would never reach the consumer while the database is away, and the consumer would
+    // have nothing to warn about.
+    wait_within(
+        WAIT_DEADLINE,
+        "the first event marked published",
+        || async { count(&direct, UNPUBLISHED).await == 0 },
+    )
+    .await;
 
     proxy.freeze_after(Cue::commit());
     enqueued.push(enqueue_committed(&direct, 1).await);
