@@ -18,7 +18,7 @@
 //! [`SettleAbandoned`]: abandoned orders finished or given back, refunds released) or `release`
 //! (idem's own [`ReleaseAbandoned`], which releases claims without recorded steps and leaves
 //! the orders' claims to retries). `$PURGE_EVERY` sets the seconds between passes of the purge
-//! of expired keys (default 60).
+//! of expired keys (default 60; `0` turns it off, for the alerts' test of a service without one).
 //!
 //! Every succeeded payment enqueues a `payment.succeeded` event in its transaction; the
 //! service relays them to RabbitMQ at `$AMQP_URL`, or with `$EVENTS=redis` to the Redis stream
@@ -80,8 +80,8 @@ async fn run() -> Result<(), Error> {
 /// How the background tasks run, from the environment.
 #[derive(Debug, Clone, Copy)]
 struct Tasks {
-    /// `$PURGE_EVERY`.
-    purge_every: Duration,
+    /// `$PURGE_EVERY`; `None`: off.
+    purge_every: Option<Duration>,
     /// `$RECOVERY_EVERY`; `None`: off.
     recovery_every: Option<Duration>,
     /// `$RECOVERY_HOOK`.
@@ -159,11 +159,14 @@ async fn serve<DB: Sql>(
     // and order claims lease for 5 s; abandoned refunds are released so that a retry runs again
     // (the processor deduplicates through the derived key), abandoned orders are finished or
     // have their stock given back.
-    let purge = Purge::new(
-        store.clone(),
-        PurgeOptions::default().with_interval(tasks.purge_every),
-    )
-    .spawn(stop.clone());
+    let purge = match tasks.purge_every {
+        Some(every) => Purge::new(store.clone(), PurgeOptions::default().with_interval(every))
+            .spawn(stop.clone()),
+        None => {
+            tracing::warn!("purge task off (PURGE_EVERY=0): expired keys stay");
+            TaskHandle::spawn(&stop, |_| async {})
+        }
+    };
     let processor = ProcessorClient::new(processor_url);
     // Where several instances share a database, one running the recovery is enough.
     let recovery = match tasks.recovery_every {
@@ -304,18 +307,15 @@ fn recovery_hook() -> Result<Hook, Error> {
     }
 }
 
-/// `$PURGE_EVERY`: seconds between passes of the purge (default 60).
-fn purge_every() -> Result<Duration, Error> {
+/// `$PURGE_EVERY`: seconds between passes of the purge (default 60); `0` turns it off.
+fn purge_every() -> Result<Option<Duration>, Error> {
     let Ok(value) = std::env::var("PURGE_EVERY") else {
-        return Ok(PurgeOptions::default().interval());
+        return Ok(Some(PurgeOptions::default().interval()));
     };
-    match value.parse::<u64>() {
-        Ok(secs) if secs > 0 => Ok(Duration::from_secs(secs)),
-        _ => Err(format!(
-            "PURGE_EVERY must be a whole number of seconds, at least 1, got {value:?}"
-        )
-        .into()),
-    }
+    let secs: u64 = value.parse().map_err(|_| {
+        format!("PURGE_EVERY must be a whole number of seconds (0: off), got {value:?}")
+    })?;
+    Ok((secs > 0).then(|| Duration::from_secs(secs)))
 }
 
 /// `$RECOVERY_EVERY`: seconds between passes of the recovery task (default 10); `0` turns it

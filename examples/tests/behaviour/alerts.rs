@@ -1,8 +1,9 @@
 //! The alert rules (`deploy/prometheus/idem.rules.yml`) against real faults. A real Prometheus
 //! scrapes the example's real services (`payments` and `ledger`, on MariaDB and RabbitMQ) every
 //! second and evaluates the rules; ordinary clients pay and replay throughout. For each alert,
-//! its fault is made to happen for real (the database partitioned away, a client reusing a key,
-//! duplicates racing, the service SIGKILLed mid-refund, an order's process aborted mid-way with
+//! its fault is made to happen for real (the database partitioned away until a first burst of
+//! requests fails, a client reusing a key, duplicates racing, the service SIGKILLed mid-refund,
+//! the service started without its purge or its recovery task, an order's process aborted mid-way with
 //! the processor away or a hook that leaves it to retries, the broker away, a topic bound to no
 //! queue, a message the ledger cannot read), the test waits until Prometheus lists the alert as
 //! firing, ends the fault, and waits until the alert is gone over freshly scraped series (not
@@ -21,8 +22,8 @@
 //!
 //! The long test runs in a pass of its own after the suite (`scripts/test`), so that its
 //! times are not another test's load; it takes about five and a half minutes, most of it the
-//! alerts' windows running out: `IdemPurgeBehind` alone needs the database away for over a
-//! minute (the copy's hour), and the healthy run then lasts as long.
+//! alerts' windows running out: `IdemPurgeBehind` alone needs a service without its purge for
+//! over a minute (the copy's hour), and the healthy run then lasts as long.
 
 use crate::support::{self, Database, Process, Processor, refunds_executed, wait_until};
 
@@ -403,7 +404,7 @@ fn the_rules_copy_with_short_windows_changes_only_time_windows_and_passes_promto
     );
     assert_eq!(changed.get("seconds threshold"), Some(&2), "{short}");
     let purge_behind = format!(
-        "time() - max(idem_purge_last_success_timestamp_seconds) > {}",
+        "time() - max by (job) (idem_purge_last_success_timestamp_seconds) > {}",
         PURGE_BEHIND.as_secs()
     );
     for expected in [
@@ -411,7 +412,7 @@ fn the_rules_copy_with_short_windows_changes_only_time_windows_and_passes_promto
         "for: 15s",
         "[15s]",
         "offset 15s",
-        "max(idem_outbox_oldest_waiting_seconds) > 1",
+        "max by (job) (idem_outbox_oldest_waiting_seconds) > 1",
         purge_behind.as_str(),
         "> 0.2",
         "> 0.1",
@@ -445,6 +446,60 @@ fn every_alert_of_the_rules_has_a_fault_that_fires_it() {
         "rows of `faults()` that name no alert of idem.rules.yml: {without_alert:?}"
     );
     assert_eq!(rows.len(), faults().len(), "one row per alert");
+}
+
+/// Where the rules' `runbook_url`s point: the operations chapter on the repository's pages
+/// (the workspace's `repository`, branch `main`).
+const RUNBOOKS: &str = "https://github.com/idem-rs/idem/blob/main/docs/guide/operations.md#";
+
+/// Every alert's `runbook_url` annotation is a link (Alertmanager's and Grafana's notifications
+/// show it as one; a repository path is no address) to its runbook: a heading `### <alert>`
+/// of the operations chapter, whose anchor GitHub makes by lowercasing it.
+#[test]
+fn every_alert_links_to_its_runbook_in_the_operations_chapter() {
+    let repository = include_str!("../../../Cargo.toml")
+        .lines()
+        .find_map(|line| line.strip_prefix("repository = "))
+        .expect("the workspace names its repository")
+        .trim_matches('"');
+    assert!(
+        RUNBOOKS.starts_with(&format!("{repository}/blob/main/")),
+        "{RUNBOOKS} is under the workspace's repository, {repository}"
+    );
+    let guide = include_str!("../../../docs/guide/operations.md");
+    let headings: BTreeSet<&str> = guide
+        .lines()
+        .filter_map(|line| line.strip_prefix("### "))
+        .map(str::trim)
+        .collect();
+    let mut links = BTreeMap::new();
+    let mut alert = None;
+    for line in RULES.lines().map(str::trim_start) {
+        if let Some(name) = line.strip_prefix("- alert:") {
+            alert = Some(name.trim());
+        } else if let Some(url) = line.strip_prefix("runbook_url:") {
+            let alert = alert.expect("a runbook_url inside an alert");
+            links.insert(alert, url.trim().trim_matches('"'));
+        }
+    }
+    for alert in alert_names(RULES) {
+        let link = links
+            .get(alert.as_str())
+            .unwrap_or_else(|| panic!("{alert} has no runbook_url annotation"));
+        assert_eq!(
+            *link,
+            format!("{RUNBOOKS}{}", alert.to_lowercase()),
+            "{alert}'s runbook_url"
+        );
+        assert!(
+            headings.contains(alert.as_str()),
+            "docs/guide/operations.md has no heading `### {alert}`, the runbook {link} points to"
+        );
+    }
+    assert!(
+        !RULES.contains("runbook:"),
+        "a runbook annotation by a repository path is left"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -485,10 +540,12 @@ fn faults() -> Vec<Fault> {
     vec![
         Fault {
             alert: "IdemStoreFailing",
-            fault: "the payments service's database link partitioned (MariaDB stops answering)",
-            fix: "the partition healed",
-            cause: |stack| Box::pin(async move { stack.partition_database() }),
-            end: |stack| Box::pin(async move { stack.heal_database() }),
+            fault: "the payments service's database link partitioned (MariaDB stops answering) \
+                    until its first requests fail, then healed at once: one burst of failures, \
+                    on a series the process had not exported before",
+            fix: "nothing: the partition is healed already",
+            cause: |stack| Box::pin(stack.a_first_burst_of_store_failures()),
+            end: |_| Box::pin(async { Instant::now() }),
             within: DEADLINE,
         },
         Fault {
@@ -514,6 +571,15 @@ fn faults() -> Vec<Fault> {
                     client's retry takes the claim over",
             fix: "payments started again with its recovery task",
             cause: |stack| Box::pin(stack.take_over_an_abandoned_refund()),
+            end: |stack| Box::pin(stack.restart_payments()),
+            within: DEADLINE,
+        },
+        Fault {
+            alert: "IdemRecoveryNotRunning",
+            fault: "payments started again without its recovery task (RECOVERY_EVERY=0); a \
+                    refund, an external claim, made",
+            fix: "payments started again with its recovery task",
+            cause: |stack| Box::pin(stack.external_claims_without_a_recovery()),
             end: |stack| Box::pin(stack.restart_payments()),
             within: DEADLINE,
         },
@@ -552,12 +618,12 @@ fn faults() -> Vec<Fault> {
         },
         Fault {
             alert: "IdemPurgeBehind",
-            fault: "the payments service's database link partitioned for longer than the purge \
-                    may fall behind: its passes (every second) fail",
-            fix: "the partition healed: the purge's next pass gets through",
-            cause: |stack| Box::pin(async move { stack.partition_database() }),
-            end: |stack| Box::pin(async move { stack.heal_database() }),
-            // The alert fires only once the threshold has passed since the last pass.
+            fault: "payments started again without its purge task (PURGE_EVERY=0): no pass ever \
+                    gets through",
+            fix: "payments started again with its purge task: its first pass gets through",
+            cause: |stack| Box::pin(stack.restart_payments_with(&[("PURGE_EVERY", "0")])),
+            end: |stack| Box::pin(stack.restart_payments()),
+            // The alert fires only once the threshold has passed since the process started.
             within: PURGE_BEHIND + DEADLINE,
         },
         Fault {
@@ -760,8 +826,13 @@ impl Stack {
 
     /// The payments service killed and started again as [`Stack::start`] started it.
     async fn restart_payments(&mut self) -> Instant {
+        self.restart_payments_with(&[]).await
+    }
+
+    /// The payments service killed and started again with `env` over the usual settings.
+    async fn restart_payments_with(&mut self, env: &[(&str, &str)]) -> Instant {
         self.kill_payments();
-        self.start_payments(&[]).await
+        self.start_payments(env).await
     }
 
     /// Starts the ledger, on the database directly and on the broker directly, and waits until
@@ -800,14 +871,48 @@ impl Stack {
             .unwrap_or_else(|error| panic!("POST /v1/payments {key}: {error}"))
     }
 
-    fn partition_database(&self) -> Instant {
+    /// The database partitioned away while the ordinary clients pay, until the service's
+    /// `GET /metrics` counts a first failed request (a request past its wait for a connection
+    /// or for the database), then healed at once: the requests still waiting get their
+    /// answers, and the failures are the one burst that came before the heal, on a series
+    /// (`outcome="failed"`) that appears with them. Returns when the heal was made.
+    async fn a_first_burst_of_store_failures(&mut self) -> Instant {
+        let metrics = &format!("{}/metrics", self.base());
+        assert_eq!(
+            failed_requests(&self.client, metrics).await,
+            None,
+            "no request has failed in this process before the burst"
+        );
         self.database_link.freeze();
+        let client = &self.client;
+        wait_until(
+            "the service to count its first failed requests (GET /metrics)",
+            || async { failed_requests(client, metrics).await.is_some() },
+        )
+        .await;
+        self.database_link.heal();
         Instant::now()
     }
 
-    fn heal_database(&self) -> Instant {
-        self.database_link.heal();
-        Instant::now()
+    /// The service started again without its recovery task, and a refund made (an external
+    /// claim): a service that makes external claims with no recovery running.
+    async fn external_claims_without_a_recovery(&mut self) -> Instant {
+        let started = self.restart_payments_with(&[("RECOVERY_EVERY", "0")]).await;
+        let payment: Value = self
+            .pay(
+                "payment-without-recovery",
+                &json!({"amount": 900, "currency": "usd", "customer": "cus_1"}),
+            )
+            .await
+            .json()
+            .await
+            .expect("the payment");
+        let refund = self
+            .refund("refund-without-recovery", &payment)
+            .await
+            .expect("the refund's answer");
+        assert_eq!(refund.status(), StatusCode::CREATED, "the refund was made");
+        started
     }
 
     async fn reuse_a_key(&mut self) -> Instant {
@@ -938,9 +1043,9 @@ impl Stack {
     async fn take_over_an_abandoned_refund(&mut self) -> Instant {
         let key = "refund-taken-over";
         let (killed, payment) = self.kill_mid_refund(key).await;
-        // Without its recovery task, the process exports `idem_takeovers_total` only from its
-        // first takeover on, at 1: the alert sees the rise because the process killed above
-        // exported the same series (same job and instance) at 0 within the window.
+        // Without its recovery task too, the process exports `idem_takeovers_total` at 0 from
+        // its `Store::new` on, so that the alert sees the first takeover's rise. Meanwhile
+        // `IdemRecoveryNotRunning` may be pending (its `for:` is longer than this row).
         self.start_payments(&[("RECOVERY_EVERY", "0")]).await;
         self.database.lease_ends_in(key, -1).await;
         let retry = self
@@ -1097,6 +1202,27 @@ impl Stack {
         assert_eq!(purged, 1, "the message was in the dead-letter queue");
         Instant::now()
     }
+}
+
+/// The requests `GET metrics` counts as failed (`idem_requests_total{outcome="failed"}`, every
+/// route), or `None` while the service exports no such series.
+async fn failed_requests(client: &Client, metrics: &str) -> Option<f64> {
+    let text = client
+        .get(metrics)
+        .send()
+        .await
+        .unwrap_or_else(|error| panic!("GET {metrics}: {error}"))
+        .text()
+        .await
+        .unwrap_or_else(|error| panic!("GET {metrics}: {error}"));
+    let counts: Vec<f64> = text
+        .lines()
+        .filter(|line| {
+            line.starts_with("idem_requests_total{") && line.contains(r#"outcome="failed""#)
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!counts.is_empty()).then(|| counts.iter().sum())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -119,6 +119,50 @@ async fn series_of_rare_events_are_exported_at_zero_before_any_request() {
     }
 }
 
+/// A service that never spawned the purge still exports when the last purge pass got through:
+/// the time its first `Store` was made, from which `IdemPurgeBehind` counts the hour. Without
+/// it the series would not exist, and `time() - max(...)` of a series that does not exist is
+/// empty: the alert could never fire for a purge that was forgotten.
+#[tokio::test]
+async fn a_service_without_a_purge_task_exports_its_start_as_the_purges_last_success() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let database = support::sqlite(&dir).await;
+    let client = Client::new();
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs_f64()
+    };
+    let before = unix_now();
+    let (_service, base) = support::start_payments_with(
+        &client,
+        &database,
+        "http://127.0.0.1:9",
+        &[("PURGE_EVERY", "0")],
+    )
+    .await;
+    let up = unix_now();
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("text");
+    let last_success = sample(&metrics, "idem_purge_last_success_timestamp_seconds", &[""]);
+    assert!(
+        last_success.is_some_and(|at| (before.floor()..=up).contains(&at)),
+        "idem_purge_last_success_timestamp_seconds is the service's start ({before:.0} to \
+         {up:.0}) without a purge pass, in:\n{metrics}"
+    );
+    assert!(
+        !metrics.contains("idem_purge_deleted_total"),
+        "no purge ran (it exports idem_purge_deleted_total when spawned):\n{metrics}"
+    );
+}
+
 /// The metric names the alert rules (`deploy/prometheus/idem.rules.yml`) and the dashboard
 /// (`deploy/grafana/idem.json`) read, as their queries write them (`_bucket` and `_count` of a
 /// histogram included); the recording rules' own names, with a colon, left out.
@@ -150,6 +194,107 @@ fn series_the_rules_and_the_dashboard_name() -> std::collections::BTreeSet<Strin
         }
     }
     names
+}
+
+/// The dashboard as Grafana's import reads it: it declares its data source as an input
+/// (`__inputs`, asked for in the import dialog), which the data source variable takes by
+/// default and every panel reads through; it narrows every query to the chosen services (`job`)
+/// and processes (`instance`), so that several services in one Prometheus are not added
+/// together; its panels link their alerts' runbooks by address; and a panel whose series may
+/// rightly not exist (no duplicate waited yet, no outbox, no consumer) says so instead of an
+/// empty "No data".
+#[test]
+fn the_dashboard_asks_for_its_data_source_on_import_and_narrows_every_query_to_the_chosen_services()
+{
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../../../deploy/grafana/idem.json"))
+            .expect("the dashboard is JSON");
+    let inputs = dashboard["__inputs"].as_array().expect("__inputs");
+    assert!(
+        inputs.iter().any(|input| input["name"] == "DS_PROMETHEUS"
+            && input["type"] == "datasource"
+            && input["pluginId"] == "prometheus"),
+        "a Prometheus data source input: {inputs:?}"
+    );
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables");
+    let variable = |name: &str| {
+        variables
+            .iter()
+            .find(|variable| variable["name"] == name)
+            .unwrap_or_else(|| panic!("a variable {name}: {variables:?}"))
+    };
+    assert_eq!(
+        variable("datasource")["current"]["value"],
+        "${DS_PROMETHEUS}",
+        "the data source variable defaults to the one chosen on import"
+    );
+    for name in ["job", "instance", "route"] {
+        assert_eq!(variable(name)["multi"], true, "{name} takes several values");
+        assert_eq!(variable(name)["allValue"], ".*", "{name}'s All");
+    }
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        if panel["type"] == "row" {
+            continue;
+        }
+        let title = panel["title"].as_str().expect("a title");
+        assert_eq!(
+            panel["datasource"]["uid"], "${datasource}",
+            "{title} reads the chosen data source"
+        );
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("a query");
+            let mut rest = expr;
+            while let Some(at) = rest.find("idem_") {
+                let selector = &rest[at..];
+                let name_end = selector
+                    .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                    .unwrap_or(selector.len());
+                assert!(
+                    selector[name_end..].starts_with(r#"{job=~"$job",instance=~"$instance""#),
+                    "{title}: every series read only from the chosen jobs and instances: {expr}"
+                );
+                rest = &selector[name_end..];
+            }
+        }
+        for link in panel["links"].as_array().into_iter().flatten() {
+            let url = link["url"].as_str().expect("a link's url");
+            assert!(
+                url.starts_with("https://")
+                    && url.contains("/docs/guide/operations.md#idem")
+                    && link["title"]
+                        .as_str()
+                        .is_some_and(|title| title.starts_with("Runbook: ")),
+                "{title}: a runbook linked by its address: {link}"
+            );
+        }
+    }
+    let panel = |title: &str| {
+        dashboard["panels"]
+            .as_array()
+            .expect("panels")
+            .iter()
+            .find(|panel| {
+                panel["title"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with(title))
+            })
+            .unwrap_or_else(|| panic!("a panel {title}"))
+    };
+    for title in [
+        "Duplicates that waited",
+        "Outbox backlog",
+        "Relay:",
+        "Consumed messages",
+    ] {
+        assert!(
+            panel(title)["fieldConfig"]["defaults"]["noValue"]
+                .as_str()
+                .is_some_and(|text| !text.is_empty()),
+            "{title} says why it may be empty"
+        );
+    }
 }
 
 /// Every series the alert rules and the dashboard name is exported by the services (the

@@ -194,7 +194,7 @@ async fn the_service_refuses_at_start_a_recovery_hook_or_purge_interval_it_does_
     for (variable, value, takes) in [
         ("RECOVERY_HOOK", "Release", "`settle`"),
         ("RECOVERY_HOOK", "", "`release`"),
-        ("PURGE_EVERY", "0", "at least 1"),
+        ("PURGE_EVERY", "-1", "whole number of seconds"),
         ("PURGE_EVERY", "1m", "whole number of seconds"),
     ] {
         let dir = tempfile::tempdir().expect("a temporary directory");

@@ -87,8 +87,20 @@ impl<DB: Backend> Store<DB> {
     /// a takeover is counted by the requests, in every process, whether or not it runs the
     /// recovery, and an alert on the counter's increase would miss the first one of a process
     /// whose series started at 1.
+    ///
+    /// The first store of the process also sets `idem_purge_last_success_timestamp_seconds` to
+    /// now, as if a purge pass had just got through: a process whose purge was never spawned,
+    /// or whose passes have all failed, then shows the time since it started, and an alert on
+    /// the gauge's age fires for it, as it would not on a series that never appears.
     pub fn new(pool: Pool<DB>) -> Self {
         metrics::counter!("idem_takeovers_total").increment(0);
+        static PURGE_EXPECTED: std::sync::Once = std::sync::Once::new();
+        PURGE_EXPECTED.call_once(|| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |since| since.as_secs_f64());
+            metrics::gauge!("idem_purge_last_success_timestamp_seconds").set(now);
+        });
         Self {
             pool,
             options: Arc::new(StoreOptions::default()),
