@@ -217,10 +217,12 @@ pub use sqlx;
 pub use axum::extract::FromRef;
 
 /// PostgreSQL behind a connection pooler: what the pooler lets through, told at start instead
-/// of as a bare sqlx error under load ([`check_pooler`](postgres::check_pooler)).
+/// of as a bare sqlx error under load ([`check_pooler`](postgres::check_pooler),
+/// [`pooler_refusal`](postgres::pooler_refusal)), and options that a stock PgBouncer accepts
+/// ([`connect_options`](postgres::connect_options)).
 #[cfg(feature = "postgres")]
 pub mod postgres {
-    pub use crate::pooler::{Pooling, check_pooler};
+    pub use crate::pooler::{Pooling, check_pooler, connect_options, pooler_refusal};
 }
 
 /// Opening a SQLite file as idem expects it: one writer at a time, readers beside it
