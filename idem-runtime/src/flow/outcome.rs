@@ -161,15 +161,16 @@ mod tests {
 
     #[test]
     fn a_grpc_calls_line_names_its_code_never_the_http_status_it_travels_under() {
-        let declined = crate::flow::grpc::into_http::<()>(Err(tonic::Status::failed_precondition(
-            "card declined",
-        )));
+        // Codes whose HTTP status maps back to another code (409 is ABORTED for the layer's
+        // own answers; 400 is INVALID_ARGUMENT): the line must take the method's.
+        let exists =
+            crate::flow::grpc::into_http::<()>(Err(tonic::Status::already_exists("paid before")));
         let stored = StoredResponse {
             status: 400,
             headers: vec![("content-type".to_owned(), GRPC_STATUS.to_owned())],
             body: prost::Message::encode_to_vec(&StoredStatus {
-                code: tonic::Code::FailedPrecondition as i32,
-                message: "card declined".to_owned(),
+                code: tonic::Code::OutOfRange as i32,
+                message: "past the last page".to_owned(),
                 details: bytes::Bytes::new(),
             }),
         };
@@ -178,14 +179,14 @@ mod tests {
             (
                 "the method's status",
                 Outcome::Executed,
-                declined,
-                "FAILED_PRECONDITION",
+                exists,
+                "ALREADY_EXISTS",
             ),
             (
-                "its replay",
+                "a replay",
                 Outcome::Replayed,
                 crate::replay::replay(stored),
-                "FAILED_PRECONDITION",
+                "OUT_OF_RANGE",
             ),
             (
                 "the method's message",
