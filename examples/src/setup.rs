@@ -30,12 +30,14 @@ pub enum Database {
 /// Opens `$DATABASE_URL` (PostgreSQL; `mysql://…/<database>`, MySQL or MariaDB, the database
 /// created when the server has none of that name; or `sqlite:<path>`), with at most
 /// `connections` connections to a server; without it, the SQLite file `$SQLITE_PATH` (default
-/// `default_file`), so that nothing needs to be installed.
+/// `default_file`), so that nothing needs to be installed. PostgreSQL is connected to with
+/// [`idem_runtime::postgres::connect_options`], which a stock PgBouncer accepts.
 ///
 /// # Errors
 ///
-/// When the URL does not parse, a MySQL URL names no database, or the database cannot be
-/// reached, created or opened.
+/// When the URL does not parse, a MySQL URL names no database, the database cannot be
+/// reached, created or opened, or a pooler in front of PostgreSQL refuses the connection or
+/// breaks its statements (with what it means and what to do).
 pub async fn database(default_file: &str, connections: u32) -> Result<Database, Error> {
     match std::env::var("DATABASE_URL") {
         Ok(url) if url.starts_with("mysql:") => {
@@ -56,11 +58,17 @@ pub async fn database(default_file: &str, connections: u32) -> Result<Database, 
             Ok(Database::Sqlite(pool))
         }
         Ok(url) => {
+            // Without `extra_float_digits`, which a stock PgBouncer refuses.
+            let options = idem_runtime::postgres::connect_options(&url)
+                .map_err(|e| format!("DATABASE_URL is not a PostgreSQL URL: {e}"))?;
             let pool = PgPoolOptions::new()
                 .max_connections(connections)
-                .connect(&url)
+                .connect_with(options)
                 .await
-                .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
+                .map_err(|e| match idem_runtime::postgres::pooler_refusal(&e) {
+                    Some(reason) => format!("DATABASE_URL: {reason}"),
+                    None => format!("cannot connect to DATABASE_URL: {e}"),
+                })?;
             check_pooler(&pool).await?;
             tracing::info!("storing in PostgreSQL (DATABASE_URL)");
             Ok(Database::Postgres(pool))

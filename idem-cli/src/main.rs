@@ -128,7 +128,7 @@ async fn main() -> ExitCode {
     match tokio::time::timeout(cli.timeout, work).await {
         Ok(Ok(code)) => code,
         Ok(Err(error)) => {
-            eprintln!("idem: {error}");
+            eprintln!("idem: {}", explained(&*error));
             ExitCode::from(2)
         }
         Err(_) => {
@@ -143,6 +143,18 @@ async fn main() -> ExitCode {
     }
 }
 
+/// `error` as a person reads it: what a pooler in front of PostgreSQL refused and what to do,
+/// as the service says it ([`idem_runtime::postgres::pooler_refusal`]), rather than sqlx's
+/// bare message; any other error as it is.
+fn explained(error: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(idem_runtime::Error::Database(database)) = error.downcast_ref()
+        && let Some(reason) = idem_runtime::postgres::pooler_refusal(database)
+    {
+        return reason;
+    }
+    error.to_string()
+}
+
 async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Error> {
     match command {
         Command::Stats => output::stats(&db.stats().await?, json),
@@ -155,7 +167,9 @@ async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Er
             };
             output::key(&found, body, json);
         }
-        Command::InFlight { older_than } => output::keys(&db.in_flight(older_than).await?, json),
+        Command::InFlight { older_than } => {
+            output::keys(&db.in_flight(older_than).await?, older_than, json);
+        }
         Command::Release { scope, key } => match db.release_claim(&scope, &key).await? {
             Released::Done => output::message(json, "released", &scope, &key),
             Released::Completed => {

@@ -3,7 +3,10 @@
 use comfy_table::Table;
 use serde_json::json;
 
-use idem_runtime::admin::{GrpcAnswer, KeyInfo as Key, ParkedClaim, Stats};
+use idem_runtime::{
+    admin::{GrpcAnswer, KeyInfo as Key, ParkedClaim, Stats},
+    grpc::code_name,
+};
 
 /// Prints `value` as indented JSON, for scripts.
 fn print_json<T: serde::Serialize + ?Sized>(value: &T) {
@@ -13,9 +16,23 @@ fn print_json<T: serde::Serialize + ?Sized>(value: &T) {
     );
 }
 
+/// A length of time as a person reads it: milliseconds under a second (`543ms`), then whole
+/// units down to one below the largest (`45s`, `4m 45s`, `2h 5m`, `3days 4h`), never
+/// `4m 45s 543ms`.
 fn ago(ms: Option<i64>) -> String {
+    const SECOND: u64 = 1_000;
+    const MINUTE: u64 = 60 * SECOND;
+    const HOUR: u64 = 60 * MINUTE;
+    const DAY: u64 = 24 * HOUR;
     ms.map_or_else(String::new, |ms| {
-        humantime::format_duration(std::time::Duration::from_millis(ms.unsigned_abs())).to_string()
+        let ms = ms.unsigned_abs();
+        let unit = match ms {
+            DAY.. => HOUR,
+            HOUR.. => MINUTE,
+            SECOND.. => SECOND,
+            _ => 1,
+        };
+        humantime::format_duration(std::time::Duration::from_millis(ms / unit * unit)).to_string()
     })
 }
 
@@ -41,9 +58,20 @@ fn recovery_point(steps: Option<&str>) -> String {
     })
 }
 
+/// Said under the counts and the claims in flight: what they cannot show.
+const TRANSACTIONAL_UNSEEN: &str = "in flight: external-mode claims only; a transactional \
+     handler's claim is invisible outside its own transaction until it commits";
+
 pub fn stats(stats: &Stats, json: bool) {
     if json {
-        print_json(stats);
+        // `in_flight`, as the table says: one word for one thing.
+        print_json(&json!({
+            "completed": stats.completed,
+            "in_flight": stats.started,
+            "oldest_in_flight_ms": stats.oldest_started_ms,
+            "expired": stats.expired,
+            "parked": stats.parked,
+        }));
         return;
     }
     let mut table = Table::new();
@@ -62,18 +90,7 @@ pub fn stats(stats: &Stats, json: bool) {
         stats.parked.to_string(),
     ]);
     println!("{table}");
-}
-
-/// A gRPC code as gRPC spells it (`NOT_FOUND`).
-fn code_name(code: tonic::Code) -> String {
-    let mut name = String::new();
-    for (i, c) in format!("{code:?}").chars().enumerate() {
-        if c.is_uppercase() && i > 0 {
-            name.push('_');
-        }
-        name.push(c.to_ascii_uppercase());
-    }
-    name
+    println!("{TRANSACTIONAL_UNSEEN}");
 }
 
 /// What `inspect` prints of a stored answer: its status (a gRPC call's code, which the HTTP
@@ -90,7 +107,7 @@ fn answer(key: &Key, with_body: bool) -> (String, Option<String>) {
             format!("OK (a message of {} bytes)", bytes.len()),
             Some(bytes.iter().map(|byte| format!("{byte:02x}")).collect()),
         ),
-        Some(GrpcAnswer::Status(code, message)) => (code_name(code), Some(message)),
+        Some(GrpcAnswer::Status(code, message)) => (code_name(code).to_owned(), Some(message)),
         _ => (
             http_status(),
             key.response_body
@@ -103,9 +120,17 @@ fn answer(key: &Key, with_body: bool) -> (String, Option<String>) {
 
 pub fn key(key: &Key, with_body: bool, json: bool) {
     let (status, body) = answer(key, with_body);
+    let grpc = key.grpc_answer();
     if json {
         let mut value = serde_json::to_value(key).unwrap_or_default();
-        match key.grpc_answer() {
+        // A gRPC call's answer is its code: the HTTP status it is kept under is left out, as
+        // it is no answer the caller got (several codes share one).
+        if grpc.is_some()
+            && let Some(fields) = value.as_object_mut()
+        {
+            fields.remove("response_status");
+        }
+        match grpc {
             Some(GrpcAnswer::Message(bytes)) => {
                 value["grpc_status"] = json!("OK");
                 value["grpc_message_bytes"] = json!(bytes.len());
@@ -125,7 +150,14 @@ pub fn key(key: &Key, with_body: bool, json: bool) {
         ("key", key.key.clone()),
         ("status", key.status.clone()),
         ("route", format!("{} {}", key.method, key.path)),
-        ("response status", status),
+        (
+            if grpc.is_some() {
+                "grpc status"
+            } else {
+                "response status"
+            },
+            status,
+        ),
         ("age", ago(Some(key.age_ms))),
         ("expires in", signed(Some(key.expires_in_ms))),
         ("claimed", ago(key.claimed_ms)),
@@ -141,9 +173,22 @@ pub fn key(key: &Key, with_body: bool, json: bool) {
     println!("{table}");
 }
 
-pub fn keys(keys: &[Key], json: bool) {
+/// The claims in flight taken at least `older_than` ago; "none" rather than an empty table.
+pub fn keys(keys: &[Key], older_than: std::time::Duration, json: bool) {
     if json {
         print_json(keys);
+        return;
+    }
+    if keys.is_empty() {
+        if older_than.is_zero() {
+            println!("none in flight");
+        } else {
+            println!(
+                "none in flight for {} or longer",
+                ago(i64::try_from(older_than.as_millis()).ok())
+            );
+        }
+        println!("{TRANSACTIONAL_UNSEEN}");
         return;
     }
     let mut table = Table::new();
@@ -166,11 +211,17 @@ pub fn keys(keys: &[Key], json: bool) {
         ]);
     }
     println!("{table}");
+    println!("{TRANSACTIONAL_UNSEEN}");
 }
 
+/// The parked claims; "none" rather than an empty table.
 pub fn parked(claims: &[ParkedClaim], json: bool) {
     if json {
         print_json(claims);
+        return;
+    }
+    if claims.is_empty() {
+        println!("none parked");
         return;
     }
     let mut table = Table::new();

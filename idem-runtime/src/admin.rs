@@ -198,10 +198,11 @@ impl AnyStore {
                     .await?,
             )),
             #[cfg(feature = "postgres")]
+            // Without `extra_float_digits`, which a stock PgBouncer refuses.
             "postgres" | "postgresql" => Self::Postgres(Store::new(
                 sqlx::postgres::PgPoolOptions::new()
                     .max_connections(max_connections)
-                    .connect(url)
+                    .connect_with(crate::pooler::connect_options(url)?)
                     .await?,
             )),
             other => {

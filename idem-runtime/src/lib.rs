@@ -231,6 +231,11 @@ pub mod postgres {
     //! and newer keep clients' prepared statements apart when `max_prepared_statements` is set;
     //! older ones, and other poolers in transaction mode, do not.
     //!
+    //! Before any of that, PgBouncer refuses a connection that sends a startup parameter it does
+    //! not track and its `ignore_startup_parameters` does not list (`unsupported startup parameter:
+    //! extra_float_digits`), in any mode; sqlx sends `extra_float_digits` unless told not to.
+    //! [`connect_options`] leaves it out, and [`pooler_refusal`] explains the refusal.
+    //!
     //! ```no_run
     //! # async fn example(pool: sqlx::PgPool) -> Result<(), idem_runtime::Error> {
     //! // Refuses a transaction-mode pooler that breaks sqlx's statements, with what to do.
@@ -241,7 +246,7 @@ pub mod postgres {
     //! # Ok(()) }
     //! ```
 
-    pub use crate::pooler::{Pooling, check_pooler};
+    pub use crate::pooler::{Pooling, check_pooler, connect_options, pooler_refusal};
 }
 
 #[cfg(feature = "sqlite")]

@@ -107,6 +107,15 @@ impl StoredResponse {
 
 /// Rebuilds a stored response, marked with `Idempotent-Replayed: true`.
 pub fn replay(stored: StoredResponse) -> Response {
+    #[cfg(feature = "grpc")]
+    let code = crate::stored_grpc::AnsweredCode::of_stored(
+        stored
+            .headers
+            .iter()
+            .find(|(name, _)| name == header::CONTENT_TYPE.as_str())
+            .map(|(_, value)| value.as_str()),
+        &stored.body,
+    );
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = (status, stored.body).into_response();
     let headers = response.headers_mut();
@@ -121,6 +130,10 @@ pub fn replay(stored: StoredResponse) -> Response {
         }
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    #[cfg(feature = "grpc")]
+    if let Some(code) = code {
+        response.extensions_mut().insert(code);
+    }
     response
 }
 

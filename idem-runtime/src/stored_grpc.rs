@@ -31,3 +31,20 @@ pub(crate) fn stored_status(body: &[u8]) -> Option<(Code, String)> {
     let stored = <StoredStatus as prost::Message>::decode(body).ok()?;
     Some((Code::from_i32(stored.code), stored.message))
 }
+
+/// The code of a gRPC call's answer in HTTP form, beside it (a response extension), for its
+/// log line: set on the method's answer and on a replayed one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AnsweredCode(pub(crate) Code);
+
+impl AnsweredCode {
+    /// The code of a stored answer whose `Content-Type` is `content_type`: `OK` for a message,
+    /// the status's for a status; `None` for an HTTP response.
+    pub(crate) fn of_stored(content_type: Option<&str>, body: &[u8]) -> Option<Self> {
+        match content_type? {
+            GRPC_MESSAGE => Some(Self(Code::Ok)),
+            GRPC_STATUS => stored_status(body).map(|(code, _)| Self(code)),
+            _ => None,
+        }
+    }
+}

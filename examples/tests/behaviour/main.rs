@@ -25,3 +25,4 @@ mod partitions;
 mod pg_ha;
 mod pooler;
 mod processes;
+mod start;

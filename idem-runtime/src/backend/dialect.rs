@@ -190,4 +190,33 @@ pub(super) trait Dialect: sqlx::Database {
         let _ = pool;
         async { Ok(()) }
     }
+
+    /// Silences, on `conn`, the notices the migrations raise on every start (PostgreSQL:
+    /// `relation "_idem_migrations" already exists, skipping`, which sqlx logs at `INFO`), for
+    /// [`restore_notices`](Dialect::restore_notices) to undo with what it returns; by
+    /// default, nothing.
+    ///
+    /// # Errors
+    ///
+    /// A database error.
+    fn quiet_notices(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Option<String>, crate::error::Error>> + Send + '_ {
+        let _ = conn;
+        async { Ok(None) }
+    }
+
+    /// Gives `conn` back the notices [`quiet_notices`](Dialect::quiet_notices) silenced
+    /// (`previous`, what it returned).
+    ///
+    /// # Errors
+    ///
+    /// A database error: the connection is then not to be used again.
+    fn restore_notices(
+        conn: &mut Self::Connection,
+        previous: Option<String>,
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + '_ {
+        let _ = (conn, previous);
+        async { Ok(()) }
+    }
 }

@@ -86,6 +86,16 @@ const OTHERS_ACTIVE: &str = "SELECT count(*) FROM pg_stat_activity \
      WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid() \
        AND datname = current_database()";
 
+// The session's `client_min_messages`, returned, and set to `warning` where it lets notices
+// through (for the migrations' run: `relation "_idem_migrations" already exists, skipping`).
+// `OFFSET 0` keeps the subquery from being merged into the outer one, where it would read the
+// setting after `set_config` changed it.
+const QUIET_NOTICES: &str = "SELECT previous FROM ( \
+       SELECT current_setting('client_min_messages') AS previous OFFSET 0) AS session, \
+     LATERAL set_config('client_min_messages', \
+       CASE WHEN previous IN ('debug5', 'debug4', 'debug3', 'debug2', 'debug1', 'log', 'notice') \
+         THEN 'warning' ELSE previous END, false) AS quieted";
+
 impl Dialect for Postgres {
     /// A plain INSERT (the claim removed any expired row), written only in the claiming transaction.
     const COMPLETE: &'static str = "INSERT INTO idem_keys \
@@ -146,6 +156,27 @@ impl Dialect for Postgres {
 
     fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
         done.rows_affected()
+    }
+
+    /// `client_min_messages` at `warning` (where it was more talkative), the setting it had
+    /// returned.
+    async fn quiet_notices(conn: &mut PgConnection) -> Result<Option<String>, crate::error::Error> {
+        Ok(Some(
+            sqlx::query_scalar(QUIET_NOTICES).fetch_one(conn).await?,
+        ))
+    }
+
+    async fn restore_notices(
+        conn: &mut PgConnection,
+        previous: Option<String>,
+    ) -> Result<(), crate::error::Error> {
+        if let Some(previous) = previous {
+            sqlx::query("SELECT set_config('client_min_messages', $1, false)")
+                .bind(previous)
+                .execute(conn)
+                .await?;
+        }
+        Ok(())
     }
 
     async fn before_migrate(pool: &sqlx::PgPool) -> Result<(), crate::error::Error> {

@@ -278,7 +278,16 @@ where
         let mut migrator = DB::MIGRATOR;
         migrator.set_ignore_missing(true);
         migrator.dangerous_set_table_name("_idem_migrations");
-        Ok(migrator.run(pool).await?)
+        // On one connection (as `Migrator::run` on a pool does), its notices silenced for the
+        // run: a start on migrated tables logs nothing of the tables already there.
+        let mut conn = pool.acquire().await?;
+        let previous = DB::quiet_notices(&mut conn).await?;
+        let ran = migrator.run_direct(None, &mut *conn, false).await;
+        if DB::restore_notices(&mut conn, previous).await.is_err() {
+            // Not back into the pool with its notices silenced.
+            drop(conn.detach());
+        }
+        Ok(ran?)
     }
 
     fn decode_record(row: &DB::Row) -> Result<Option<KeyRecord>, crate::error::Error> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 
 use super::{
-    outcome::{Outcome, end},
+    outcome::{Call, Outcome, end},
     request::IdemRequest,
 };
 use crate::{
@@ -108,7 +108,16 @@ impl<DB: Backend> IdemRequest<DB> {
                 );
             }
         }
-        end(&self.span, &self.route, outcome, response)
+        end(&self.span, &self.route, self.call(), outcome, response)
+    }
+
+    /// Whether this is an HTTP request or a gRPC call (stored under the method `GRPC`).
+    fn call(&self) -> Call {
+        #[cfg(feature = "grpc")]
+        if self.method.as_str() == crate::stored_grpc::GRPC_METHOD {
+            return Call::Grpc;
+        }
+        Call::Http
     }
 
     pub(super) fn store_failed(&self, error: &crate::error::Error) -> Response {

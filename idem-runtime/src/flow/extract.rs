@@ -15,7 +15,7 @@ use tracing::field::Empty;
 use idem_key::Fingerprint;
 
 use super::{
-    outcome::{Outcome, end, key_problem},
+    outcome::{Call, Outcome, end, key_problem},
     request::{Fingerprinted, IdemRequest},
 };
 use crate::{backend::Backend, problem::ProblemKind, store::Store};
@@ -70,7 +70,7 @@ where
         Ok(key) => key,
         Err(error) => {
             let problem = key_problem(&error, store.options().problem_type_base());
-            return Err(end(&span, &route, Outcome::Rejected, problem));
+            return Err(end(&span, &route, Call::Http, Outcome::Rejected, problem));
         }
     };
     let limit = store.options().max_request_body();
@@ -88,6 +88,7 @@ where
             return Err(end(
                 &span,
                 &route,
+                Call::Http,
                 Outcome::Rejected,
                 problem.into_response(),
             ));

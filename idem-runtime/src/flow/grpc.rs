@@ -21,14 +21,14 @@ use tonic::{Code, Status, metadata::MetadataMap};
 use tracing::field::Empty;
 
 use super::{
-    outcome::{Outcome, end, key_problem},
+    outcome::{Call, Outcome, end, key_problem},
     request::IdemRequest,
 };
 use crate::{
     backend::Backend,
     policy::HandlerPolicy,
     store::Store,
-    stored_grpc::{GRPC_MESSAGE, GRPC_METHOD, GRPC_STATUS, StoredStatus},
+    stored_grpc::{AnsweredCode, GRPC_MESSAGE, GRPC_METHOD, GRPC_STATUS, StoredStatus},
 };
 
 /// Takes the call's key from its metadata and fingerprints it: the method's full name and the
@@ -59,14 +59,14 @@ where
         path = %path,
         key_id = Empty,
         outcome = Empty,
-        status = Empty,
+        grpc_status = Empty,
     );
     let headers = headers_of(request.metadata());
     let key = match idem_key::parse_key(&headers) {
         Ok(key) => key,
         Err(error) => {
             let problem = key_problem(&error, store.options().problem_type_base());
-            let problem = end(&span, &route, Outcome::Rejected, problem);
+            let problem = end(&span, &route, Call::Grpc, Outcome::Rejected, problem);
             return Err(status_of_problem(
                 problem.status(),
                 problem.headers(),
@@ -126,6 +126,7 @@ fn headers_of(metadata: &MetadataMap) -> HeaderMap {
 /// 200, or its status under `GRPC_STATUS` with an HTTP status that is a 5xx for the codes
 /// that are worth retrying (not stored unless `replay_5xx`) and a 4xx for the others (final).
 pub fn into_http<T: prost::Message>(outcome: Result<tonic::Response<T>, Status>) -> Response {
+    let code = outcome.as_ref().map_or_else(Status::code, |_| Code::Ok);
     let (metadata, mut response) = match outcome {
         Ok(response) => {
             let (metadata, message, _) = response.into_parts();
@@ -152,6 +153,7 @@ pub fn into_http<T: prost::Message>(outcome: Result<tonic::Response<T>, Status>)
             (status.metadata().clone(), response)
         }
     };
+    response.extensions_mut().insert(AnsweredCode(code));
     // The method's own metadata goes to the client with the first answer; it is not stored
     // (only the content type is), so a replay does not carry it.
     for (name, value) in &metadata.into_headers() {
@@ -262,7 +264,40 @@ fn problem_detail(body: &[u8]) -> String {
 /// HTTP status, its detail as the message, and a `Retry-After` as both `retry-after` and
 /// gRFC A6's `grpc-retry-pushback-ms`.
 fn status_of_problem(status: StatusCode, headers: &HeaderMap, detail: String) -> Status {
-    let code = match status {
+    let code = problem_code(status);
+    let retry_after = headers
+        .get(http::header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    match retry_after {
+        Some(seconds) => {
+            crate::grpc::retry_later(code, detail, std::time::Duration::from_secs(seconds))
+        }
+        None => Status::new(code, detail),
+    }
+}
+
+/// The code the caller gets for `response`, an answer of the claims: the method's (first run
+/// or replay, [`AnsweredCode`]), `OK` for its message, or the code of one of the layer's own
+/// answers (an HTTP problem) by its HTTP status.
+pub(super) fn code_of(response: &Response) -> Code {
+    if let Some(AnsweredCode(code)) = response.extensions().get() {
+        return *code;
+    }
+    let message = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|value| value == GRPC_MESSAGE);
+    if message {
+        Code::Ok
+    } else {
+        problem_code(response.status())
+    }
+}
+
+/// The code of one of the layer's own answers (an HTTP problem), by its HTTP status.
+fn problem_code(status: StatusCode) -> Code {
+    match status {
         StatusCode::BAD_REQUEST => Code::InvalidArgument,
         StatusCode::UNAUTHORIZED => Code::Unauthenticated,
         StatusCode::FORBIDDEN => Code::PermissionDenied,
@@ -274,15 +309,5 @@ fn status_of_problem(status: StatusCode, headers: &HeaderMap, detail: String) ->
         StatusCode::GATEWAY_TIMEOUT => Code::DeadlineExceeded,
         _ if status.is_client_error() => Code::FailedPrecondition,
         _ => Code::Internal,
-    };
-    let retry_after = headers
-        .get(http::header::RETRY_AFTER)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    match retry_after {
-        Some(seconds) => {
-            crate::grpc::retry_later(code, detail, std::time::Duration::from_secs(seconds))
-        }
-        None => Status::new(code, detail),
     }
 }
