@@ -103,6 +103,20 @@ fn this_key<DB: Dialect>() -> String {
     )
 }
 
+/// `sql` as a query with the key bound: its first two parameters the scope and the key, as
+/// `this_key` writes them.
+fn for_this_key<'q, DB>(
+    sql: impl sqlx::SqlSafeStr,
+    scope: &'q str,
+    key: &'q str,
+) -> sqlx::query::Query<'q, DB, DB::Arguments>
+where
+    DB: Dialect,
+    &'q str: Encode<'q, DB> + Type<DB>,
+{
+    sqlx::query(sql).bind(scope).bind(key)
+}
+
 impl<DB> Inspection for DB
 where
     DB: Dialect,
@@ -157,9 +171,7 @@ where
             this_key::<DB>(),
         );
         let mut conn = pool.acquire().await?;
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(key)
+        let row = for_this_key::<DB>(sqlx::AssertSqlSafe(sql), scope, key)
             .fetch_optional(&mut *conn)
             .await?;
         row.as_ref().map(key_info::<DB>).transpose()
@@ -200,9 +212,7 @@ where
         if let Some(lock) = DB::LOCK_UNHELD_ROW {
             return release_unheld::<DB>(&mut conn, lock, &delete, scope, key).await;
         }
-        let deleted = sqlx::query(sqlx::AssertSqlSafe(delete))
-            .bind(scope)
-            .bind(key)
+        let deleted = for_this_key::<DB>(sqlx::AssertSqlSafe(delete), scope, key)
             .execute(&mut *conn)
             .await?;
         if DB::rows_affected(&deleted) == 1 {
@@ -212,9 +222,7 @@ where
             "SELECT 1 FROM idem_keys WHERE {} AND {PARKED}",
             this_key::<DB>()
         );
-        let parked = sqlx::query(sqlx::AssertSqlSafe(parked))
-            .bind(scope)
-            .bind(key)
+        let parked = for_this_key::<DB>(sqlx::AssertSqlSafe(parked), scope, key)
             .fetch_optional(&mut *conn)
             .await?;
         if parked.is_some() {
@@ -263,9 +271,7 @@ where
             DB::abandon_sql()
         };
         let mut conn = pool.acquire().await?;
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(scope)
-            .bind(key)
+        let done = for_this_key::<DB>(sqlx::AssertSqlSafe(sql), scope, key)
             .execute(&mut *conn)
             .await?;
         if DB::rows_affected(&done) == 1 {
@@ -383,9 +389,7 @@ where
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
 {
     let sql = format!("SELECT 1 FROM idem_keys WHERE {}", this_key::<DB>());
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(scope)
-        .bind(key)
+    let row = for_this_key::<DB>(sqlx::AssertSqlSafe(sql), scope, key)
         .fetch_optional(&mut **conn)
         .await?;
     Ok(row.is_some())
@@ -410,9 +414,7 @@ where
     String: for<'r> Decode<'r, DB> + Type<DB>,
 {
     let mut tx = sqlx::Connection::begin(&mut **conn).await?;
-    let row = sqlx::query(lock)
-        .bind(scope)
-        .bind(key)
+    let row = for_this_key::<DB>(lock, scope, key)
         .fetch_optional(&mut *tx)
         .await?;
     let status = row
@@ -420,9 +422,7 @@ where
         .transpose()?;
     let released = match status.as_deref() {
         Some("started") => {
-            sqlx::query(sqlx::AssertSqlSafe(delete.to_owned()))
-                .bind(scope)
-                .bind(key)
+            for_this_key::<DB>(sqlx::AssertSqlSafe(delete.to_owned()), scope, key)
                 .execute(&mut *tx)
                 .await?;
             Released::Done
