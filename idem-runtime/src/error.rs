@@ -6,7 +6,7 @@
 /// Requests never see it: the layer answers them with a problem (503 `StoreUnavailable` and the
 /// like) and logs it. It is what [`migrate`](crate::backend::migrate) and the
 /// [`tasks`](crate::tasks) return.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The database failed or could not be reached.
@@ -54,6 +54,24 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+/// The variant and what it holds, but for the errors whose text is written for a person (a
+/// pooler in the way, a step of setting up missed, a row idem did not write): those show their
+/// text as it is, unescaped, so that one returned from `main` (which prints `Error: ` and the
+/// error's `Debug`) reads as the message and its remedies.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Database(error) => f.debug_tuple("Database").field(error).finish(),
+            Self::Migrate(error) => f.debug_tuple("Migrate").field(error).finish(),
+            Self::TimedOut { after } => f.debug_struct("TimedOut").field("after", after).finish(),
+            Self::ReadOnly => f.write_str("ReadOnly"),
+            Self::Pooler { .. } | Self::Setup { .. } | Self::CorruptRow { .. } => {
+                std::fmt::Display::fmt(self, f)
+            }
+        }
+    }
 }
 
 /// Whether a SQLSTATE says that a transaction lost a conflict with another and was rolled back
@@ -111,5 +129,21 @@ impl Error {
         Self::CorruptRow {
             reason: reason.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_written_for_a_person_reads_as_its_text_when_main_returns_it() {
+        let reason =
+            "PostgreSQL is reached through \"pgbouncer\" in transaction mode:\nuse a session";
+        let error = Error::Pooler {
+            reason: reason.to_owned(),
+        };
+        assert_eq!(format!("{error:?}"), reason);
+        assert_eq!(format!("{:?}", Error::ReadOnly), "ReadOnly");
     }
 }
