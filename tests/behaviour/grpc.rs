@@ -278,6 +278,7 @@ on_every_database!(
     a_grpc_key_past_its_retention_is_purged_and_its_next_call_runs,
     a_grpc_claim_left_by_a_dead_call_is_released_by_the_recovery_and_its_retry_runs,
     a_parked_grpc_claim_is_internal_without_running_until_abandoned,
+    a_grpc_calls_log_line_names_its_code_never_the_http_status_it_is_stored_under,
 );
 
 async fn an_external_method_calls_once_and_a_retry_gets_the_receipt_again<DB: Backend>(
@@ -482,6 +483,36 @@ async fn a_methods_status_a_retry_may_change_is_stored_only_with_replay_5xx<DB: 
         Code::OutOfRange,
     ] {
         stored_and_replayed(&served, Replay5xx::No, code).await;
+    }
+}
+
+/// A call's one `info` line says its gRPC code, first run and replay alike: not the HTTP status
+/// its answer is kept under, which an operator would read as the call's.
+async fn a_grpc_calls_log_line_names_its_code_never_the_http_status_it_is_stored_under<
+    DB: Backend,
+>(
+    store: Store<DB>,
+    _: &App,
+) {
+    let log = idem_tests::CapturedLog::default();
+    // The server's tasks run on this test's thread, under this subscriber.
+    let _guard = tracing::subscriber::set_default(log.subscriber());
+    let served = serve(store).await;
+    for attempt in ["first", "replay"] {
+        let status = answer(&served, Replay5xx::No, coded(Code::NotFound, "logged"))
+            .await
+            .expect_err("the method's status");
+        assert_eq!(status.code(), Code::NotFound, "{attempt}");
+    }
+    let text = log.text();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("idempotent request"))
+        .collect();
+    assert_eq!(lines.len(), 2, "one line a call: {text}");
+    for line in lines {
+        assert!(line.contains("grpc_status=NOT_FOUND"), "{line}");
+        assert!(!line.contains(" status="), "an HTTP status: {line}");
     }
 }
 
