@@ -91,10 +91,12 @@ const OTHERS_ACTIVE: &str = "SELECT count(*) FROM pg_stat_activity \
 // `OFFSET 0` keeps the subquery from being merged into the outer one, where it would read the
 // setting after `set_config` changed it.
 const QUIET_NOTICES: &str = "SELECT previous FROM ( \
-       SELECT current_setting('client_min_messages') AS previous OFFSET 0) AS session, \
+       SELECT CASE WHEN source = 'session' THEN setting ELSE '' END AS previous, \
+         setting AS level \
+       FROM pg_settings WHERE name = 'client_min_messages' OFFSET 0) AS session, \
      LATERAL set_config('client_min_messages', \
-       CASE WHEN previous IN ('debug5', 'debug4', 'debug3', 'debug2', 'debug1', 'log', 'notice') \
-         THEN 'warning' ELSE previous END, false) AS quieted";
+       CASE WHEN level IN ('debug5', 'debug4', 'debug3', 'debug2', 'debug1', 'log', 'notice') \
+         THEN 'warning' ELSE level END, false) AS quieted";
 
 impl Dialect for Postgres {
     /// A plain INSERT (the claim removed any expired row), written only in the claiming transaction.
@@ -158,8 +160,10 @@ impl Dialect for Postgres {
         done.rows_affected()
     }
 
-    /// `client_min_messages` at `warning` (where it was more talkative), the setting it had
-    /// returned.
+    /// `client_min_messages` at `warning` (where it was more talkative); returned, the
+    /// session's own setting before, or `""` where the session had not set it (then it is
+    /// reset after, not set: setting it back to the same level would leave it set in the
+    /// session, which a pooled connection must not carry).
     async fn quiet_notices(conn: &mut PgConnection) -> Result<Option<String>, crate::error::Error> {
         Ok(Some(
             sqlx::query_scalar(QUIET_NOTICES).fetch_one(conn).await?,
@@ -170,11 +174,19 @@ impl Dialect for Postgres {
         conn: &mut PgConnection,
         previous: Option<String>,
     ) -> Result<(), crate::error::Error> {
-        if let Some(previous) = previous {
-            sqlx::query("SELECT set_config('client_min_messages', $1, false)")
-                .bind(previous)
-                .execute(conn)
-                .await?;
+        match previous.as_deref() {
+            None => {}
+            Some("") => {
+                sqlx::raw_sql("RESET client_min_messages")
+                    .execute(conn)
+                    .await?;
+            }
+            Some(previous) => {
+                sqlx::query("SELECT set_config('client_min_messages', $1, false)")
+                    .bind(previous)
+                    .execute(conn)
+                    .await?;
+            }
         }
         Ok(())
     }
