@@ -96,14 +96,7 @@ async fn series_of_rare_events_are_exported_at_zero_before_any_request() {
     let database = support::sqlite(&dir).await;
     let client = Client::new();
     let (_service, base) = start_payments(&client, &database, "http://127.0.0.1:9").await;
-    let metrics = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = scrape(&client, &format!("{base}/metrics")).await;
     for (name, labels) in [
         ("idem_recovered_total", [r#"result="released""#]),
         ("idem_recovered_total", [r#"result="completed""#]),
@@ -143,14 +136,7 @@ async fn a_service_without_a_purge_task_exports_its_start_as_the_purges_last_suc
     )
     .await;
     let up = unix_now();
-    let metrics = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = scrape(&client, &format!("{base}/metrics")).await;
     let last_success = sample(&metrics, "idem_purge_last_success_timestamp_seconds", &[""]);
     assert!(
         last_success.is_some_and(|at| (before.floor()..=up).contains(&at)),
@@ -369,26 +355,13 @@ async fn every_series_the_rules_and_the_dashboard_name_is_exported_by_the_servic
         .filter(|answer| answer.headers().contains_key("preference-applied"))
         .count();
     assert_eq!(replays, 1, "one of the two requests waited for the other");
-    let scrape = |url: String| {
-        let client = client.clone();
-        async move {
-            client
-                .get(url)
-                .send()
-                .await
-                .expect("GET /metrics")
-                .text()
-                .await
-                .expect("text")
-        }
-    };
     // The relay publishes the payments' events and the ledger applies them, each in its own
     // time: the series are looked for until every one is there.
     let missing = || async {
         let exported = format!(
             "{}\n{}",
-            scrape(format!("{base}/metrics")).await,
-            scrape(format!("http://{ledger_addr}/metrics")).await
+            scrape(&client, &format!("{base}/metrics")).await,
+            scrape(&client, &format!("http://{ledger_addr}/metrics")).await
         );
         let missing: Vec<String> = names
             .iter()
@@ -438,4 +411,16 @@ async fn sqlite_requests_are_counted_by_route_and_outcome() {
 #[tokio::test]
 async fn mysql_requests_are_counted_by_route_and_outcome() {
     support::on_mysql(requests_are_counted_by_route_and_outcome).await;
+}
+
+/// The text a service's `/metrics` answers at `url`.
+async fn scrape(client: &Client, url: &str) -> String {
+    client
+        .get(url)
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("text")
 }
