@@ -238,7 +238,10 @@ mod tests {
             .take_http(&headers(&[("idempotency-key", "k")]), b"")
             .unwrap_err();
         assert!(refused.missing);
-        assert!(refused.detail.contains("`webhook-id` header"), "{refused:?}");
+        assert!(
+            refused.detail.contains("`webhook-id` header"),
+            "{refused:?}"
+        );
     }
 
     #[test]
@@ -256,7 +259,10 @@ mod tests {
     fn a_body_field_gives_the_key_when_it_is_a_valid_string() {
         let source = KeySource::BodyField("/data/request_id");
         let body = br#"{"data": {"request_id": "r-1"}}"#;
-        assert_eq!(source.take_http(&headers(&[]), body).unwrap().as_str(), "r-1");
+        assert_eq!(
+            source.take_http(&headers(&[]), body).unwrap().as_str(),
+            "r-1"
+        );
         for (body, missing) in [
             (&br#"{"data": {}}"#[..], true),
             (br#"{"data": {"request_id": null}}"#, true),
@@ -274,7 +280,10 @@ mod tests {
     fn a_message_field_gives_the_key_and_an_empty_one_is_missing() {
         let source = KeySource::MessageField("request_id");
         let none = headers(&[("idempotency-key", "ignored")]);
-        assert_eq!(source.take_grpc(&none, Some("r-1")).unwrap().as_str(), "r-1");
+        assert_eq!(
+            source.take_grpc(&none, Some("r-1")).unwrap().as_str(),
+            "r-1"
+        );
         assert!(source.take_grpc(&none, Some("")).unwrap_err().missing);
         assert!(source.take_grpc(&none, None).unwrap_err().missing);
         assert!(!source.take_grpc(&none, Some("a b")).unwrap_err().missing);

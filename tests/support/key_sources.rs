@@ -3,10 +3,7 @@
 //! handler keyed by a field of its JSON body, and handlers whose key is optional, in both
 //! modes. Written once for every database, as [`crate::handlers`] are.
 
-use std::sync::{
-    Arc,
-    atomic::Ordering,
-};
+use std::sync::{Arc, atomic::Ordering};
 
 use axum::{
     Extension, Json, Router,
@@ -92,10 +89,7 @@ pub fn routes<DB: TestBackend>() -> Router<Store<DB>> {
         .route("/test/hooks", post(hook::<DB>))
         .route("/test/body-key", post(body_key::<DB>))
         .route("/test/optional-key", post(optional::<DB>))
-        .route(
-            "/test/optional-key-external",
-            post(optional_external::<DB>),
-        )
+        .route("/test/optional-key-external", post(optional_external::<DB>))
 }
 
 /// A webhook receiver: keyed by `webhook-id`, its sender's signature checked by its last
@@ -134,7 +128,10 @@ async fn body_key<DB: TestBackend>(
         .await
         .expect("insert effect");
     let call = calls.body_key.fetch_add(1, Ordering::SeqCst) + 1;
-    (StatusCode::CREATED, format!("call {call}: {}", body["amount"]))
+    (
+        StatusCode::CREATED,
+        format!("call {call}: {}", body["amount"]),
+    )
 }
 
 /// Its key is optional: a request without one runs, unprotected.

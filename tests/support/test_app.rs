@@ -7,8 +7,8 @@ use idem_runtime::{Backend, Store};
 use sqlx::{MySql, Pool, Postgres, Sqlite, Transaction};
 
 use crate::{
-    AnyStore, Building, Parts, Service, downstream::unreachable_url, entries, handlers, key_sources,
-    orders,
+    AnyStore, Building, Parts, Service, downstream::unreachable_url, entries, handlers,
+    key_sources, orders,
 };
 
 /// The service the library's behaviour tests drive.

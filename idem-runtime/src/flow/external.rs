@@ -155,9 +155,11 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// The handler's idempotency context; a request without a key gets one of its own, so
     /// that the keys it derives are its own too.
     pub fn context(&self) -> IdempotencyContext {
-        self.key.as_ref().map_or_else(IdempotencyContext::unprotected, |key| {
-            IdempotencyContext::new(&key.scope, &key.key)
-        })
+        self.key
+            .as_ref()
+            .map_or_else(IdempotencyContext::unprotected, |key| {
+                IdempotencyContext::new(&key.scope, &key.key)
+            })
     }
 
     /// How long the handler body may run: until its `timeout`, if it has one. The handler
@@ -280,9 +282,10 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// meanwhile, dropping the claim releases it.
     pub async fn stopped(mut self, _limit: Limit) -> Response {
         if self.key.is_none() {
-            return self
-                .request
-                .timed_out(self.options.timeout, "it ran without a key: nothing was stored");
+            return self.request.timed_out(
+                self.options.timeout,
+                "it ran without a key: nothing was stored",
+            );
         }
         let released = self.give_up().await;
         self.armed = false;
