@@ -27,7 +27,7 @@ use sqlx::{
     mysql::{MySqlDatabaseError, MySqlRow},
 };
 
-use super::{Begun, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
+use super::{Begun, ClaimRequest, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
 use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started, fresh_token,
 };
@@ -567,20 +567,17 @@ async fn start_claim(
 }
 
 impl Storage for MySql {
+    /// Only the request's key counts. MySQL has no timeout that ends with a transaction: a
+    /// session setting would outlive it on the pooled connection; the store's deadline closes
+    /// the connection instead. The point a 5xx's writes are undone to comes after the claim's
+    /// row (`before_handler`), and MySQL's prepared claim is one statement.
     async fn begin_claim<'c>(
         conn: &'c mut MySqlConnection,
-        key: &KeyRef,
-        // MySQL has no timeout that ends with a transaction: a session setting would outlive
-        // it on the pooled connection. The store's deadline closes the connection instead.
-        _statement_timeout: Option<Duration>,
-        _idle_timeout: Duration,
-        // The point a 5xx's writes are undone to comes after the claim's row
-        // (`before_handler`), and MySQL's prepared claim is one statement.
-        _undo_point: bool,
+        request: ClaimRequest<'_>,
     ) -> Result<Begun<'c, MySql>, crate::error::Error> {
         let mut tx =
             Transaction::<'c, MySql>::begin(conn, Some(BEGIN_CLAIM.into_sql_str())).await?;
-        Ok(match claim(&mut tx, key).await? {
+        Ok(match claim(&mut tx, request.key).await? {
             Claimed::Live(record) => Begun::Live(record),
             Claimed::Busy => Begun::Busy,
             Claimed::Held(token) => Begun::Acquired(tx, Some(token.to_string())),
@@ -594,10 +591,8 @@ impl Storage for MySql {
 
     async fn undo_handler<'c>(
         conn: &'c mut MySqlConnection,
-        _key: &'c KeyRef,
+        _request: ClaimRequest<'c>,
         mark: Option<&'c str>,
-        _statement_timeout: Option<Duration>,
-        _idle_timeout: Duration,
     ) -> Result<Undone, crate::error::Error> {
         match sqlx::raw_sql(UNDO_HANDLER).execute(&mut *conn).await {
             Ok(_) => Ok(Undone::Kept(mark.map(str::to_owned))),
