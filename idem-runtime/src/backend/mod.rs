@@ -131,15 +131,12 @@ impl Backend for sqlx::Sqlite {}
 #[cfg(feature = "mysql")]
 impl Backend for sqlx::MySql {}
 
-/// What seals [`Backend`]: a trait no other crate can name, so none can implement it.
+/// What seals [`Backend`]: a trait no other crate can name, so none can implement it. Every
+/// database with idem's [`Storage`] has it, and only those: the crate-private `Storage` is
+/// implemented here alone.
 mod sealed {
     pub trait Sealed {}
-    #[cfg(feature = "postgres")]
-    impl Sealed for sqlx::Postgres {}
-    #[cfg(feature = "sqlite")]
-    impl Sealed for sqlx::Sqlite {}
-    #[cfg(feature = "mysql")]
-    impl Sealed for sqlx::MySql {}
+    impl<DB: super::Storage> Sealed for DB {}
 }
 
 /// The SQL of one database: everything idem runs, behind one narrow trait. Private: an
