@@ -471,6 +471,22 @@ fn push_keys_in(query: &mut QueryBuilder<MySql>, keys: &[RowKey]) {
     query.push(")");
 }
 
+/// `query` with the columns an external-mode start writes bound next, in the order both
+/// [`START_INSERT`] (after the key) and [`START_TAKEOVER`] (before it) take them: method, path,
+/// fingerprint, retention and lease (in microseconds), and the claim's token.
+fn with_start_columns<'q>(
+    query: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+    start: &Start<'q>,
+) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+    query
+        .bind(start.method)
+        .bind(start.path)
+        .bind(&start.fingerprint.as_bytes()[..])
+        .bind(micros(start.retention))
+        .bind(micros(start.lease))
+        .bind(start.token)
+}
+
 /// An external-mode start, as [`Storage::start`] describes it: completed keys answered without
 /// a lock, then the key's row read `FOR UPDATE NOWAIT` and inserted or taken over, committed.
 async fn start_claim(
@@ -526,13 +542,7 @@ async fn start_claim(
                 tx.rollback().await?;
                 return Ok(Started::Found { record, lease_left });
             }
-            sqlx::query(START_TAKEOVER)
-                .bind(start.method)
-                .bind(start.path)
-                .bind(&start.fingerprint.as_bytes()[..])
-                .bind(micros(start.retention))
-                .bind(micros(start.lease))
-                .bind(start.token)
+            with_start_columns(sqlx::query(START_TAKEOVER), start)
                 .bind(scope)
                 .bind(key)
                 .execute(&mut *tx)
@@ -540,17 +550,10 @@ async fn start_claim(
             true
         }
         None => {
-            let inserted = sqlx::query(START_INSERT)
-                .bind(scope)
-                .bind(key)
-                .bind(start.method)
-                .bind(start.path)
-                .bind(&start.fingerprint.as_bytes()[..])
-                .bind(micros(start.retention))
-                .bind(micros(start.lease))
-                .bind(start.token)
-                .execute(&mut *tx)
-                .await;
+            let inserted =
+                with_start_columns(sqlx::query(START_INSERT).bind(scope).bind(key), start)
+                    .execute(&mut *tx)
+                    .await;
             match inserted {
                 Ok(_) => false,
                 // Another start took the key since the read: it holds it.
