@@ -26,7 +26,8 @@ pub(super) const NUMBERED_CLEAR_FAILURES: &str =
 /// to encode and decode text and `i64`: the `where` clause of `SharedEventStorage`'s one
 /// implementation lists them, and every sqlx driver provides them. The backend then implements
 /// [`EventStorage`](super::EventStorage) for what it does its own way (how a relay holds a topic
-/// and publishes its batch) and is added to [`Backend`](crate::backend::Backend) and its seal.
+/// and publishes its batch), which seals it, and is added to
+/// [`Backend`](crate::backend::Backend).
 pub(super) trait Dialect: sqlx::Database {
     /// The migrations that create and upgrade the event tables (`sqlx::migrate!` of the
     /// backend's directory); recorded in `_idem_events_migrations`.

@@ -129,15 +129,12 @@ impl Backend for sqlx::Sqlite {}
 #[cfg(feature = "mysql")]
 impl Backend for sqlx::MySql {}
 
-/// What seals [`Backend`]: a trait no other crate can name, so none can implement it.
+/// What seals [`Backend`]: a trait no other crate can name, so none can implement it. Every
+/// database with the crate's [`EventStorage`] has it, and only those: the crate-private
+/// `EventStorage` is implemented here alone.
 mod sealed {
     pub trait Sealed {}
-    #[cfg(feature = "postgres")]
-    impl Sealed for sqlx::Postgres {}
-    #[cfg(feature = "sqlite")]
-    impl Sealed for sqlx::Sqlite {}
-    #[cfg(feature = "mysql")]
-    impl Sealed for sqlx::MySql {}
+    impl<DB: super::EventStorage> Sealed for DB {}
 }
 
 /// Creates or upgrades the outbox's and the consumers' tables in the database behind `pool`.
