@@ -479,9 +479,9 @@ fn with_start_columns<'q>(
     start: &Start<'q>,
 ) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
     query
-        .bind(start.method)
-        .bind(start.path)
-        .bind(&start.fingerprint.as_bytes()[..])
+        .bind(start.row.method)
+        .bind(start.row.path)
+        .bind(&start.row.fingerprint.as_bytes()[..])
         .bind(micros(start.retention))
         .bind(micros(start.lease))
         .bind(start.token)
@@ -494,7 +494,7 @@ async fn start_claim(
     start: &Start<'_>,
 ) -> Result<Started, crate::error::Error> {
     // Completed keys answer without a lock: concurrent replays do not refuse each other.
-    if let Some(record) = MySql::lookup(&mut *conn, start.key).await?
+    if let Some(record) = MySql::lookup(&mut *conn, start.row.key).await?
         && record.status == KeyStatus::Completed
     {
         return Ok(Started::Found {
@@ -503,8 +503,8 @@ async fn start_claim(
         });
     }
     let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
-    let scope = start.key.scope.as_bytes();
-    let key = start.key.key.as_bytes();
+    let scope = start.row.key.scope.as_bytes();
+    let key = start.row.key.key.as_bytes();
     let row = match sqlx::query(START_ROW)
         .bind(scope)
         .bind(key)
@@ -532,7 +532,7 @@ async fn start_claim(
                 || live
                     && (record.status == KeyStatus::Completed
                         || leased
-                        || record.fingerprint != *start.fingerprint)
+                        || record.fingerprint != *start.row.fingerprint)
             {
                 let lease_left = row
                     .try_get::<Option<i64>, _>("lease_left")?

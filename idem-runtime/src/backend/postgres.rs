@@ -336,12 +336,12 @@ impl Storage for Postgres {
         start: &Start<'_>,
     ) -> Result<Started, crate::error::Error> {
         let row = sqlx::query(START)
-            .bind(&start.key.scope)
-            .bind(&start.key.key)
-            .bind(start.key.lock_id)
-            .bind(start.method)
-            .bind(start.path)
-            .bind(&start.fingerprint.as_bytes()[..])
+            .bind(&start.row.key.scope)
+            .bind(&start.row.key.key)
+            .bind(start.row.key.lock_id)
+            .bind(start.row.method)
+            .bind(start.row.path)
+            .bind(&start.row.fingerprint.as_bytes()[..])
             .bind(start.lease.as_secs_f64())
             .bind(start.retention.as_secs_f64())
             .bind(start.token)

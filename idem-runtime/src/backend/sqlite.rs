@@ -255,13 +255,13 @@ impl Storage for Sqlite {
         // both databases.
         let mut tx = conn.begin_with(BEGIN_IMMEDIATE).await?;
         let now = now_ms();
-        let existing = live_row(&mut tx, start.key, now).await?;
+        let existing = live_row(&mut tx, start.row.key, now).await?;
         let taken_over = match existing {
             Some((record, lease_until)) => {
                 let leased = lease_until.is_some_and(|until| until > now);
                 if record.status != KeyStatus::Started
                     || leased
-                    || record.fingerprint != *start.fingerprint
+                    || record.fingerprint != *start.row.fingerprint
                 {
                     let lease_left = lease_until.map(|until| {
                         Duration::from_millis(until.saturating_sub(now).max(0) as u64)
@@ -276,19 +276,19 @@ impl Storage for Sqlite {
                 sqlx::query_scalar::<_, i64>(
                     "SELECT count(*) FROM idem_keys WHERE scope = $1 AND key = $2",
                 )
-                .bind(&start.key.scope)
-                .bind(&start.key.key)
+                .bind(&start.row.key.scope)
+                .bind(&start.row.key.key)
                 .fetch_one(&mut *tx)
                 .await?
                     > 0
             }
         };
         sqlx::query(START)
-            .bind(&start.key.scope)
-            .bind(&start.key.key)
-            .bind(start.method)
-            .bind(start.path)
-            .bind(&start.fingerprint.as_bytes()[..])
+            .bind(&start.row.key.scope)
+            .bind(&start.row.key.key)
+            .bind(start.row.method)
+            .bind(start.row.path)
+            .bind(&start.row.fingerprint.as_bytes()[..])
             .bind(now)
             .bind(now.saturating_add(millis(start.retention)))
             .bind(now.saturating_add(millis(start.lease)))
