@@ -83,7 +83,7 @@ const CASES: &[(&str, &str)] = &[
     (
         "optional_key_in_body",
         r#"
-        #[idempotent(global, key_pointer = "/request_id", key_optional, external)]
+        #[idempotent(global, key_pointer = "/request_id", key_optional, external, backend = Sqlite)]
         pub async fn notify(Json(body): Json<Value>) -> StatusCode {
             send(body).await
         }

@@ -13,11 +13,7 @@ pub async fn notify(
         value: Json(body),
         request: __idem_request,
         ..
-    }: ::idem_runtime::signature::Input<
-        Json<Value>,
-        ::idem_runtime::__private::DefaultBackend,
-        __idem_key_of_notify,
-    >,
+    }: ::idem_runtime::signature::Input<Json<Value>, Sqlite, __idem_key_of_notify>,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(
             "notify",
@@ -42,7 +38,7 @@ pub async fn notify(
                 let __idem_options = __IDEM_POLICY.__options();
                 #[allow(unused_mut)]
                 let mut __idem_claim = match ::idem_runtime::__private::ExternalClaim::<
-                    ::idem_runtime::__private::DefaultBackend,
+                    Sqlite,
                 >::acquire(__idem_request, __idem_scope, __idem_options)
                     .await
                 {
