@@ -1,6 +1,7 @@
 //! The attribute's arguments, each declared once in [`ARGUMENTS`]: `scope`, `global`,
 //! `retention`, `replay_5xx`, `external`, `lease`, `timeout`, `wait`, `backend`, `state`,
-//! `fingerprint_only`, `fingerprint_except`, `rpc` (and `lock_timeout`, the old name of `lease`, refused
+//! `fingerprint_only`, `fingerprint_except`, `rpc`, `key_header`, `key_pointer`, `key_field`,
+//! `key_optional` (and `lock_timeout`, the old name of `lease`, refused
 //! with an error that names the new one).
 
 use proc_macro2::{Span, TokenStream};
@@ -9,6 +10,7 @@ use syn::{Expr, ExprLit, Lit, LitStr, meta::ParseNestedMeta, parse::Parser};
 use crate::{
     duration,
     fields::{self, BodyFields},
+    key::{self, KeyArg},
 };
 
 /// Old names, still recognised so that the error can name the new one; not offered in the
@@ -35,6 +37,10 @@ const ARGUMENTS: &[(&str, ParseArgument)] = &[
     ("fingerprint_only", parse_fingerprint_only),
     ("fingerprint_except", parse_fingerprint_except),
     ("rpc", parse_rpc),
+    ("key_header", parse_key_header),
+    ("key_pointer", parse_key_pointer),
+    ("key_field", parse_key_field),
+    ("key_optional", parse_key_optional),
 ];
 
 /// Seconds in the default lease of external mode.
@@ -74,6 +80,10 @@ pub struct Args {
     pub body_fields: BodyFields,
     /// A tonic method's name in the `.proto`, when it is not the Rust name in upper camel case.
     pub rpc: Option<LitStr>,
+    /// Where the key is.
+    pub key: KeyArg,
+    /// `key_optional` was written, and where: a request without a key runs unprotected.
+    pub key_optional: Option<Span>,
 }
 
 #[derive(Default)]
@@ -92,6 +102,8 @@ struct Raw {
     state: Option<syn::Type>,
     body_fields: Option<BodyFields>,
     rpc: Option<LitStr>,
+    key: Option<KeyArg>,
+    key_optional: Option<Span>,
 }
 
 /// Parses the arguments, collecting every error; the values that could be read are returned
@@ -114,6 +126,8 @@ pub fn parse(attr: TokenStream) -> (Args, Vec<syn::Error>) {
         state: raw.state,
         body_fields: raw.body_fields.unwrap_or_default(),
         rpc: raw.rpc,
+        key: raw.key.unwrap_or_default(),
+        key_optional: raw.key_optional,
     };
     (args, errors)
 }
@@ -336,6 +350,46 @@ fn parse_rpc(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
             "expected a string: `rpc = \"GetHTTPStatus\"`",
         )),
     }
+}
+
+/// `key_header`, `key_pointer` or `key_field`: one source, given once.
+fn key_source(
+    meta: &ParseNestedMeta<'_>,
+    raw: &mut Raw,
+    parse: fn(&ParseNestedMeta<'_>) -> syn::Result<KeyArg>,
+) -> syn::Result<()> {
+    if raw.key.is_some() {
+        return Err(meta.error(
+            "the key has one source: give one of `key_header`, `key_pointer` and `key_field`, once",
+        ));
+    }
+    raw.key = Some(parse(meta)?);
+    Ok(())
+}
+
+fn parse_key_header(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    key_source(meta, raw, key::header)
+}
+
+fn parse_key_pointer(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    key_source(meta, raw, key::pointer)
+}
+
+fn parse_key_field(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    key_source(meta, raw, key::field)
+}
+
+fn parse_key_optional(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {
+    if raw.key_optional.is_some() {
+        return Err(repeated(meta, "key_optional"));
+    }
+    if meta.input.peek(syn::Token![=]) {
+        return Err(meta.error(
+            "`key_optional` takes no value: write `key_optional` for a key that may be left out",
+        ));
+    }
+    raw.key_optional = Some(path_span(meta));
+    Ok(())
 }
 
 fn parse_fingerprint_only(meta: &ParseNestedMeta<'_>, raw: &mut Raw) -> syn::Result<()> {

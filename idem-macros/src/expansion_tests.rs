@@ -68,6 +68,47 @@ const CASES: &[(&str, &str)] = &[
         "#,
     ),
     (
+        "webhook_key_header",
+        r#"
+        #[idempotent(scope = "endpoint", key_header = "Webhook-Id", retention = "3d")]
+        async fn receive(
+            endpoint: ProcessorWebhooks,
+            tx: &mut Transaction<'_, Postgres>,
+            Verified(event): Verified<Event>,
+        ) -> Json<Value> {
+            credit(tx, event).await
+        }
+        "#,
+    ),
+    (
+        "optional_key_in_body",
+        r#"
+        #[idempotent(global, key_pointer = "/request_id", key_optional, external)]
+        pub async fn notify(Json(body): Json<Value>) -> StatusCode {
+            send(body).await
+        }
+        "#,
+    ),
+    (
+        "grpc_key_field",
+        r#"
+        #[grpc]
+        #[tonic::async_trait]
+        impl<DB: Sql> Payments for PaymentsApi<DB> {
+            #[idempotent(scope = "tenant", key_field = "request_id")]
+            async fn create_payment(
+                &self,
+                tenant: Tenant,
+                tx: &mut Transaction<'_, DB>,
+                request: Request<CreatePaymentRequest>,
+            ) -> Result<Response<Payment>, Status> {
+                let payment = record(&tenant, tx, request.into_inner()).await?;
+                Ok(Response::new(payment))
+            }
+        }
+        "#,
+    ),
+    (
         "fingerprint_except_fields",
         r#"
         #[idempotent(global, fingerprint_except = ["/sent_at"])]

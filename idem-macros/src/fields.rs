@@ -76,7 +76,7 @@ fn string<'a>(element: &'a Expr, argument: &str) -> syn::Result<&'a LitStr> {
 /// Whether `pointer` is a JSON Pointer (RFC 6901) to a field: `/` then reference tokens apart by
 /// `/`, where `~` is only ever `~0` (a `~`) or `~1` (a `/`). The empty pointer names the whole
 /// body, which is what leaving the argument out means.
-fn check_pointer(pointer: &str) -> Result<(), String> {
+pub fn check_pointer(pointer: &str) -> Result<(), String> {
     if pointer.is_empty() {
         return Err(
             "the empty pointer names the whole body; name a field, e.g. `\"/sent_at\"`".to_owned(),

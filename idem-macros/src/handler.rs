@@ -49,6 +49,16 @@ pub fn analyse(item: ItemFn, args: &Args) -> Result<Handler, syn::Error> {
     let params = params::sort(sig, &mut errors);
     errors.extend(mode::check(sig, &item.block, &params, args));
     errors.extend(check_body_extractor_last(&params.extractors));
+    if let (Some(optional), Some((steps, _))) = (args.key_optional, &params.steps) {
+        errors.push(syn::Error::new(
+            optional,
+            format!(
+                "`key_optional` cannot go with steps (`{}`): a request without a key has no \
+                 claim to record its steps on; leave the key required",
+                quote::ToTokens::to_token_stream(&steps.pat)
+            ),
+        ));
+    }
     let scope = scope::resolve(args, &params, &sig.ident).map_err(|error| errors.push(error));
     if let Some(error) = errors::combine(errors) {
         return Err(error);

@@ -35,6 +35,7 @@ mod expansion_tests;
 mod fields;
 mod grpc;
 mod handler;
+mod key;
 
 /// Makes an Axum handler safe to retry with the `Idempotency-Key` header.
 ///
@@ -152,6 +153,12 @@ fn parse_and_validate(
         errors.push(syn::Error::new_spanned(
             rpc,
             "`rpc` names a method of a tonic service, in an impl marked `#[idem_runtime::grpc]`; an Axum handler's route is its path",
+        ));
+    }
+    if let key::KeyArg::Field(field) = &args.key {
+        errors.push(syn::Error::new(
+            field.span(),
+            "`key_field` names a field of a tonic request message; an Axum handler takes its key from a header (`key_header`) or a field of its JSON body (`key_pointer`)",
         ));
     }
     let validated = match function {

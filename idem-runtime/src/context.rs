@@ -30,6 +30,17 @@ impl IdempotencyContext {
         }
     }
 
+    /// The context of a request that came without a key where the handler's key is optional:
+    /// a key of its own, made up once, so that the keys it derives are its own (the request is
+    /// not protected, and must not share downstream keys with another).
+    pub(crate) fn unprotected() -> Self {
+        let (high, low) = (
+            crate::record::fresh_token() as u64,
+            crate::record::fresh_token() as u64,
+        );
+        Self::new("", format!("unprotected-{high:016x}{low:016x}"))
+    }
+
     /// A key for a downstream call, stable per (scope, key, label): `idem_` and 40 hex digits of
     /// SHA-256 over the three. It does not reveal the client's key, and differs per label (one
     /// per downstream call) and per scope. [`idem_key::derive_key`] computes the same value

@@ -175,6 +175,7 @@ mod checkout;
 mod context;
 mod error;
 mod flow;
+mod key_source;
 #[cfg(feature = "postgres")]
 mod pooler;
 mod prefer;
@@ -195,6 +196,7 @@ pub use backend::{Backend, migrate};
 pub use context::IdempotencyContext;
 pub use error::Error;
 pub use idem_key::BodyFields;
+pub use key_source::KeySource;
 #[cfg(feature = "grpc")]
 pub use idem_macros::grpc;
 pub use idem_macros::idempotent;
@@ -275,6 +277,7 @@ pub mod __private {
     pub use crate::flow::{
         Acquired, Attempt, Claim, ExternalClaim, Limit, StoredScope, run_until, typed_body,
     };
+    pub use crate::key_source::{KeyField, KeyFrom, KeySource, StandardKey};
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use idem_key::BodyFields;
     pub use inventory;
@@ -295,7 +298,7 @@ pub mod __private {
     /// What a tonic method's expansion names.
     #[cfg(feature = "grpc")]
     pub mod grpc {
-        pub use crate::flow::grpc::{accept, answer, into_http};
+        pub use crate::flow::grpc::{accept, accept_keyed, answer, into_http};
         pub use async_trait::async_trait;
         pub use tonic;
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use idem_key::BodyFields;
 
-use crate::attribute::Options;
+use crate::{attribute::Options, key_source::KeySource};
 
 /// How an `#[idempotent]` handler runs, as its signature chose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,8 @@ pub struct HandlerPolicy {
     wait_secs: Option<u64>,
     body_fields: BodyFields,
     grpc: Option<GrpcMethod>,
+    key_source: KeySource,
+    key_optional: bool,
 }
 
 /// The gRPC method an `#[idempotent]` tonic method serves: its service's full name and its own
@@ -109,6 +111,44 @@ impl HandlerPolicy {
             wait_secs,
             body_fields,
             grpc: None,
+            key_source: KeySource::Standard,
+            key_optional: false,
+        }
+    }
+
+    /// What the macro writes for a handler whose key is elsewhere than `Idempotency-Key` or
+    /// optional; not an API.
+    #[doc(hidden)]
+    pub const fn __key(mut self, source: KeySource, optional: bool) -> Self {
+        self.key_source = source;
+        self.key_optional = optional;
+        self
+    }
+
+    /// Where the handler takes its key from (`key_header`, `key_pointer`, `key_field`).
+    pub fn key_source(&self) -> KeySource {
+        self.key_source
+    }
+
+    /// Whether a request without a key runs once, unprotected, storing nothing
+    /// (`key_optional`), instead of being refused.
+    pub fn key_optional(&self) -> bool {
+        self.key_optional
+    }
+
+    /// Where the key is and whether it is required, in a few words for the policy table;
+    /// `None` for the `Idempotency-Key` header, required.
+    fn key_cell(&self) -> Option<String> {
+        let source = (self.key_source != KeySource::Standard)
+            .then(|| format!("the key is {}", self.key_source.describe()));
+        let optional = self
+            .key_optional
+            .then_some("optional: a request without one runs unprotected, nothing kept");
+        match (source, optional) {
+            (None, None) => None,
+            (Some(source), None) => Some(source),
+            (None, Some(optional)) => Some(format!("the key is {optional}")),
+            (Some(source), Some(optional)) => Some(format!("{source}, {optional}")),
         }
     }
 
@@ -198,11 +238,11 @@ impl HandlerPolicy {
     /// handler, and for how long (Markdown).
     pub fn describe(&self) -> String {
         format!(
-            "**Idempotent.** Send an `Idempotency-Key` header: a new UUID for each operation, \
-             the same on each retry of it. A retry with the same key and the same request gets \
+            "**Idempotent.** {} A retry with the same key and the same request gets \
              the first outcome again, marked `Idempotent-Replayed: true`, for at least {} after \
              the first request; later the key may be forgotten, and reusing it then starts a \
              new request.{} {} {} {} {}",
+            self.send_the_key(),
             human(self.retention_secs),
             same_request(self.body_fields),
             self.in_flight(),
@@ -213,6 +253,28 @@ impl HandlerPolicy {
                 KeyScope::Global => "Keys are shared by all callers.",
             }
         )
+    }
+
+    /// Where the client puts the key, and whether it must (a sentence or two).
+    fn send_the_key(&self) -> String {
+        let send = match self.key_source {
+            KeySource::Standard => "Send an `Idempotency-Key` header: a new UUID for each \
+                                    operation, the same on each retry of it."
+                .to_owned(),
+            source => format!(
+                "The idempotency key is {}: a unique value for each operation, the same on \
+                 each retry of it.",
+                source.describe()
+            ),
+        };
+        if self.key_optional {
+            format!(
+                "{send} The key is optional: a request without one runs once, unprotected, and \
+                 nothing is kept."
+            )
+        } else {
+            send
+        }
     }
 
     /// What a retry sent while the first request runs gets (a sentence).
@@ -393,6 +455,10 @@ impl fmt::Display for RetentionPolicy {
                 Some(fields) => format!("{keys}; the same request: {fields}"),
                 None => keys.to_owned(),
             };
+            let keys = match policy.key_cell() {
+                Some(key) => format!("{keys}; {key}"),
+                None => keys,
+            };
             writeln!(
                 f,
                 "| `{operation}` | {} | {} | {server_errors} | {interrupted} | {keys} |",
@@ -427,6 +493,16 @@ impl fmt::Display for RetentionPolicy {
             "- A missing or malformed key gets 400, and a request body over the service's \
              limit 413; neither runs the operation."
         )?;
+        if self.operations.iter().any(|(_, p)| p.key_cell().is_some()) {
+            write!(
+                f,
+                "\n- Where the Keys column says so, the key is elsewhere than the \
+                 `Idempotency-Key` header (another header, such as a webhook's delivery id, a \
+                 field of the JSON body, which then counts in the request like the rest of the \
+                 body, or a field of the gRPC request message), with the same rules; or it is \
+                 optional, and a request without one runs once, unprotected."
+            )?;
+        }
         if self.operations.iter().any(|(_, p)| p.grpc.is_some()) {
             write!(
                 f,

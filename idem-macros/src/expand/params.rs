@@ -14,10 +14,11 @@ pub fn params(
     handler: &Handler,
     signature: &TokenStream,
     db: &TokenStream,
+    key: Option<&syn::Ident>,
 ) -> TokenStream {
     let state_pin = args.state.as_ref().map(|state| state_pin(state, signature));
     let extractors = leading_extractors(handler).iter().map(|arg| quote!(#arg));
-    let input = input(handler, signature, db);
+    let input = input(handler, signature, db, key);
     quote!(#state_pin #(#extractors,)* #input)
 }
 
@@ -31,8 +32,16 @@ fn state_pin(state: &syn::Type, signature: &TokenStream) -> TokenStream {
 }
 
 /// The last extractor wrapped in `Input`, which takes the key and the body first and hands
-/// over the request (`__idem_request`); `Input<()>` when the handler has no extractor.
-fn input(handler: &Handler, signature: &TokenStream, db: &TokenStream) -> TokenStream {
+/// over the request (`__idem_request`); `Input<()>` when the handler has no extractor. A key
+/// elsewhere than `Idempotency-Key`, or optional, is named by the type `key` (see
+/// `crate::key::marker`).
+fn input(
+    handler: &Handler,
+    signature: &TokenStream,
+    db: &TokenStream,
+    key: Option<&syn::Ident>,
+) -> TokenStream {
+    let key = key.map(|key| quote!(, #key));
     match handler.extractors.last() {
         Some(last) => {
             let attrs = &last.attrs;
@@ -40,11 +49,11 @@ fn input(handler: &Handler, signature: &TokenStream, db: &TokenStream) -> TokenS
             let ty = &last.ty;
             quote_spanned! {ty_span(last)=>
                 #(#attrs)*
-                #signature::Input { value: #pat, request: __idem_request }: #signature::Input<#ty, #db>
+                #signature::Input { value: #pat, request: __idem_request, .. }: #signature::Input<#ty, #db #key>
             }
         }
         None => quote! {
-            #signature::Input { value: (), request: __idem_request }: #signature::Input<(), #db>
+            #signature::Input { value: (), request: __idem_request, .. }: #signature::Input<(), #db #key>
         },
     }
 }

@@ -17,7 +17,25 @@ use crate::{
         policy, ty_span,
     },
     handler::Handler,
+    key::{self, KeyArg},
 };
+
+/// The message of a `Request<Message>` type (the analysis checked it is one); the type
+/// itself, should it not be, so that the compiler's error is about it.
+fn message_of(request: &syn::Type) -> &syn::Type {
+    let syn::Type::Path(path) = request else {
+        return request;
+    };
+    let Some(syn::PathArguments::AngleBracketed(arguments)) =
+        path.path.segments.last().map(|segment| &segment.arguments)
+    else {
+        return request;
+    };
+    match arguments.args.first() {
+        Some(syn::GenericArgument::Type(message)) => message,
+        _ => request,
+    }
+}
 
 /// An expression of the service's full name: the `NamedService::NAME` of `server`, the server
 /// tonic generated for the trait.
@@ -71,6 +89,13 @@ pub fn method(args: &Args, handler: &Handler, target: &Target) -> TokenStream {
     let metadata = metadata_values(handler);
     let claimed = claimed(handler, &private, &db, claim::Protocol::Grpc);
     let attribute = &target.attribute;
+    let accept = match &args.key {
+        KeyArg::Field(field) => {
+            let reader = key::field_reader(field, message_of(request_ty), &private);
+            quote!(#private::grpc::accept_keyed::<#db, Self, _>(self, &__IDEM_POLICY, __idem_grpc, #reader))
+        }
+        _ => quote!(#private::grpc::accept::<#db, Self, _>(self, &__IDEM_POLICY, __idem_grpc)),
+    };
     quote! {
         #(#attrs)*
         #vis async fn #ident(&self, __idem_grpc: #request_ty) #output {
@@ -79,7 +104,7 @@ pub fn method(args: &Args, handler: &Handler, target: &Target) -> TokenStream {
             #policy
             #metadata
             let (#request_pat, __idem_request) =
-                match #private::grpc::accept::<#db, Self, _>(self, &__IDEM_POLICY, __idem_grpc) {
+                match #accept {
                     ::core::result::Result::Ok(__idem_accepted) => __idem_accepted,
                     ::core::result::Result::Err(__idem_status) => {
                         return ::core::result::Result::Err(__idem_status);

@@ -12,6 +12,7 @@ use crate::{
     errors,
     fields::BodyFields,
     handler::{self, Handler},
+    key::KeyArg,
 };
 
 /// A marked method, understood.
@@ -74,6 +75,12 @@ fn grpc_only_checks(args: &Args, span: Span) -> Vec<syn::Error> {
         errors.push(syn::Error::new(
             span,
             "`fingerprint_only` and `fingerprint_except` choose fields of a JSON body; a tonic method's fingerprint covers its whole message, re-encoded",
+        ));
+    }
+    if let KeyArg::Header(_, span) | KeyArg::Pointer(_, span) = &args.key {
+        errors.push(syn::Error::new(
+            *span,
+            "a tonic method takes its key from `idempotency-key` metadata, or from a string field of its request message with `key_field = \"request_id\"`",
         ));
     }
     errors

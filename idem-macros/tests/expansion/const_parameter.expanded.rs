@@ -2,6 +2,7 @@ async fn headers<const N: usize>(
     ::idem_runtime::signature::Input {
         value: tenant,
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<String, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(

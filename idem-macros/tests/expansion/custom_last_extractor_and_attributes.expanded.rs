@@ -7,6 +7,7 @@ pub(crate) async fn create(
     ::idem_runtime::signature::Input {
         value: caller,
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<Caller, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     let _ = || {

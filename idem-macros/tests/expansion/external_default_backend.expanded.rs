@@ -2,6 +2,7 @@ async fn ping(
     ::idem_runtime::signature::Input {
         value: Path(account),
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<
         Path<String>,
         ::idem_runtime::__private::DefaultBackend,

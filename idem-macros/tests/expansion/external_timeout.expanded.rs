@@ -2,6 +2,7 @@ async fn send_email(
     ::idem_runtime::signature::Input {
         value: Path(account),
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<Path<String>, sqlx::Postgres>,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(

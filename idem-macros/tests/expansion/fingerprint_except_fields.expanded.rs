@@ -2,6 +2,7 @@ async fn log(
     ::idem_runtime::signature::Input {
         value: Json(body),
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<Json<Value>, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(

@@ -2,6 +2,7 @@ async fn named<DB: Backend>(
     ::idem_runtime::signature::Input {
         value: tenant,
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<String, DB>,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(

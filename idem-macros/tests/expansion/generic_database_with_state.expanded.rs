@@ -3,6 +3,7 @@ async fn checked<DB>(
     ::idem_runtime::signature::Input {
         value: tenant,
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<String, DB>,
 ) -> ::idem_runtime::__private::Response
 where

@@ -2,6 +2,7 @@ async fn import(
     ::idem_runtime::signature::Input {
         value: Json(rows),
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<Json<Vec<i64>>, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(

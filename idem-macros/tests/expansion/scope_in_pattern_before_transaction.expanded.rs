@@ -2,6 +2,7 @@ async fn cancel_payment(
     ::idem_runtime::signature::Input {
         value: Extension(tenant),
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<Extension<String>, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(

@@ -3,6 +3,7 @@ async fn create_order(
     ::idem_runtime::signature::Input {
         value: Json(quantity),
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<Json<i64>, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(

@@ -2,6 +2,7 @@ async fn close_account(
     ::idem_runtime::signature::Input {
         value: tenant,
         request: __idem_request,
+        ..
     }: ::idem_runtime::signature::Input<Tenant, Postgres>,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(

@@ -21,7 +21,8 @@ use crate::{
 #[derive(Debug)]
 pub struct ExternalClaim<DB: Backend> {
     request: IdemRequest<DB>,
-    key: KeyRef,
+    /// `None` for a request without a key where the key is optional: nothing is claimed.
+    key: Option<KeyRef>,
     options: Options,
     token: i64,
     /// Steps an earlier attempt recorded, until the handler takes its [`Steps`].
@@ -44,12 +45,23 @@ impl<DB: Backend> ExternalClaim<DB> {
         options: Options,
     ) -> Result<Self, Response> {
         request.count_fields(options.body_fields);
+        if request.is_unprotected() {
+            return Ok(Self {
+                request,
+                key: None,
+                options,
+                token: 0,
+                resumed: Vec::new(),
+                steps: None,
+                armed: false,
+            });
+        }
         let key = request.key_ref(scope)?;
         // Armed before the claim is sent: if this request is cancelled while the claim is in
         // flight, dropping it releases whatever was committed under its token.
         let mut claim = Self {
             request,
-            key,
+            key: Some(key.clone()),
             options,
             token: fresh_token(),
             resumed: Vec::new(),
@@ -64,7 +76,7 @@ impl<DB: Backend> ExternalClaim<DB> {
             let deadline = claim.request.store.deadline();
             let outcome = {
                 let start = Start {
-                    key: &claim.key,
+                    key: &key,
                     method: claim.request.method.as_str(),
                     path: &claim.request.path,
                     fingerprint: &claim.request.fingerprint,
@@ -88,7 +100,7 @@ impl<DB: Backend> ExternalClaim<DB> {
             if in_flight && let Some(until) = claim.request.may_wait(options.wait) {
                 if poller.is_none() {
                     let fingerprint = claim.request.fingerprint;
-                    match claim.request.store.hold(claim.key.lock_id, &fingerprint) {
+                    match claim.request.store.hold(key.lock_id, &fingerprint) {
                         Hold::Taken(held) => poller = Some(held),
                         Hold::Running(holding) | Hold::Claiming(holding) => {
                             claim.request.wait_for(holding, until).await;
@@ -100,13 +112,14 @@ impl<DB: Backend> ExternalClaim<DB> {
                 continue;
             }
             drop(poller);
-            return claim.settle_start(outcome).await;
+            return claim.settle_start(&key, outcome).await;
         }
     }
 
     /// The answer to what the claim's `start` found.
     async fn settle_start(
         mut self,
+        key: &KeyRef,
         outcome: Result<Started, crate::error::Error>,
     ) -> Result<Self, Response> {
         if !matches!(outcome, Ok(Started::Acquired { .. })) {
@@ -122,7 +135,7 @@ impl<DB: Backend> ExternalClaim<DB> {
                     match self
                         .request
                         .store
-                        .recorded_steps(&self.key, self.token, deadline)
+                        .recorded_steps(key, self.token, deadline)
                         .await
                     {
                         Ok(steps) => self.resumed = steps,
@@ -139,9 +152,12 @@ impl<DB: Backend> ExternalClaim<DB> {
         }
     }
 
-    /// The handler's idempotency context.
+    /// The handler's idempotency context; a request without a key gets one of its own, so
+    /// that the keys it derives are its own too.
     pub fn context(&self) -> IdempotencyContext {
-        IdempotencyContext::new(&self.key.scope, &self.key.key)
+        self.key.as_ref().map_or_else(IdempotencyContext::unprotected, |key| {
+            IdempotencyContext::new(&key.scope, &key.key)
+        })
     }
 
     /// How long the handler body may run: until its `timeout`, if it has one. The handler
@@ -150,13 +166,17 @@ impl<DB: Backend> ExternalClaim<DB> {
         Limit::earlier_of(self.options.timeout, None)
     }
 
-    /// The handler's steps, with what earlier attempts recorded.
+    /// The handler's steps, with what earlier attempts recorded. (`#[idempotent]` refuses
+    /// `key_optional` on a handler in steps: a request without a key has nowhere to record
+    /// them.)
     pub fn steps(&mut self) -> Steps<DB> {
         self.steps
             .get_or_insert_with(|| {
                 Steps::new(
                     self.request.store.clone(),
-                    self.key.clone(),
+                    self.key
+                        .clone()
+                        .expect("a handler in steps always has a key"),
                     self.token,
                     std::mem::take(&mut self.resumed),
                 )
@@ -169,7 +189,12 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// resumes after them.
     fn give_up(&self) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + 'static {
         let (store, key, token) = (self.request.store.clone(), self.key.clone(), self.token);
-        async move { store.give_up(&key, token).await }
+        async move {
+            match key {
+                Some(key) => store.give_up(&key, token).await,
+                None => Ok(true),
+            }
+        }
     }
 
     /// Stores the handler's response (or releases the key after a 5xx that is not replayed).
@@ -178,6 +203,9 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// that releases its key when the claim is dropped.
     pub async fn complete(mut self, response: Response) -> Response {
         let response = self.request.rebase(response);
+        let Some(key) = self.key.clone() else {
+            return self.request.end(Outcome::Unprotected, response);
+        };
         if response.status().is_server_error() && !self.options.replay_5xx {
             let released = self.give_up().await;
             self.armed = false;
@@ -196,7 +224,7 @@ impl<DB: Backend> ExternalClaim<DB> {
         };
         let stored = captured.to_stored();
         let finished = {
-            let completion = self.request.completion(&self.key, &stored, None);
+            let completion = self.request.completion(&key, &stored, None);
             let retention = Some(self.options.retention);
             self.request
                 .store
@@ -251,6 +279,11 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// The claim stays armed until the release returns: if this request is cancelled
     /// meanwhile, dropping the claim releases it.
     pub async fn stopped(mut self, _limit: Limit) -> Response {
+        if self.key.is_none() {
+            return self
+                .request
+                .timed_out(self.options.timeout, "it ran without a key: nothing was stored");
+        }
         let released = self.give_up().await;
         self.armed = false;
         if let Err(error) = released {

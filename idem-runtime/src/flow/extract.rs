@@ -1,6 +1,7 @@
-//! Extraction: the handler's last extractor, wrapped so that the `Idempotency-Key` header is
-//! validated (400), the body buffered up to the limit (413) and the request fingerprinted
-//! before the wrapped extractor runs on the buffered request.
+//! Extraction: the handler's last extractor, wrapped so that the key is taken from its source
+//! and validated (400), the body buffered up to the limit (413) and the request fingerprinted
+//! before the wrapped extractor runs on the buffered request. An extractor that refuses the
+//! request (a signature that does not verify) therefore refuses it before the key is claimed.
 
 use std::sync::Arc;
 
@@ -18,7 +19,12 @@ use super::{
     outcome::{Call, Outcome, end, key_problem},
     request::{Fingerprinted, IdemRequest},
 };
-use crate::{backend::Backend, problem::ProblemKind, store::Store};
+use crate::{
+    backend::Backend,
+    key_source::{KeyFrom, KeySource, StandardKey},
+    problem::ProblemKind,
+    store::Store,
+};
 
 /// Marks the [`FromRequest`] impl of [`Input`] whose inner extractor consumes the body.
 #[derive(Debug)]
@@ -28,19 +34,39 @@ pub enum ViaBody {}
 #[derive(Debug)]
 pub enum ViaParts {}
 
-/// The handler's last extractor, run after the idempotency key and body have been taken.
+/// The handler's last extractor, run after the idempotency key and body have been taken; `K`
+/// says where the key is ([`StandardKey`]: the `Idempotency-Key` header, required).
 #[derive(Debug)]
-pub struct Input<T, DB: Backend> {
+pub struct Input<T, DB: Backend, K = StandardKey> {
     /// What the wrapped extractor produced.
     pub value: T,
     /// The key, fingerprint and store of this request.
     pub request: IdemRequest<DB>,
+    key: std::marker::PhantomData<fn() -> K>,
 }
 
-async fn prepare<S, DB>(request: Request, state: &S) -> Result<(Request, IdemRequest<DB>), Response>
+/// The request's key from `K`'s source: `Ok(None)` for a request without one where the key is
+/// optional, the 400 to answer where it is missing or malformed.
+fn take_key<K: KeyFrom>(
+    headers: &http::HeaderMap,
+    body: &[u8],
+    base: &str,
+) -> Result<Option<idem_key::IdempotencyKey>, Response> {
+    match K::SOURCE.take_http(headers, body) {
+        Ok(key) => Ok(Some(key)),
+        Err(refused) if refused.missing && K::OPTIONAL => Ok(None),
+        Err(refused) => Err(key_problem(K::SOURCE, &refused, base)),
+    }
+}
+
+async fn prepare<S, DB, K>(
+    request: Request,
+    state: &S,
+) -> Result<(Request, IdemRequest<DB>), Response>
 where
     S: Send + Sync,
     DB: Backend,
+    K: KeyFrom,
     Store<DB>: FromRef<S>,
 {
     let store = Store::<DB>::from_ref(state);
@@ -66,13 +92,15 @@ where
         outcome = Empty,
         status = Empty,
     );
-    let key = match idem_key::parse_key(&parts.headers) {
-        Ok(key) => key,
-        Err(error) => {
-            let problem = key_problem(&error, store.options().problem_type_base());
-            return Err(end(&span, &route, Call::Http, Outcome::Rejected, problem));
-        }
-    };
+    let base = store.options().problem_type_base();
+    // A key in a header is looked at before the body is read: a request without one is
+    // refused without reading a body it may not need.
+    let in_body = matches!(K::SOURCE, KeySource::BodyField(_));
+    let mut key = None;
+    if !in_body {
+        key = take_key::<K>(&parts.headers, &[], base)
+            .map_err(|problem| end(&span, &route, Call::Http, Outcome::Rejected, problem))?;
+    }
     let limit = store.options().max_request_body();
     let bytes = match http_body_util::Limited::new(body, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -94,6 +122,10 @@ where
             ));
         }
     };
+    if in_body {
+        key = take_key::<K>(&parts.headers, &bytes, base)
+            .map_err(|problem| end(&span, &route, Call::Http, Outcome::Rejected, problem))?;
+    }
     let fingerprint = Fingerprint::of(&parts.method, &path, &parts.headers, &bytes);
     let mut content_type = http::HeaderMap::new();
     if let Some(value) = parts.headers.get(http::header::CONTENT_TYPE) {
@@ -123,44 +155,50 @@ fn axum_problem_bad_body(reason: &str) -> crate::problem::Problem {
     .with_detail(format!("reading the request body failed: {reason}"))
 }
 
-impl<T, DB: Backend> Input<T, DB> {
+impl<T, DB: Backend, K> Input<T, DB, K> {
     pub(super) fn accept<R: IntoResponse>(
         extracted: Result<T, R>,
         request: IdemRequest<DB>,
     ) -> Result<Self, Response> {
         match extracted {
-            Ok(value) => Ok(Self { value, request }),
+            Ok(value) => Ok(Self {
+                value,
+                request,
+                key: std::marker::PhantomData,
+            }),
             Err(rejection) => Err(request.end(Outcome::Rejected, rejection.into_response())),
         }
     }
 }
 
-impl<S, T, DB> FromRequest<S, ViaBody> for Input<T, DB>
+impl<S, T, DB, K> FromRequest<S, ViaBody> for Input<T, DB, K>
 where
     S: Send + Sync,
     T: FromRequest<S>,
     DB: Backend,
+    K: KeyFrom,
     Store<DB>: FromRef<S>,
 {
     type Rejection = Response;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
-        let (request, idem) = prepare::<S, DB>(request, state).await?;
+        let (request, idem) = prepare::<S, DB, K>(request, state).await?;
         Self::accept(T::from_request(request, state).await, idem)
     }
 }
 
-impl<S, T, DB> FromRequest<S, ViaParts> for Input<T, DB>
+impl<S, T, DB, K> FromRequest<S, ViaParts> for Input<T, DB, K>
 where
     S: Send + Sync,
     T: FromRequestParts<S>,
     DB: Backend,
+    K: KeyFrom,
     Store<DB>: FromRef<S>,
 {
     type Rejection = Response;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
-        let (request, idem) = prepare::<S, DB>(request, state).await?;
+        let (request, idem) = prepare::<S, DB, K>(request, state).await?;
         let (mut parts, _) = request.into_parts();
         Self::accept(T::from_request_parts(&mut parts, state).await, idem)
     }

@@ -48,6 +48,26 @@ where
     Store<DB>: FromRef<S>,
     M: prost::Message,
 {
+    accept_keyed(service, policy, request, |_| None)
+}
+
+/// [`accept`] for a method whose key is a field of its request message (`key_field`, as
+/// AIP-155's `request_id`): `field` reads it.
+///
+/// # Errors
+///
+/// As [`accept`].
+pub fn accept_keyed<DB, S, M>(
+    service: &S,
+    policy: &'static HandlerPolicy,
+    request: tonic::Request<M>,
+    field: fn(&M) -> Option<&str>,
+) -> Result<(tonic::Request<M>, IdemRequest<DB>), Status>
+where
+    DB: Backend,
+    Store<DB>: FromRef<S>,
+    M: prost::Message,
+{
     let store = Store::<DB>::from_ref(service);
     let path = policy
         .grpc()
@@ -62,15 +82,17 @@ where
         grpc_status = Empty,
     );
     let headers = headers_of(request.metadata());
-    let key = match idem_key::parse_key(&headers) {
-        Ok(key) => key,
-        Err(error) => {
-            let problem = key_problem(&error, store.options().problem_type_base());
+    let source = policy.key_source();
+    let key = match source.take_grpc(&headers, field(request.get_ref())) {
+        Ok(key) => Some(key),
+        Err(refused) if refused.missing && policy.key_optional() => None,
+        Err(refused) => {
+            let problem = key_problem(source, &refused, store.options().problem_type_base());
             let problem = end(&span, &route, Call::Grpc, Outcome::Rejected, problem);
             return Err(status_of_problem(
                 problem.status(),
                 problem.headers(),
-                key_message(&error),
+                refused.detail,
             ));
         }
     };
@@ -90,20 +112,6 @@ where
         &headers,
     );
     Ok((request, idem))
-}
-
-/// What is wrong with the call's key, in the words of gRPC metadata.
-fn key_message(error: &idem_key::KeyError) -> String {
-    match error {
-        idem_key::KeyError::Missing => "this method requires `idempotency-key` metadata; send a \
-                                        unique value (a UUID v4 is a good choice) and reuse it \
-                                        when you retry"
-            .to_owned(),
-        idem_key::KeyError::Repeated { count } => {
-            format!("the `idempotency-key` metadata appears {count} times; send it exactly once")
-        }
-        other => format!("the `idempotency-key` metadata is not a valid key: {other}"),
-    }
 }
 
 /// The metadata idem reads (`idempotency-key`, `prefer`), as the HTTP headers they are.

@@ -3,10 +3,12 @@
 //! in [`answers`](super::answers).
 
 use axum::response::{IntoResponse, Response};
-use idem_key::KeyError;
 use tracing::Span;
 
-use crate::problem::ProblemKind;
+use crate::{
+    key_source::{KeySource, Refused},
+    problem::ProblemKind,
+};
 
 /// How a request through the layer ended, as recorded on its span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +31,9 @@ pub(super) enum Outcome {
     TimedOut,
     /// The key's first request was parked by the recovery: it waits for an operator.
     Parked,
+    /// The request carried no key where the handler's key is optional (`key_optional`): the
+    /// handler ran once, unprotected, and nothing was stored.
+    Unprotected,
 }
 
 impl Outcome {
@@ -43,6 +48,7 @@ impl Outcome {
             Self::Failed => "failed",
             Self::TimedOut => "timed_out",
             Self::Parked => "parked",
+            Self::Unprotected => "executed_unprotected",
         }
     }
 }
@@ -96,13 +102,27 @@ pub(super) fn end(
 }
 
 /// 400: the key is missing or malformed; `base` is where problem types point.
-pub(super) fn key_problem(error: &KeyError, base: &str) -> Response {
-    let kind = if matches!(error, KeyError::Missing) {
+pub(super) fn key_problem(source: KeySource, refused: &Refused, base: &str) -> Response {
+    let kind = if refused.missing {
         ProblemKind::MissingKey
     } else {
         ProblemKind::MalformedKey
     };
-    kind.problem_under(base, error.to_string()).into_response()
+    if source == KeySource::Standard {
+        return kind
+            .problem_under(base, refused.detail.clone())
+            .into_response();
+    }
+    // The kind's title names the `Idempotency-Key` header; this key is elsewhere.
+    let title = if refused.missing {
+        "Idempotency key is missing"
+    } else {
+        "Idempotency key is malformed"
+    };
+    crate::problem::Problem::new(kind.status(), title)
+        .with_type(kind.type_uri_under(base))
+        .with_detail(refused.detail.clone())
+        .into_response()
 }
 
 #[cfg(all(test, feature = "grpc"))]

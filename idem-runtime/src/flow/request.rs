@@ -11,10 +11,11 @@ use tracing::Span;
 use super::{StoredScope, outcome::Outcome};
 use crate::{backend::Backend, problem::ProblemKind, record::KeyRef, store::Store};
 
-/// A request that carries a valid key and has been fingerprinted.
+/// A request that has been fingerprinted, with its valid key (`None`: the handler's key is
+/// optional and the request came without one, so it runs unprotected).
 pub struct IdemRequest<DB: Backend> {
     pub(super) store: Store<DB>,
-    pub(super) key: IdempotencyKey,
+    pub(super) key: Option<IdempotencyKey>,
     pub(super) method: Method,
     pub(super) path: String,
     pub(super) fingerprint: Fingerprint,
@@ -54,11 +55,11 @@ pub(super) struct DuplicateWait {
 }
 
 impl<DB: Backend> IdemRequest<DB> {
-    /// A request with a valid `key`, fingerprinted, on `route` and traced by `span`; the
-    /// client's `Prefer: wait` read from `headers`.
+    /// A request with a valid `key` (or none, where the key is optional), fingerprinted, on
+    /// `route` and traced by `span`; the client's `Prefer: wait` read from `headers`.
     pub(super) fn new(
         store: Store<DB>,
-        key: IdempotencyKey,
+        key: Option<IdempotencyKey>,
         (method, path): (Method, String),
         fingerprint: Fingerprint,
         (span, route): (Span, Arc<str>),
@@ -195,7 +196,14 @@ impl<DB: Backend> IdemRequest<DB> {
         self.span.clone()
     }
 
+    /// Whether the request came without a key where the handler's key is optional: it runs
+    /// once, unprotected, and nothing is stored.
+    pub(super) fn is_unprotected(&self) -> bool {
+        self.key.is_none()
+    }
+
     /// The key under the handler's scope; a scope that cannot hold keys is refused (400).
+    /// Asked only of a request with a key ([`is_unprotected`](Self::is_unprotected)).
     pub(super) fn key_ref(&self, scope: StoredScope) -> Result<KeyRef, Response> {
         let scope =
             match scope {
@@ -226,7 +234,13 @@ impl<DB: Backend> IdemRequest<DB> {
                     scope
                 }
             };
-        let key = KeyRef::new(scope, self.key.as_str().to_owned());
+        let key = self
+            .key
+            .as_ref()
+            .expect("an unprotected request is never claimed")
+            .as_str()
+            .to_owned();
+        let key = KeyRef::new(scope, key);
         self.span.record("key_id", key.log_id());
         Ok(key)
     }

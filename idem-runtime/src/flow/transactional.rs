@@ -34,11 +34,12 @@ pub struct Claim<'c, DB: Backend> {
     /// What identifies the claiming transaction to the completion, where the database gives it.
     mark: Option<String>,
     request: IdemRequest<DB>,
-    key: KeyRef,
+    /// `None` for a request without a key where the key is optional: nothing is claimed.
+    key: Option<KeyRef>,
     options: Options,
     /// Dropped after `tx` (fields drop in order): the process lets go of the key only once the
     /// database has.
-    _held: HeldKey,
+    _held: Option<HeldKey>,
     /// Single-writer databases: this process's turn to write, held as long as the transaction.
     _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -93,6 +94,9 @@ impl<'c, DB: Backend> Claim<'c, DB> {
     ) -> Acquired<'c, DB> {
         let Attempt { mut request, held } = attempt;
         request.count_fields(options.body_fields);
+        if request.is_unprotected() {
+            return Self::unprotected(slot, request, options).await;
+        }
         let key = match request.key_ref(scope.clone()) {
             Ok(key) => key,
             Err(answer) => return Acquired::Answer(answer),
@@ -153,9 +157,9 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                     deadline,
                     mark,
                     request,
-                    key,
+                    key: Some(key),
                     options,
-                    _held: held,
+                    _held: Some(held),
                     _permit: permit,
                 })
             }
@@ -183,6 +187,34 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 Acquired::Answer(request.answer_existing(record, None))
             }
             Err(error) => Acquired::Answer(request.failed_to_claim(&error)),
+        }
+    }
+
+    /// A request without a key, where the key is optional: the handler's transaction begins
+    /// on a connection put into `slot`, and nothing is claimed.
+    async fn unprotected(
+        slot: &'c mut Option<Checkout<DB>>,
+        request: IdemRequest<DB>,
+        options: Options,
+    ) -> Acquired<'c, DB> {
+        let deadline = request.store.deadline();
+        let permit = match request.store.write_permit(deadline).await {
+            Ok(permit) => permit,
+            Err(error) => return Acquired::Answer(request.store_failed(&error)),
+        };
+        match request.store.begin_unprotected(slot, deadline).await {
+            Ok((tx, settle)) => Acquired::Claimed(Self {
+                tx,
+                settle,
+                deadline,
+                mark: None,
+                request,
+                key: None,
+                options,
+                _held: None,
+                _permit: permit,
+            }),
+            Err(error) => Acquired::Answer(request.store_failed(&error)),
         }
     }
 
@@ -231,9 +263,12 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         &mut self.tx
     }
 
-    /// The handler's idempotency context.
+    /// The handler's idempotency context; a request without a key gets one of its own, so
+    /// that the keys it derives are its own too.
     pub fn context(&self) -> IdempotencyContext {
-        IdempotencyContext::new(&self.key.scope, &self.key.key)
+        self.key.as_ref().map_or_else(IdempotencyContext::unprotected, |key| {
+            IdempotencyContext::new(&key.scope, &key.key)
+        })
     }
 
     /// How long the handler body may run: until its `timeout`, if it has one, and at the
@@ -256,6 +291,9 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             _permit: permit,
         } = self;
         let store = request.store.clone();
+        let Some(key) = key else {
+            return unprotected_end(tx, &mut settle, &request, deadline, response).await;
+        };
         if response.status().is_server_error() {
             // Asked first, while the handler's last statement is the connection's last.
             if lost_a_conflict(&mut tx, &store, deadline, &request).await {
@@ -368,6 +406,29 @@ impl<'c, DB: Backend> Claim<'c, DB> {
         }
         request.timed_out(options.timeout, "its writes were rolled back")
     }
+}
+
+/// Ends a request that ran without a key: its writes are committed with nothing stored, or
+/// rolled back after a 5xx, and the handler's response is answered as it is.
+async fn unprotected_end<DB: Backend>(
+    tx: Transaction<'_, DB>,
+    settle: &mut Settle<'_>,
+    request: &IdemRequest<DB>,
+    deadline: Instant,
+    response: Response,
+) -> Response {
+    if response.status().is_server_error() {
+        if let Err(error) = roll_back(tx, settle, &request.store, deadline).await {
+            return request.connection_lost(response.status(), &error);
+        }
+        return request.end(Outcome::Unprotected, response);
+    }
+    match tokio::time::timeout_at(deadline, tx.commit()).await {
+        Ok(Ok(())) => settle.settle(),
+        Ok(Err(error)) => return request.commit_failed(&error),
+        Err(_) => return request.commit_unanswered(request.store.options().database_timeout()),
+    }
+    request.end(Outcome::Unprotected, response)
 }
 
 /// The answer when the handler ended the claim's transaction itself: its outcome is not stored.

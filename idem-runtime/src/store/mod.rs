@@ -274,6 +274,20 @@ impl<DB: Backend> Store<DB> {
         Ok((begun, settle))
     }
 
+    /// Begins the transaction of a request that runs without a key (`key_optional`) on a
+    /// connection put into `slot`, as [`begin_claim`](Self::begin_claim) begins a claiming
+    /// one, but claiming nothing.
+    pub(crate) async fn begin_unprotected<'c>(
+        &self,
+        slot: &'c mut Option<Checkout<DB>>,
+        deadline: Instant,
+    ) -> Result<(sqlx::Transaction<'c, DB>, Settle<'c>), crate::error::Error> {
+        let checkout = slot.insert(self.checkout(deadline).await?);
+        let (conn, settle) = checkout.parts();
+        let tx = self.bounded(deadline, DB::begin_write(conn)).await?;
+        Ok((tx, settle))
+    }
+
     /// Takes an external-mode claim (see `Storage::start`); the caller holds its turn to write.
     pub(crate) async fn start(
         &self,
