@@ -202,8 +202,6 @@ impl WebhookSender {
                 timestamp.to_string(),
             )
             .header(standardwebhooks::HEADER_WEBHOOK_SIGNATURE, signature)
-            // Until idem reads the key from `webhook-id` (`key_header`): the same id as its key.
-            .header("idempotency-key", id)
             .body(body.to_owned())
             .send()
             .await;

@@ -189,7 +189,12 @@ impl Credit {
         (status = 401, description = "The signature does not verify; nothing was stored.", body = crate::api_doc::Problem, content_type = "application/problem+json"),
     )
 )]
-#[idempotent(scope = "endpoint", retention = "7d", state = AppState<DB>)]
+#[idempotent(
+    scope = "endpoint",
+    key_header = "webhook-id",
+    retention = "7d",
+    state = AppState<DB>
+)]
 pub async fn receive_processor_event<DB: Sql>(
     endpoint: ProcessorWebhooks,
     tx: &mut Transaction<'_, DB>,
