@@ -33,6 +33,8 @@ const ROUTES: &[&str] = &[
     "GET /v1/orders",
     "GET /v1/orders/{id}",
     "GET /v1/inventory/{sku}",
+    "POST /v1/webhooks/processor",
+    "GET /v1/balance",
     "GET /metrics",
     "GET /openapi.json",
     "GET /idempotency-policy",
