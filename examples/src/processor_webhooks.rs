@@ -19,7 +19,8 @@ use crate::webhook_secret::WebhookSecret;
 /// How many attempts one delivery gets before the processor gives it up.
 pub const MAX_ATTEMPTS: u32 = 8;
 
-/// How long one attempt waits for its answer.
+/// How long one attempt waits for its answer, unless [`WebhookSender::with_attempt_timeout`]
+/// says otherwise.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The pause before the second attempt; each later pause is twice the one before, at most
@@ -48,6 +49,7 @@ pub struct WebhookSender {
     url: Option<String>,
     secret: WebhookSecret,
     deliver_twice: bool,
+    attempt_timeout: Duration,
     http: reqwest::Client,
     sent: Arc<Mutex<Vec<Delivery>>>,
 }
@@ -59,10 +61,8 @@ impl Default for WebhookSender {
             url: None,
             secret: WebhookSecret::default(),
             deliver_twice: false,
-            http: reqwest::Client::builder()
-                .timeout(ATTEMPT_TIMEOUT)
-                .build()
-                .unwrap_or_default(),
+            attempt_timeout: ATTEMPT_TIMEOUT,
+            http: reqwest::Client::new(),
             sent: Arc::default(),
         }
     }
@@ -82,6 +82,14 @@ impl WebhookSender {
     #[must_use]
     pub fn delivering_twice(mut self, twice: bool) -> Self {
         self.deliver_twice = twice;
+        self
+    }
+
+    /// The same sender, giving each attempt `timeout` to be answered (default
+    /// [`ATTEMPT_TIMEOUT`]).
+    #[must_use]
+    pub fn with_attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout;
         self
     }
 
@@ -195,6 +203,7 @@ impl WebhookSender {
         let answer = self
             .http
             .post(url)
+            .timeout(self.attempt_timeout)
             .header("content-type", "application/json")
             .header(standardwebhooks::HEADER_WEBHOOK_ID, id)
             .header(

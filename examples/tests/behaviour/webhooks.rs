@@ -5,7 +5,7 @@
 //! 409; another body under a delivered id is 422; a missing or malformed id is 400; a
 //! signature that does not verify is 401 and leaves nothing behind; other event types are
 //! acknowledged and not applied; and the simulated processor's own deliveries, redelivered
-//! after a lost answer and replayed on purpose, credit once. Also: both binaries refuse a
+//! after a timeout and after a lost answer, then replayed on purpose, credit once. Also: both binaries refuse a
 //! malformed `WEBHOOK_SECRET` at start.
 
 use std::sync::{Arc, Mutex};
@@ -464,34 +464,77 @@ async fn a_credit_without_a_tenant_or_a_positive_amount_is_400(database: Databas
 /// a replay.
 type Answers = Arc<Mutex<Vec<(StatusCode, bool)>>>;
 
-/// A proxy between the processor and the receiver that loses the receiver's first answer: it
-/// passes every delivery on, and answers the first with 500 whatever the receiver said, as a
-/// connection that broke after the receiver committed would. Returns its URL and what the
-/// receiver answered each time.
-async fn losing_first_answer(receiver: String) -> (String, Answers) {
+/// The processor's webhooks so far, as `GET /v1/webhooks/deliveries` lists them.
+async fn deliveries(client: &Client, processor: &str) -> Vec<Delivery> {
+    client
+        .get(format!("{processor}/v1/webhooks/deliveries"))
+        .send()
+        .await
+        .expect("the processor answers")
+        .json()
+        .await
+        .expect("a JSON list")
+}
+
+/// Passes `request` on to `receiver`; what it answered, noted in `answers`.
+async fn forward(receiver: &str, request: axum::extract::Request, answers: &Answers) -> u16 {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let mut forwarded = Client::new().post(receiver).body(body);
+    for (name, value) in &parts.headers {
+        if name != "host" && name != "content-length" {
+            forwarded = forwarded.header(name, value);
+        }
+    }
+    let answer = forwarded.send().await.expect("the receiver answers");
+    let replayed = answer.headers().contains_key("idempotent-replayed");
+    answers.lock().unwrap().push((answer.status(), replayed));
+    answer.status().as_u16()
+}
+
+/// A proxy between the processor at `processor` and the receiver that loses the receiver's
+/// first two answers, as a network would after the receiver committed: the first it holds
+/// until the processor has given up waiting for it (its attempt timed out), the second it
+/// turns into a 500; later ones pass. Every delivery reaches the receiver, each only once the
+/// one before has been answered there. Returns its URL and what the receiver answered.
+async fn losing_two_answers(receiver: String, processor: String) -> (String, Answers) {
     let answers = Answers::default();
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (first_answered, answered) = tokio::sync::watch::channel(false);
+    let first_answered = Arc::new(first_answered);
     let router = {
         let answers = Arc::clone(&answers);
         axum::Router::new().fallback(move |request: axum::extract::Request| {
-            let (answers, receiver) = (Arc::clone(&answers), receiver.clone());
+            let (answers, receiver, processor) =
+                (Arc::clone(&answers), receiver.clone(), processor.clone());
+            let (seen, first_answered, mut answered) = (
+                Arc::clone(&seen),
+                Arc::clone(&first_answered),
+                answered.clone(),
+            );
             async move {
-                let (parts, body) = request.into_parts();
-                let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-                let mut forwarded = Client::new().post(&receiver).body(body);
-                for (name, value) in &parts.headers {
-                    if name != "host" && name != "content-length" {
-                        forwarded = forwarded.header(name, value);
-                    }
+                let attempt = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                if attempt == 1 {
+                    // In a task of its own: it goes on after the processor hangs up.
+                    tokio::spawn(async move {
+                        forward(&receiver, request, &answers).await;
+                        first_answered.send_replace(true);
+                    });
+                    wait_until("the processor's first attempt to time out", || async {
+                        deliveries(&Client::new(), &processor)
+                            .await
+                            .first()
+                            .is_some_and(|delivery| delivery.attempts.first() == Some(&0))
+                    })
+                    .await;
+                    return axum::http::StatusCode::OK;
                 }
-                let answer = forwarded.send().await.expect("the receiver answers");
-                let status = answer.status();
-                let replayed = answer.headers().contains_key("idempotent-replayed");
-                let mut answers = answers.lock().unwrap();
-                answers.push((status, replayed));
-                if answers.len() == 1 {
+                answered.wait_for(|done| *done).await.unwrap();
+                let status = forward(&receiver, request, &answers).await;
+                if attempt == 2 {
                     axum::http::StatusCode::INTERNAL_SERVER_ERROR
                 } else {
-                    axum::http::StatusCode::from_u16(status.as_u16()).unwrap()
+                    axum::http::StatusCode::from_u16(status).unwrap()
                 }
             }
         })
@@ -509,8 +552,11 @@ async fn the_processors_redeliveries_and_replays_credit_once(database: Database)
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let processor = format!("http://{}", listener.local_addr().unwrap());
     let (_service, base) = start_payments(&client, &database, &processor).await;
-    let (proxy, answers) = losing_first_answer(format!("{base}/v1/webhooks/processor")).await;
-    let sender = WebhookSender::to(proxy, WebhookSecret::default()).delivering_twice(true);
+    let (proxy, answers) =
+        losing_two_answers(format!("{base}/v1/webhooks/processor"), processor.clone()).await;
+    let sender = WebhookSender::to(proxy, WebhookSecret::default())
+        .with_attempt_timeout(std::time::Duration::from_millis(300))
+        .delivering_twice(true);
     let router = idem_examples::processor::router_with(sender);
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
 
@@ -525,35 +571,25 @@ async fn the_processors_redeliveries_and_replays_credit_once(database: Database)
         .unwrap();
     assert_eq!(order.status(), StatusCode::CREATED);
 
-    let deliveries = || async {
-        client
-            .get(format!("{processor}/v1/webhooks/deliveries"))
-            .send()
-            .await
-            .unwrap()
-            .json::<Vec<Delivery>>()
-            .await
-            .unwrap()
-    };
     wait_until(
-        "the processor to deliver its webhook, again after a lost answer, and once more",
+        "the processor to deliver its webhook after a timeout and a lost answer, and once more",
         || async {
-            deliveries()
+            deliveries(&client, &processor)
                 .await
                 .first()
-                .is_some_and(|delivery| delivery.attempts.len() == 3)
+                .is_some_and(|delivery| delivery.attempts.len() == 4)
         },
     )
     .await;
-    let delivered = deliveries().await;
+    let delivered = deliveries(&client, &processor).await;
     assert_eq!(delivered.len(), 1, "one event: {delivered:?}");
     let delivery = &delivered[0];
     assert_eq!(delivery.kind, "balance.credited");
     assert!(delivery.delivered);
     assert_eq!(
         delivery.attempts,
-        [500, 200, 200],
-        "the first answer lost, then the redelivery, then the replay on purpose"
+        [0, 500, 200, 200],
+        "timed out, answer lost, delivered, then the replay on purpose"
     );
     let answers = answers.lock().unwrap().clone();
     assert_eq!(
@@ -561,9 +597,10 @@ async fn the_processors_redeliveries_and_replays_credit_once(database: Database)
         [
             (StatusCode::OK, false),
             (StatusCode::OK, true),
+            (StatusCode::OK, true),
             (StatusCode::OK, true)
         ],
-        "the receiver applied the event once and replayed it twice"
+        "the receiver applied the event once and replayed it to every later attempt"
     );
     assert_eq!(balance(&client, &base, "t1").await, (3000, 1));
 }
