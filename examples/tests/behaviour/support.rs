@@ -212,6 +212,22 @@ pub fn spawn_payments_with(
     (Process(child), format!("http://{addr}"))
 }
 
+/// A payment of `amount` by `cus_1` for the tenant `t1` under `key`, through the service at
+/// `base`: the payment as answered.
+pub async fn paid(client: &Client, base: &str, key: &str, amount: i64) -> Value {
+    client
+        .post(format!("{base}/v1/payments"))
+        .bearer_auth("t1")
+        .header("Idempotency-Key", key)
+        .json(&serde_json::json!({"amount": amount, "currency": "usd", "customer": "cus_1"}))
+        .send()
+        .await
+        .expect("the service answers")
+        .json()
+        .await
+        .expect("a JSON payment")
+}
+
 pub async fn refunds_executed(client: &Client, processor: &str) -> Vec<Value> {
     client
         .get(format!("{processor}/v1/refunds"))

@@ -5,7 +5,8 @@
 //! 409; another body under a delivered id is 422; a missing or malformed id is 400; a
 //! signature that does not verify is 401 and leaves nothing behind; other event types are
 //! acknowledged and not applied; and the simulated processor's own deliveries, redelivered
-//! after a timeout and after a lost answer, then replayed on purpose, credit once. Also: both binaries refuse a
+//! after a timeout and after a lost answer, then replayed on purpose, credit once, and so do
+//! the two binaries run side by side, as the README runs them. Also: both binaries refuse a
 //! malformed `WEBHOOK_SECRET` at start.
 
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,7 @@ on_every_database!(
     other_event_types_are_acknowledged_and_not_applied,
     a_credit_without_a_tenant_or_a_positive_amount_is_400,
     the_processors_redeliveries_and_replays_credit_once,
+    the_processor_binary_and_the_payments_binary_close_the_loop,
 );
 
 /// How far from the server's clock a timestamp may be (Standard Webhooks: 5 minutes).
@@ -603,6 +605,68 @@ async fn the_processors_redeliveries_and_replays_credit_once(database: Database)
         "the receiver applied the event once and replayed it to every later attempt"
     );
     assert_eq!(balance(&client, &base, "t1").await, (3000, 1));
+}
+
+/// The two binaries as the README runs them, the processor given `WEBHOOK_URL` and
+/// `WEBHOOK_DELIVER_TWICE=1`: an order's charge credits the ordering tenant once, a refund's
+/// `refund.succeeded` is acknowledged and ignored, and every event, delivered twice, is
+/// answered 200 both times.
+async fn the_processor_binary_and_the_payments_binary_close_the_loop(database: Database) {
+    let client = Client::new();
+    let processor_addr = support::free_addr();
+    let processor = format!("http://{processor_addr}");
+    let (_service, base) = start_payments(&client, &database, &processor).await;
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_processor"))
+        .env("PROCESSOR_ADDR", &processor_addr)
+        .env("WEBHOOK_URL", format!("{base}/v1/webhooks/processor"))
+        .env("WEBHOOK_DELIVER_TWICE", "1")
+        .env_remove("WEBHOOK_SECRET")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the processor");
+    let _processor = Process(child);
+    wait_until("the processor to answer", || async {
+        client
+            .get(format!("{processor}/v1/charges"))
+            .send()
+            .await
+            .is_ok()
+    })
+    .await;
+
+    let order = client
+        .post(format!("{base}/v1/orders"))
+        .bearer_auth("t1")
+        .header("Idempotency-Key", "order-1")
+        .json(&json!({"sku": "sku-1", "quantity": 2, "customer": "cus_1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(order.status(), StatusCode::CREATED);
+    let payment = support::paid(&client, &base, "pay-1", 900).await;
+    let refund = client
+        .post(format!("{base}/v1/refunds"))
+        .bearer_auth("t1")
+        .header("Idempotency-Key", "refund-1")
+        .json(&json!({"payment": payment["id"], "amount": 300}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refund.status(), StatusCode::CREATED);
+
+    wait_until("both events to be delivered twice", || async {
+        let sent = deliveries(&client, &processor).await;
+        sent.len() == 2 && sent.iter().all(|delivery| delivery.attempts.len() == 2)
+    })
+    .await;
+    let sent = deliveries(&client, &processor).await;
+    let kinds: Vec<&str> = sent.iter().map(|delivery| delivery.kind.as_str()).collect();
+    assert_eq!(kinds, ["balance.credited", "refund.succeeded"]);
+    for delivery in &sent {
+        assert_eq!(delivery.attempts, [200, 200], "{delivery:?}");
+    }
+    assert_eq!(balance(&client, &base, "t1").await, (2000, 1));
 }
 
 /// Both binaries refuse, at start, a secret that is not `whsec_<base64>`, naming the variable
