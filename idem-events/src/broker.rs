@@ -6,6 +6,31 @@ use std::future::Future;
 
 use crate::message::Message;
 
+/// `impl Debug` for a broker's type that shows only the named fields (its settings, its
+/// message) and marks the rest as left out (`..`): connections, channels and acknowledgers
+/// print nothing useful. `debug_showing!(NatsPublisher { broker })` prints as
+/// `NatsPublisher { broker: …, .. }`.
+#[cfg_attr(
+    not(any(feature = "rabbitmq", feature = "redis", feature = "nats")),
+    expect(unused_macros, reason = "only a broker adapter uses it")
+)]
+macro_rules! debug_showing {
+    ($type:ident { $($field:ident),* }) => {
+        impl std::fmt::Debug for $type {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($type))
+                    $(.field(stringify!($field), &self.$field))*
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+#[cfg_attr(
+    not(any(feature = "rabbitmq", feature = "redis", feature = "nats")),
+    expect(unused_imports, reason = "only a broker adapter uses it")
+)]
+pub(crate) use debug_showing;
+
 /// What a broker said or failed to say.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -55,7 +55,7 @@ use futures_util::StreamExt;
 use tokio::sync::{Mutex, watch};
 
 use crate::{
-    broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription},
+    broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription, debug_showing},
     message::Message,
 };
 
@@ -339,13 +339,7 @@ pub struct NatsPublisher {
     connection: Mutex<Option<Connected>>,
 }
 
-impl std::fmt::Debug for NatsPublisher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsPublisher")
-            .field("broker", &self.broker)
-            .finish_non_exhaustive()
-    }
-}
+debug_showing!(NatsPublisher { broker });
 
 impl NatsPublisher {
     async fn publish_on(
@@ -545,13 +539,7 @@ pub struct NatsSubscription {
     dead_prefix: String,
 }
 
-impl std::fmt::Debug for NatsSubscription {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsSubscription")
-            .field("subscriber", &self.subscriber)
-            .finish_non_exhaustive()
-    }
-}
+debug_showing!(NatsSubscription { subscriber });
 
 impl Subscription for NatsSubscription {
     type Delivery = NatsDelivery;
@@ -607,14 +595,10 @@ pub struct NatsDelivery {
     consumer: Arc<str>,
 }
 
-impl std::fmt::Debug for NatsDelivery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsDelivery")
-            .field("message", &self.message)
-            .field("redelivered", &self.redelivered)
-            .finish_non_exhaustive()
-    }
-}
+debug_showing!(NatsDelivery {
+    message,
+    redelivered
+});
 
 impl Delivery for NatsDelivery {
     fn message(&self) -> &Message {

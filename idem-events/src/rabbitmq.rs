@@ -36,7 +36,7 @@ use lapin::{
 use tokio::sync::Mutex;
 
 use crate::{
-    broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription},
+    broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription, debug_showing},
     message::Message,
 };
 
@@ -140,13 +140,7 @@ pub struct RabbitMqPublisher {
     channel: Mutex<(Option<(Connection, Channel)>, bool)>,
 }
 
-impl std::fmt::Debug for RabbitMqPublisher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitMqPublisher")
-            .field("broker", &self.broker)
-            .finish_non_exhaustive()
-    }
-}
+debug_showing!(RabbitMqPublisher { broker });
 
 impl RabbitMqPublisher {
     async fn publish_on(
@@ -350,12 +344,7 @@ pub struct RabbitMqSubscription {
     consumer: lapin::Consumer,
 }
 
-impl std::fmt::Debug for RabbitMqSubscription {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitMqSubscription")
-            .finish_non_exhaustive()
-    }
-}
+debug_showing!(RabbitMqSubscription {});
 
 impl Subscription for RabbitMqSubscription {
     type Delivery = RabbitMqDelivery;
@@ -375,13 +364,7 @@ pub struct RabbitMqDelivery {
     delivery: LapinDelivery,
 }
 
-impl std::fmt::Debug for RabbitMqDelivery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitMqDelivery")
-            .field("message", &self.message)
-            .finish_non_exhaustive()
-    }
-}
+debug_showing!(RabbitMqDelivery { message });
 
 impl RabbitMqDelivery {
     fn new(mut delivery: LapinDelivery) -> Self {
@@ -397,6 +380,19 @@ impl RabbitMqDelivery {
             std::mem::take(&mut delivery.data),
         );
         Self { message, delivery }
+    }
+
+    /// Rejects the message: back to the queue with `requeue`, else to its dead-letter place.
+    async fn nack(self, requeue: bool) -> Result<(), BrokerError> {
+        Self::settled(
+            self.delivery
+                .acker
+                .nack(BasicNackOptions {
+                    requeue,
+                    ..BasicNackOptions::default()
+                })
+                .await,
+        )
     }
 
     fn settled(sent: Result<bool, lapin::Error>) -> Result<(), BrokerError> {
@@ -424,28 +420,12 @@ impl Delivery for RabbitMqDelivery {
     }
 
     async fn retry(self) -> Result<(), BrokerError> {
-        Self::settled(
-            self.delivery
-                .acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await,
-        )
+        self.nack(true).await
     }
 
     async fn dead_letter(self, _reason: &str) -> Result<(), BrokerError> {
         // Rejected without requeue, the queue's dead-letter settings move it to
         // `<queue>.dead`; the reason is in the consumer's log.
-        Self::settled(
-            self.delivery
-                .acker
-                .nack(BasicNackOptions {
-                    requeue: false,
-                    ..BasicNackOptions::default()
-                })
-                .await,
-        )
+        self.nack(false).await
     }
 }

@@ -40,7 +40,7 @@ use redis::{
 use tokio::{sync::Mutex, time::Instant};
 
 use crate::{
-    broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription},
+    broker::{BrokerError, Delivery, Publisher, Subscriber, Subscription, debug_showing},
     message::Message,
 };
 
@@ -120,13 +120,7 @@ pub struct RedisPublisher {
     connection: Mutex<Option<MultiplexedConnection>>,
 }
 
-impl std::fmt::Debug for RedisPublisher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisPublisher")
-            .field("broker", &self.broker)
-            .finish_non_exhaustive()
-    }
-}
+debug_showing!(RedisPublisher { broker });
 
 impl Publisher for RedisPublisher {
     async fn publish(&self, messages: &[Message]) -> Result<(), BrokerError> {
@@ -251,13 +245,7 @@ pub struct RedisSubscription {
     next_claim: Instant,
 }
 
-impl std::fmt::Debug for RedisSubscription {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSubscription")
-            .field("subscriber", &self.subscriber)
-            .finish_non_exhaustive()
-    }
-}
+debug_showing!(RedisSubscription { subscriber });
 
 impl RedisSubscription {
     fn delivery(&self, entry: StreamId, redelivered: bool) -> RedisDelivery {
@@ -380,14 +368,7 @@ pub struct RedisDelivery {
     group: Arc<str>,
 }
 
-impl std::fmt::Debug for RedisDelivery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisDelivery")
-            .field("message", &self.message)
-            .field("entry", &self.entry)
-            .finish_non_exhaustive()
-    }
-}
+debug_showing!(RedisDelivery { message, entry });
 
 impl Delivery for RedisDelivery {
     fn message(&self) -> &Message {

@@ -12,7 +12,10 @@ use sqlx::Pool;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{backend::Backend, error::bounded};
+use crate::{
+    backend::{Backend, Wanted},
+    error::bounded,
+};
 use crate::{
     broker::{BrokerError, Publisher},
     message::Message,
@@ -312,11 +315,13 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             limit,
             DB::take_batch(
                 &self.pool,
-                &self.id,
-                self.last_topic.as_deref(),
-                &skip,
-                i64::from(self.options.batch),
-                self.options.lease,
+                Wanted {
+                    relay: &self.id,
+                    after: self.last_topic.as_deref(),
+                    skip: &skip,
+                    limit: i64::from(self.options.batch),
+                    lease: self.options.lease,
+                },
             ),
         )
         .await?
@@ -326,7 +331,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let topic = batch.topic.clone();
         self.last_topic = Some(topic.clone());
         if batch.messages.is_empty() {
-            bounded(limit, DB::abandon(&self.pool, &self.id, batch)).await?;
+            bounded(limit, DB::abandon(batch)).await?;
             return Ok(Pass::NotReady { topic });
         }
         let published = tokio::time::timeout(
@@ -341,7 +346,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             )))
         });
         if let Err(error) = published {
-            if let Err(store) = bounded(limit, DB::abandon(&self.pool, &self.id, batch)).await {
+            if let Err(store) = bounded(limit, DB::abandon(batch)).await {
                 tracing::debug!(error = %store, "letting go of an outbox topic failed");
             }
             return match error {
@@ -355,7 +360,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             observer(&batch.messages);
         }
         let count = batch.messages.len();
-        bounded(limit, DB::mark_published(&self.pool, &self.id, batch)).await?;
+        bounded(limit, DB::mark_published(batch)).await?;
         metrics::counter!("idem_outbox_published_total", "topic" => topic.clone())
             .increment(count as u64);
         // At zero from the topic's first batch: an alert on its `increase()` sees the first

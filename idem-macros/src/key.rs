@@ -7,7 +7,10 @@ use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::{LitStr, meta::ParseNestedMeta};
 
-use crate::fields;
+use crate::{
+    expand::paths::{runtime, runtime_signature},
+    fields,
+};
 
 /// The key's source, as the attribute gave it.
 #[derive(Default)]
@@ -108,26 +111,27 @@ pub fn field(meta: &ParseNestedMeta<'_>) -> syn::Result<KeyArg> {
 }
 
 /// The source as `idem-runtime`'s `KeySource`.
-fn source(key: &KeyArg, private: &TokenStream) -> TokenStream {
+fn source(key: &KeyArg) -> TokenStream {
+    let runtime = runtime();
     match key {
-        KeyArg::Standard => quote!(#private::KeySource::Standard),
-        KeyArg::Header(name, _) => quote!(#private::KeySource::Header(#name)),
-        KeyArg::Pointer(pointer, _) => quote!(#private::KeySource::BodyField(#pointer)),
+        KeyArg::Standard => quote!(#runtime::KeySource::Standard),
+        KeyArg::Header(name, _) => quote!(#runtime::KeySource::Header(#name)),
+        KeyArg::Pointer(pointer, _) => quote!(#runtime::KeySource::BodyField(#pointer)),
         KeyArg::Field(ident) => {
             let name = ident.to_string();
             let name = name.strip_prefix("r#").unwrap_or(&name);
-            quote!(#private::KeySource::MessageField(#name))
+            quote!(#runtime::KeySource::MessageField(#name))
         }
     }
 }
 
 /// What the policy's static adds for a key elsewhere than `Idempotency-Key` or optional
 /// (`.__key(source, optional)`); nothing otherwise.
-pub fn policy(key: &KeyArg, optional: bool, private: &TokenStream) -> Option<TokenStream> {
+pub fn policy(key: &KeyArg, optional: bool) -> Option<TokenStream> {
     if matches!(key, KeyArg::Standard) && !optional {
         return None;
     }
-    let source = source(key, private);
+    let source = source(key);
     Some(quote!(.__key(#source, #optional)))
 }
 
@@ -138,14 +142,14 @@ pub fn marker(
     key: &KeyArg,
     optional: bool,
     handler: &syn::ItemFn,
-    private: &TokenStream,
 ) -> Option<(syn::Ident, TokenStream)> {
     if matches!(key, KeyArg::Standard) && !optional {
         return None;
     }
     let vis = &handler.vis;
     let ident = format_ident!("__idem_key_of_{}", handler.sig.ident);
-    let source = source(key, private);
+    let source = source(key);
+    let (runtime, signature) = (runtime(), runtime_signature());
     let doc = format!(
         "Where `{}`'s idempotency key is, for its `Input`.",
         handler.sig.ident
@@ -155,8 +159,8 @@ pub fn marker(
         #[doc(hidden)]
         #[allow(non_camel_case_types)]
         #vis enum #ident {}
-        impl #private::KeyFrom for #ident {
-            const SOURCE: #private::KeySource = #source;
+        impl #signature::KeyFrom for #ident {
+            const SOURCE: #runtime::KeySource = #source;
             const OPTIONAL: bool = #optional;
         }
     };
@@ -165,8 +169,9 @@ pub fn marker(
 
 /// The function a tonic method's `accept_keyed` reads the key field with, checked to be a
 /// field that can hold a key (`KeyField`) with the errors at the attribute's field name.
-pub fn field_reader(field: &syn::Ident, message: &syn::Type, private: &TokenStream) -> TokenStream {
+pub fn field_reader(field: &syn::Ident, message: &syn::Type) -> TokenStream {
+    let runtime = runtime();
     quote_spanned! {field.span()=>
-        |__idem_message: &#message| #private::KeyField::key_field(&__idem_message.#field)
+        |__idem_message: &#message| #runtime::grpc::KeyField::key_field(&__idem_message.#field)
     }
 }

@@ -75,6 +75,15 @@ mod key;
 ///   `Steps<DB>` parameter its `DB`). Default: the database whose feature is on in
 ///   `idem-runtime`; with several on, required.
 ///
+/// - `key_header = "<name>"`: the key is in this request header instead of `Idempotency-Key` (a
+///   webhook's `"webhook-id"`, `"X-GitHub-Delivery"`); same syntax, limits and 400s.
+/// - `key_pointer = "<pointer>"`: the key is the string field of the JSON body this JSON
+///   Pointer names (`"/request_id"`); the field still counts in the fingerprint.
+/// - `key_field = "<field>"`: tonic methods only: the key is this string field of the request
+///   message (AIP-155's `"request_id"`), checked at compile time to exist and be a string.
+/// - `key_optional`: a request without a key runs once, unprotected, storing nothing (not with
+///   `Steps`).
+///
 /// - `state = <type>`: the router's state. Optional, recommended: the handler is then checked
 ///   at its definition, with errors on the type at fault, that the state provides
 ///   `Store<DB>` (`FromRef`) and that every argument but the last reads only the request's

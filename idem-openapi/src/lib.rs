@@ -9,8 +9,12 @@
 //! Add [`Idempotency`] to a document's modifiers. Every operation whose `operationId` is the
 //! name of an `#[idempotent]` handler (utoipa's default for `#[utoipa::path]`) then gets:
 //!
-//! - the required `Idempotency-Key` header parameter (one the operation declares, inline or
-//!   through `components`, is made required);
+//! - the header parameter that carries the key: `Idempotency-Key`, or the one the handler names
+//!   (`key_header`), required unless the key is optional (`key_optional`); one the operation
+//!   declares, inline or through `components`, is kept and given that requirement. A key in a
+//!   field of the JSON body (`key_pointer`) is said in the description and in the operation's
+//!   `x-idempotency-key` extension (`{"in": "body", "pointer": "/id", "required": true}`),
+//!   as a header key is too;
 //! - the problem responses of the idempotency layer that its mode and settings can give: 400
 //!   (key missing or malformed, scope invalid, body unreadable), 409 (in progress, with
 //!   `Retry-After`), 413 (body over the limit), 422 (key reused with another request), 500
@@ -53,12 +57,13 @@ use std::collections::{BTreeMap, btree_map::Entry};
 use utoipa::openapi::{
     ComponentsBuilder, ContentBuilder, HeaderBuilder, ObjectBuilder, OpenApi, Ref, RefOr, Required,
     ResponseBuilder, Type,
+    extensions::ExtensionsBuilder,
     path::{Operation, Parameter, ParameterBuilder, ParameterIn, PathItem},
     response::Response,
 };
 
 use idem_runtime::{
-    PROBLEM_JSON, ProblemKind,
+    KeySource, PROBLEM_JSON, ProblemKind,
     policy::{HandlerPolicy, KeyScope, Mode, RetentionPolicy, handlers},
 };
 
@@ -194,6 +199,8 @@ fn same_settings(a: &HandlerPolicy, b: &HandlerPolicy) -> bool {
         a.lease(),
         a.timeout(),
         a.wait(),
+        a.key_source(),
+        a.key_optional(),
     ) == (
         b.scope(),
         b.mode(),
@@ -202,6 +209,8 @@ fn same_settings(a: &HandlerPolicy, b: &HandlerPolicy) -> bool {
         b.lease(),
         b.timeout(),
         b.wait(),
+        b.key_source(),
+        b.key_optional(),
     )
 }
 
@@ -210,10 +219,35 @@ fn document(
     policy: &HandlerPolicy,
     shared_parameters: &BTreeMap<String, RefOr<Parameter>>,
 ) {
-    require_key(
-        operation.parameters.get_or_insert_with(Vec::new),
-        shared_parameters,
-    );
+    let required = !policy.key_optional();
+    let (place, name) = match policy.key_source() {
+        KeySource::Standard => ("header", Some("Idempotency-Key")),
+        KeySource::Header(name) => ("header", Some(name)),
+        KeySource::BodyField(pointer) => ("body", Some(pointer)),
+        KeySource::MessageField(_) => ("message", None),
+    };
+    if let (Some(name), "header") = (name, place) {
+        require_key(
+            operation.parameters.get_or_insert_with(Vec::new),
+            shared_parameters,
+            name,
+            required,
+        );
+    }
+    if let Some(name) = name {
+        let field = if place == "header" { "name" } else { "pointer" };
+        operation
+            .extensions
+            .get_or_insert_with(Default::default)
+            .merge(
+                ExtensionsBuilder::new()
+                    .add(
+                        "x-idempotency-key",
+                        serde_json::json!({"in": place, field: name, "required": required}),
+                    )
+                    .build(),
+            );
+    }
     if let Some(wait) = policy.wait() {
         let parameters = operation.parameters.get_or_insert_with(Vec::new);
         let declared = parameters.iter().any(|p| {
@@ -275,15 +309,21 @@ fn document(
     }
 }
 
-/// Adds the `Idempotency-Key` header parameter, or makes the one the operation declares
-/// (inline or through `components`) required.
+/// Adds the header parameter `name` that carries the key, or gives the one the operation
+/// declares (inline or through `components`) the key's requirement.
 fn require_key(
     parameters: &mut Vec<RefOr<Parameter>>,
     shared: &BTreeMap<String, RefOr<Parameter>>,
+    name: &str,
+    required: bool,
 ) {
-    let is_key = |p: &Parameter| {
-        p.name.eq_ignore_ascii_case("Idempotency-Key") && p.parameter_in == ParameterIn::Header
+    let required = if required {
+        Required::True
+    } else {
+        Required::False
     };
+    let is_key =
+        |p: &Parameter| p.name.eq_ignore_ascii_case(name) && p.parameter_in == ParameterIn::Header;
     for parameter in parameters.iter_mut() {
         let resolved = match parameter {
             RefOr::T(inline) => Some(inline.clone()),
@@ -297,14 +337,14 @@ fn require_key(
                 }),
         };
         if let Some(mut declared) = resolved.filter(|p| is_key(p)) {
-            if declared.required != Required::True {
-                declared.required = Required::True;
+            if declared.required != required {
+                declared.required = required;
             }
             *parameter = RefOr::T(declared);
             return;
         }
     }
-    parameters.push(RefOr::T(key_parameter()));
+    parameters.push(RefOr::T(key_parameter(name, required)));
 }
 
 /// One of the layer's own answers, as documented on an idempotent operation.
@@ -393,17 +433,22 @@ fn layer_problems(policy: &HandlerPolicy) -> Vec<LayerProblem> {
     ]
 }
 
-fn key_parameter() -> utoipa::openapi::path::Parameter {
+fn key_parameter(name: &str, required: Required) -> utoipa::openapi::path::Parameter {
+    let optional = if required == Required::True {
+        ""
+    } else {
+        " Optional: a request without it runs once, unprotected."
+    };
     ParameterBuilder::new()
-        .name("Idempotency-Key")
+        .name(name)
         .parameter_in(ParameterIn::Header)
-        .required(Required::True)
-        .description(Some(
+        .required(required)
+        .description(Some(format!(
             "A key unique to this operation, sent unchanged on every retry of it: 1 to 255 \
              visible ASCII characters, bare or as a Structured Field String (`\"…\"`). A new \
              UUID for each operation is best. (Quoted, with `\\\"` and `\\\\` escapes, it may be up to \
-             512 characters long.)",
-        ))
+             512 characters long.){optional}",
+        )))
         .schema(Some(
             ObjectBuilder::new()
                 .schema_type(Type::String)

@@ -30,10 +30,17 @@ impl IdempotencyContext {
         }
     }
 
-    /// The context of a request that came without a key where the handler's key is optional:
-    /// a key of its own, made up once, so that the keys it derives are its own (the request is
+    /// The context of a request with `key`; without one (the handler's key is optional), a
+    /// key of its own, made up once, so that the keys it derives are its own (the request is
     /// not protected, and must not share downstream keys with another).
-    pub(crate) fn unprotected() -> Self {
+    pub(crate) fn of(key: Option<&crate::record::KeyRef>) -> Self {
+        match key {
+            Some(key) => Self::new(&key.scope, &key.key),
+            None => Self::unprotected(),
+        }
+    }
+
+    fn unprotected() -> Self {
         let (high, low) = (
             crate::record::fresh_token() as u64,
             crate::record::fresh_token() as u64,

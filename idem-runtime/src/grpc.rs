@@ -24,7 +24,9 @@
 //!
 //! The service provides the [`Store`](crate::store::Store) as an Axum router's state does, through
 //! [`FromRef`](axum::extract::FromRef). The key comes from the `idempotency-key` metadata (the
-//! syntax and limits of the HTTP header), `prefer: wait=<seconds>` asks to wait as on HTTP, and
+//! syntax and limits of the HTTP header), or, with `key_field = "request_id"`, from a string field
+//! of the request message, as Google's AIP-155 puts it ([`KeyField`]; an empty field is a
+//! missing key), `prefer: wait=<seconds>` asks to wait as on HTTP, and
 //! the fingerprint covers the method's full name and the message re-encoded: two encodings of
 //! equal messages (fields in another order, default values written or left out) are the same
 //! request. Map fields must be generated as `BTreeMap` (tonic-prost-build's
@@ -44,6 +46,8 @@
 //!
 //! A replay carries the message, or the status's code, message and details; metadata the
 //! method set on its answer goes to the client with the first answer, and is not stored.
+
+pub use crate::key_source::KeyField;
 
 use tonic::{Extensions, Status, metadata::MetadataMap};
 

@@ -64,6 +64,7 @@ impl KeySource {
     /// # Errors
     ///
     /// As [`take_http`](Self::take_http).
+    #[cfg(feature = "grpc")]
     pub(crate) fn take_grpc(
         &self,
         headers: &http::HeaderMap,
@@ -161,6 +162,7 @@ fn take_body_field(body: &[u8], pointer: &str) -> Result<IdempotencyKey, Refused
 }
 
 /// What is wrong with a call's `idempotency-key` metadata, in the words of gRPC metadata.
+#[cfg(feature = "grpc")]
 fn grpc_metadata_detail(error: &KeyError) -> String {
     match error {
         KeyError::Missing => "this method requires `idempotency-key` metadata; send a unique \
@@ -193,6 +195,7 @@ impl KeyFrom for StandardKey {
     const OPTIONAL: bool = false;
 }
 
+#[cfg(feature = "grpc")]
 /// A tonic request message's field that can hold its key: a `string` (`String`, empty when
 /// unset, as proto3 has it) or an `optional string` (`Option<String>`).
 #[diagnostic::on_unimplemented(
@@ -205,12 +208,14 @@ pub trait KeyField {
     fn key_field(&self) -> Option<&str>;
 }
 
+#[cfg(feature = "grpc")]
 impl KeyField for String {
     fn key_field(&self) -> Option<&str> {
         (!self.is_empty()).then_some(self.as_str())
     }
 }
 
+#[cfg(feature = "grpc")]
 impl KeyField for Option<String> {
     fn key_field(&self) -> Option<&str> {
         self.as_deref().filter(|value| !value.is_empty())
@@ -238,7 +243,10 @@ mod tests {
             .take_http(&headers(&[("idempotency-key", "k")]), b"")
             .unwrap_err();
         assert!(refused.missing);
-        assert!(refused.detail.contains("`webhook-id` header"), "{refused:?}");
+        assert!(
+            refused.detail.contains("`webhook-id` header"),
+            "{refused:?}"
+        );
     }
 
     #[test]
@@ -256,7 +264,10 @@ mod tests {
     fn a_body_field_gives_the_key_when_it_is_a_valid_string() {
         let source = KeySource::BodyField("/data/request_id");
         let body = br#"{"data": {"request_id": "r-1"}}"#;
-        assert_eq!(source.take_http(&headers(&[]), body).unwrap().as_str(), "r-1");
+        assert_eq!(
+            source.take_http(&headers(&[]), body).unwrap().as_str(),
+            "r-1"
+        );
         for (body, missing) in [
             (&br#"{"data": {}}"#[..], true),
             (br#"{"data": {"request_id": null}}"#, true),
@@ -270,11 +281,15 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "grpc")]
     #[test]
     fn a_message_field_gives_the_key_and_an_empty_one_is_missing() {
         let source = KeySource::MessageField("request_id");
         let none = headers(&[("idempotency-key", "ignored")]);
-        assert_eq!(source.take_grpc(&none, Some("r-1")).unwrap().as_str(), "r-1");
+        assert_eq!(
+            source.take_grpc(&none, Some("r-1")).unwrap().as_str(),
+            "r-1"
+        );
         assert!(source.take_grpc(&none, Some("")).unwrap_err().missing);
         assert!(source.take_grpc(&none, None).unwrap_err().missing);
         assert!(!source.take_grpc(&none, Some("a b")).unwrap_err().missing);

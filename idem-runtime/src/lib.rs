@@ -196,10 +196,10 @@ pub use backend::{Backend, migrate};
 pub use context::IdempotencyContext;
 pub use error::Error;
 pub use idem_key::BodyFields;
-pub use key_source::KeySource;
 #[cfg(feature = "grpc")]
 pub use idem_macros::grpc;
 pub use idem_macros::idempotent;
+pub use key_source::KeySource;
 pub use problem::{DEFAULT_PROBLEM_TYPE_BASE, PROBLEM_JSON, Problem, ProblemKind};
 pub use record::RecordedStep;
 pub use scope::{IdempotencyScope, MAX_SCOPE_LEN};
@@ -277,7 +277,6 @@ pub mod __private {
     pub use crate::flow::{
         Acquired, Attempt, Claim, ExternalClaim, Limit, StoredScope, run_until, typed_body,
     };
-    pub use crate::key_source::{KeyField, KeyFrom, KeySource, StandardKey};
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use idem_key::BodyFields;
     pub use inventory;

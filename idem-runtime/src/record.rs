@@ -145,9 +145,10 @@ pub fn checked_fingerprint(bytes: &[u8]) -> Result<Fingerprint, crate::error::Er
         .ok_or_else(|| crate::error::Error::corrupt("idem_keys.fingerprint is not 32 bytes"))
 }
 
-/// A completed response to store.
-#[derive(Debug, Clone)]
-pub struct Completion<'a> {
+/// The request a key's row is written for: its key, and what tells it from another request
+/// under that key.
+#[derive(Debug, Clone, Copy)]
+pub struct RowOf<'a> {
     /// The key.
     pub key: &'a KeyRef,
     /// Method of the request.
@@ -156,6 +157,13 @@ pub struct Completion<'a> {
     pub path: &'a str,
     /// Fingerprint of the request.
     pub fingerprint: &'a Fingerprint,
+}
+
+/// A completed response to store.
+#[derive(Debug, Clone)]
+pub struct Completion<'a> {
+    /// The request.
+    pub row: RowOf<'a>,
     /// The response.
     pub response: &'a StoredResponse,
     /// What the claim gave to identify its transaction, where the database gives something
@@ -197,14 +205,8 @@ mod tests {
 /// An external-mode claim to take: a `started` row with a lease, owned by `token`.
 #[derive(Debug, Clone)]
 pub struct Start<'a> {
-    /// The key.
-    pub key: &'a KeyRef,
-    /// Method of the request.
-    pub method: &'a str,
-    /// Path and query of the request.
-    pub path: &'a str,
-    /// Fingerprint of the request.
-    pub fingerprint: &'a Fingerprint,
+    /// The request.
+    pub row: RowOf<'a>,
     /// How long the claim is exclusive.
     pub lease: Duration,
     /// How long the row lives, from now.

@@ -30,7 +30,7 @@ mod proto {
 }
 
 use proto::{
-    Job, Receipt,
+    CreateJob, Job, Receipt,
     jobs_client::JobsClient,
     jobs_server::{Jobs, JobsServer},
 };
@@ -47,6 +47,8 @@ struct Counters {
     ship_attempts: AtomicU64,
     /// Runs of `Answer` and `AnswerKept`.
     answered: AtomicU64,
+    /// Runs of `Create`.
+    created: AtomicU64,
 }
 
 struct JobsApi<DB: Backend> {
@@ -140,6 +142,20 @@ impl<DB: Backend> Jobs for JobsApi<DB> {
         request: Request<Job>,
     ) -> Result<Response<Receipt>, Status> {
         answer_with_its_code(&self.counters, tx, request.into_inner())
+    }
+
+    #[idempotent(global, key_field = "request_id")]
+    async fn create(
+        &self,
+        tx: &mut Transaction<'_, DB>,
+        request: Request<CreateJob>,
+    ) -> Result<Response<Receipt>, Status> {
+        let _ = tx;
+        let calls = self.counters.created.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(Response::new(Receipt {
+            name: request.into_inner().name,
+            calls,
+        }))
     }
 }
 
@@ -279,7 +295,82 @@ on_every_database!(
     a_grpc_claim_left_by_a_dead_call_is_released_by_the_recovery_and_its_retry_runs,
     a_parked_grpc_claim_is_internal_without_running_until_abandoned,
     a_grpc_calls_log_line_names_its_code_never_the_http_status_it_is_stored_under,
+    a_method_keyed_by_its_request_id_field_runs_once_and_ignores_the_metadata_key,
+    a_missing_or_malformed_request_id_field_is_invalid_argument_and_nothing_runs,
 );
+
+/// A `Create` call of job `name` under `request_id`, with `metadata_key` as `idempotency-key`
+/// metadata when given.
+fn create_call(name: &str, request_id: &str, metadata_key: Option<&str>) -> Request<CreateJob> {
+    let job = CreateJob {
+        name: name.to_owned(),
+        request_id: request_id.to_owned(),
+    };
+    let mut request = Request::new(job);
+    if let Some(key) = metadata_key {
+        request
+            .metadata_mut()
+            .insert("idempotency-key", key.parse().expect("a key"));
+    }
+    request
+}
+
+async fn a_method_keyed_by_its_request_id_field_runs_once_and_ignores_the_metadata_key<
+    DB: Backend,
+>(
+    store: Store<DB>,
+    app: &App,
+) {
+    let served = serve(store).await;
+    let mut client = served.client.clone();
+    let first = client
+        .create(create_call("a", "req-1", None))
+        .await
+        .expect("the first call");
+    assert!(!replayed(&first));
+    // Another metadata key does not make it another operation: the field is the key.
+    let retry = client
+        .create(create_call("a", "req-1", Some("other")))
+        .await
+        .expect("the retry");
+    assert!(replayed(&retry));
+    assert_eq!(retry.get_ref(), first.get_ref());
+    let other = client
+        .create(create_call("b", "req-1", None))
+        .await
+        .expect_err("another message under the request id");
+    assert_eq!(other.code(), Code::FailedPrecondition, "{other:?}");
+    let second = client
+        .create(create_call("a", "req-2", Some("req-1")))
+        .await
+        .expect("another request id");
+    assert!(!replayed(&second));
+    assert_eq!(served.counters.created.load(Ordering::SeqCst), 2);
+    assert_eq!(app.count("idem_keys").await, 2);
+}
+
+async fn a_missing_or_malformed_request_id_field_is_invalid_argument_and_nothing_runs<
+    DB: Backend,
+>(
+    store: Store<DB>,
+    app: &App,
+) {
+    let served = serve(store).await;
+    let mut client = served.client.clone();
+    for (request_id, says) in [
+        ("", "requires the request's `request_id` field"),
+        ("a b", "not a valid key"),
+    ] {
+        let refused = client
+            .create(create_call("a", request_id, Some("k1")))
+            .await
+            .expect_err("no valid request id");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains(says), "{refused:?}");
+    }
+    assert_eq!(served.counters.created.load(Ordering::SeqCst), 0);
+    assert_eq!(app.count("idem_keys").await, 0);
+}
 
 async fn an_external_method_calls_once_and_a_retry_gets_the_receipt_again<DB: Backend>(
     store: Store<DB>,

@@ -15,6 +15,7 @@ mod external;
 mod faults;
 mod galera;
 mod grpc;
+mod key_sources;
 mod openapi;
 mod partitions;
 mod pooler;

@@ -48,6 +48,20 @@ async fn renamed(_tx: &mut Transaction<'_, Sqlite>) -> StatusCode {
     StatusCode::CREATED
 }
 
+/// Receives a webhook.
+#[utoipa::path(post, path = "/hooks", responses((status = 200, description = "Received.")))]
+#[idempotent(global, key_header = "Webhook-Id", retention = "3d")]
+async fn receive_hook(_tx: &mut Transaction<'_, Sqlite>) -> StatusCode {
+    StatusCode::OK
+}
+
+/// Takes its key from the body, or runs without one.
+#[utoipa::path(post, path = "/forms", responses((status = 201, description = "Created.")))]
+#[idempotent(global, key_pointer = "/request_id", key_optional)]
+async fn submit_form(_tx: &mut Transaction<'_, Sqlite>) -> StatusCode {
+    StatusCode::CREATED
+}
+
 /// Not idempotent.
 #[utoipa::path(get, path = "/things", responses((status = 200, description = "The things.")))]
 #[allow(dead_code)]
@@ -106,6 +120,10 @@ struct Doc;
 #[openapi(paths(list_things), modifiers(&Idempotency))]
 struct PlainDoc;
 
+#[derive(OpenApi)]
+#[openapi(paths(receive_hook, submit_form), modifiers(&Idempotency))]
+struct KeySourcesDoc;
+
 /// The same operations, before the modifier.
 #[derive(OpenApi)]
 #[openapi(paths(create_thing, global_job))]
@@ -121,6 +139,54 @@ struct TwinDoc;
 
 fn json(doc: &utoipa::openapi::OpenApi) -> Value {
     serde_json::to_value(doc).expect("the document serializes")
+}
+
+#[test]
+fn a_key_in_another_header_or_the_body_is_where_the_document_says() {
+    let doc = json(&KeySourcesDoc::openapi());
+    let hook = &doc["paths"]["/hooks"]["post"];
+    let names: Vec<&str> = hook["parameters"]
+        .as_array()
+        .expect("parameters")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["webhook-id"],
+        "the key's header, and no Idempotency-Key"
+    );
+    assert_eq!(hook["parameters"][0]["in"], "header");
+    assert_eq!(hook["parameters"][0]["required"], true);
+    assert_eq!(
+        hook["x-idempotency-key"],
+        serde_json::json!({"in": "header", "name": "webhook-id", "required": true})
+    );
+    let text = hook["description"].as_str().expect("a description");
+    assert!(text.contains("the `webhook-id` header"), "{text}");
+
+    let form = &doc["paths"]["/forms"]["post"];
+    assert!(
+        form["parameters"].as_array().is_none_or(Vec::is_empty),
+        "a key in the body is no header parameter: {form}"
+    );
+    assert_eq!(
+        form["x-idempotency-key"],
+        serde_json::json!({"in": "body", "pointer": "/request_id", "required": false})
+    );
+    let text = form["description"].as_str().expect("a description");
+    assert!(text.contains("the body's `/request_id` field"), "{text}");
+    assert!(text.contains("The key is optional"), "{text}");
+
+    let policy = retention_policy(&KeySourcesDoc::openapi()).to_string();
+    assert!(
+        policy.contains("the key is the `webhook-id` header"),
+        "{policy}"
+    );
+    assert!(
+        policy.contains("the key is the body's `/request_id` field, optional"),
+        "{policy}"
+    );
 }
 
 #[test]

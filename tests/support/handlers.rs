@@ -52,6 +52,14 @@ pub struct Calls {
     pub transfer: AtomicUsize,
     /// The `book` step of `POST /test/orders`.
     pub book: AtomicUsize,
+    /// `POST /test/hooks` (`key_sources`).
+    pub hook: AtomicUsize,
+    /// `POST /test/body-key` (`key_sources`).
+    pub body_key: AtomicUsize,
+    /// `POST /test/optional-key` (`key_sources`).
+    pub optional: AtomicUsize,
+    /// `POST /test/optional-key-external` (`key_sources`).
+    pub optional_external: AtomicUsize,
 }
 
 /// The scope of `POST /test/account`: the `X-Account` header, as sent (possibly empty).

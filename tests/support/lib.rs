@@ -21,6 +21,7 @@ mod galera;
 mod gated;
 mod handlers;
 mod http;
+pub mod key_sources;
 mod log;
 pub(crate) mod mysql;
 mod nats_cluster;

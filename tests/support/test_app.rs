@@ -7,7 +7,8 @@ use idem_runtime::{Backend, Store};
 use sqlx::{MySql, Pool, Postgres, Sqlite, Transaction};
 
 use crate::{
-    AnyStore, Building, Parts, Service, downstream::unreachable_url, entries, handlers, orders,
+    AnyStore, Building, Parts, Service, downstream::unreachable_url, entries, handlers,
+    key_sources, orders,
 };
 
 /// The service the library's behaviour tests drive.
@@ -42,6 +43,7 @@ impl TestApp {
         handlers::routes::<DB>()
             .merge(entries::routes::<DB>())
             .merge(orders::routes::<DB>())
+            .merge(key_sources::routes::<DB>())
             .layer(Extension(parts.calls))
             .layer(Extension(parts.gate))
             .layer(Extension(entries::DownstreamClient::new(&self.downstream)))

@@ -10,6 +10,24 @@ use sqlx::migrate::Migrator;
 pub(super) const NUMBERED_CLEAR_FAILURES: &str =
     "DELETE FROM idem_consumer_failures WHERE consumer = $1 AND message_id = $2";
 
+/// The distinct topics of the waiting events, one index probe per topic (a loose index scan of
+/// `idem_outbox_pending`) rather than a read of every waiting event: the `waiting (topic)`
+/// table that PostgreSQL's and SQLite's `KNOW_TOPICS` insert from, each with its own `INSERT`,
+/// for `concat!` to join to it.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! with_waiting_topics {
+    () => {
+        "WITH RECURSIVE waiting (topic) AS ( \
+           SELECT (SELECT topic FROM idem_outbox WHERE published_at IS NULL ORDER BY topic LIMIT 1) \
+           UNION ALL \
+           SELECT (SELECT o.topic FROM idem_outbox o \
+                   WHERE o.published_at IS NULL AND o.topic > w.topic ORDER BY o.topic LIMIT 1) \
+           FROM waiting w WHERE w.topic IS NOT NULL) "
+    };
+}
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(super) use with_waiting_topics;
+
 /// The SQL in which one database differs from the others in the statements they share: those
 /// statements bind alike everywhere (text, an `i64` count of milliseconds for a retention, a
 /// limit), read attempts as a 64-bit integer, and let the database compute the time. Implemented
@@ -26,7 +44,8 @@ pub(super) const NUMBERED_CLEAR_FAILURES: &str =
 /// to encode and decode text and `i64`: the `where` clause of `SharedEventStorage`'s one
 /// implementation lists them, and every sqlx driver provides them. The backend then implements
 /// [`EventStorage`](super::EventStorage) for what it does its own way (how a relay holds a topic
-/// and publishes its batch) and is added to [`Backend`](crate::backend::Backend) and its seal.
+/// and publishes its batch), which seals it, and is added to
+/// [`Backend`](crate::backend::Backend).
 pub(super) trait Dialect: sqlx::Database {
     /// The migrations that create and upgrade the event tables (`sqlx::migrate!` of the
     /// backend's directory); recorded in `_idem_events_migrations`.

@@ -52,6 +52,29 @@ impl<DB: EventStorage> Batch<DB> {
     }
 }
 
+/// What a relay's pass asks [`EventStorage::take_batch`] for.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(
+    not(feature = "sqlite"),
+    expect(
+        dead_code,
+        reason = "SQLite alone holds a topic with a lease, under the relay's name"
+    )
+)]
+pub(crate) struct Wanted<'a> {
+    /// The relay's name, under which it holds the topic where a lease does (SQLite).
+    pub(crate) relay: &'a str,
+    /// The topic of the relay's last batch: the topics after it come first, so that every
+    /// topic gets its turn.
+    pub(crate) after: Option<&'a str>,
+    /// Topics not to take.
+    pub(crate) skip: &'a [String],
+    /// The most events.
+    pub(crate) limit: i64,
+    /// How long a lease on the topic lasts (SQLite) if the relay stops without letting go.
+    pub(crate) lease: Duration,
+}
+
 /// The outbox's and the consumers' statements of one database. Private: applications reach
 /// them only through the relay, the consumers and [`enqueue`](crate::outbox::enqueue).
 ///
@@ -59,7 +82,7 @@ impl<DB: EventStorage> Batch<DB> {
 /// gets from its [`Dialect`](dialect::Dialect); what each does its own way (how a relay holds a
 /// topic) is here, implemented in the backend's module.
 pub(crate) trait EventStorage: SharedEventStorage {
-    /// What holds a topic while its batch is published.
+    /// What holds a topic while its batch is published, and all that letting go of it needs.
     type Held: Send;
 
     /// Begins a transaction on `conn` that is going to write: a plain `BEGIN`, written once
@@ -71,31 +94,37 @@ pub(crate) trait EventStorage: SharedEventStorage {
         async { Ok(Transaction::begin(conn, None).await?) }
     }
 
-    /// Takes a topic with waiting events that no other relay holds and is not in `skip`, and
-    /// up to `limit` of its events, in order. The topics after `after` come first, so that
-    /// every topic gets its turn. `None` when there is no such topic; nothing is written then.
+    /// Takes a topic with waiting events that no other relay holds and is not in
+    /// [`skip`](Wanted::skip), and up to [`limit`](Wanted::limit) of its events, in order. The
+    /// topics after [`after`](Wanted::after) come first, so that every topic gets its turn.
+    /// `None` when there is no such topic; nothing is written then. Whether any event waits is
+    /// read first, on every database: an idle relay takes no lock.
     fn take_batch<'p>(
         pool: &'p Pool<Self>,
-        relay: &'p str,
-        after: Option<&'p str>,
-        skip: &'p [String],
-        limit: i64,
-        lease: Duration,
+        wanted: Wanted<'p>,
+    ) -> impl Future<Output = Result<Option<Batch<Self>>, crate::error::Error>> + Send + 'p {
+        async move {
+            if !Self::any_waiting(pool).await? {
+                return Ok(None);
+            }
+            Self::hold_batch(pool, wanted).await
+        }
+    }
+
+    /// [`take_batch`](EventStorage::take_batch) once events wait: holds a topic, and reads its
+    /// batch.
+    fn hold_batch<'p>(
+        pool: &'p Pool<Self>,
+        wanted: Wanted<'p>,
     ) -> impl Future<Output = Result<Option<Batch<Self>>, crate::error::Error>> + Send + 'p;
 
     /// Marks a batch's events published and lets go of its topic.
     fn mark_published(
-        pool: &Pool<Self>,
-        relay: &str,
         batch: Batch<Self>,
     ) -> impl Future<Output = Result<(), crate::error::Error>> + Send;
 
     /// Lets go of a batch's topic, its events still waiting.
-    fn abandon(
-        pool: &Pool<Self>,
-        relay: &str,
-        batch: Batch<Self>,
-    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send;
+    fn abandon(batch: Batch<Self>) -> impl Future<Output = Result<(), crate::error::Error>> + Send;
 }
 
 /// A duration in whole milliseconds, as statements bind it (saturating).
@@ -129,15 +158,12 @@ impl Backend for sqlx::Sqlite {}
 #[cfg(feature = "mysql")]
 impl Backend for sqlx::MySql {}
 
-/// What seals [`Backend`]: a trait no other crate can name, so none can implement it.
+/// What seals [`Backend`]: a trait no other crate can name, so none can implement it. Every
+/// database with the crate's [`EventStorage`] has it, and only those: the crate-private
+/// `EventStorage` is implemented here alone.
 mod sealed {
     pub trait Sealed {}
-    #[cfg(feature = "postgres")]
-    impl Sealed for sqlx::Postgres {}
-    #[cfg(feature = "sqlite")]
-    impl Sealed for sqlx::Sqlite {}
-    #[cfg(feature = "mysql")]
-    impl Sealed for sqlx::MySql {}
+    impl<DB: super::EventStorage> Sealed for DB {}
 }
 
 /// Creates or upgrades the outbox's and the consumers' tables in the database behind `pool`.

@@ -19,15 +19,13 @@
 //! MySQL has no `RETURNING`: the failure statements are followed by [`ATTEMPTS`], in their
 //! transaction ([`Dialect::FAILURE_RETURNS_COUNT`]).
 
-use std::{fmt::Write as _, time::Duration};
+use std::fmt::Write as _;
 
 use sqlx::{
     AssertSqlSafe, MySql, MySqlConnection, Pool, SqlSafeStr, Transaction, migrate::Migrator,
 };
 
-use super::{Batch, EventStorage, dialect::Dialect};
-
-const ANY_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM idem_outbox WHERE published_at IS NULL)";
+use super::{Batch, EventStorage, Wanted, dialect::Dialect};
 
 /// Begins the relay's transaction (see the module's documentation): `SET TRANSACTION` sets the
 /// level of the next transaction only, sent with it in one round trip.
@@ -190,21 +188,11 @@ async fn begin_read_committed(
 impl EventStorage for MySql {
     type Held = Transaction<'static, MySql>;
 
-    async fn take_batch(
+    async fn hold_batch(
         pool: &Pool<MySql>,
-        _relay: &str,
-        after: Option<&str>,
-        skip: &[String],
-        limit: i64,
-        _lease: Duration,
+        wanted: Wanted<'_>,
     ) -> Result<Option<Batch<MySql>>, crate::error::Error> {
-        if !sqlx::query_scalar::<_, bool>(ANY_WAITING)
-            .fetch_one(pool)
-            .await?
-        {
-            return Ok(None);
-        }
-        let after = after.unwrap_or("");
+        let (after, skip) = (wanted.after.unwrap_or(""), wanted.skip);
         // The topics' rows are added when a lock finds none: the scan of the waiting events'
         // topics runs when a new topic appears, not on every pass.
         for known in [true, false] {
@@ -216,7 +204,7 @@ impl EventStorage for MySql {
             if let Some(topic) = topic {
                 let rows = sqlx::query_as(READY)
                     .bind(&topic)
-                    .bind(limit)
+                    .bind(wanted.limit)
                     .fetch_all(&mut *tx)
                     .await?;
                 return Ok(Some(Batch::new(topic, rows, tx)));
@@ -231,11 +219,7 @@ impl EventStorage for MySql {
         Ok(None)
     }
 
-    async fn mark_published(
-        _pool: &Pool<MySql>,
-        _relay: &str,
-        batch: Batch<MySql>,
-    ) -> Result<(), crate::error::Error> {
+    async fn mark_published(batch: Batch<MySql>) -> Result<(), crate::error::Error> {
         let mut tx = batch.held;
         if !batch.rows.is_empty() {
             let (list, count) = placeholders(batch.rows.len());
@@ -249,11 +233,7 @@ impl EventStorage for MySql {
         Ok(())
     }
 
-    async fn abandon(
-        _pool: &Pool<MySql>,
-        _relay: &str,
-        batch: Batch<MySql>,
-    ) -> Result<(), crate::error::Error> {
+    async fn abandon(batch: Batch<MySql>) -> Result<(), crate::error::Error> {
         batch.held.rollback().await?;
         Ok(())
     }

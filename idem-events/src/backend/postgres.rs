@@ -5,27 +5,19 @@
 //! with its connection. Events go out in id order: one whose transaction committed before
 //! another's began has the smaller id.
 
-use std::time::Duration;
-
 use sqlx::{Pool, Postgres, Transaction, migrate::Migrator};
 
 use super::{
-    Batch, EventStorage,
-    dialect::{Dialect, NUMBERED_CLEAR_FAILURES},
+    Batch, EventStorage, Wanted,
+    dialect::{Dialect, NUMBERED_CLEAR_FAILURES, with_waiting_topics},
 };
 
-const ANY_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM idem_outbox WHERE published_at IS NULL)";
-
-// The distinct topics of the waiting events, one index probe per topic (a loose index scan of
-// idem_outbox_pending) rather than a read of every waiting event.
-const KNOW_TOPICS: &str = "WITH RECURSIVE waiting (topic) AS ( \
-         SELECT (SELECT topic FROM idem_outbox WHERE published_at IS NULL ORDER BY topic LIMIT 1) \
-         UNION ALL \
-         SELECT (SELECT o.topic FROM idem_outbox o \
-                 WHERE o.published_at IS NULL AND o.topic > w.topic ORDER BY o.topic LIMIT 1) \
-         FROM waiting w WHERE w.topic IS NOT NULL) \
-     INSERT INTO idem_outbox_topics (topic) \
-     SELECT topic FROM waiting WHERE topic IS NOT NULL ON CONFLICT DO NOTHING";
+// The rows of the waiting events' topics that have none yet.
+const KNOW_TOPICS: &str = concat!(
+    with_waiting_topics!(),
+    "INSERT INTO idem_outbox_topics (topic) \
+     SELECT topic FROM waiting WHERE topic IS NOT NULL ON CONFLICT DO NOTHING"
+);
 
 const LOCK_TOPIC: &str = "SELECT topic FROM idem_outbox_topics t \
      WHERE EXISTS (SELECT 1 FROM idem_outbox o WHERE o.topic = t.topic AND o.published_at IS NULL) \
@@ -78,33 +70,23 @@ impl Dialect for Postgres {
 impl EventStorage for Postgres {
     type Held = Transaction<'static, Postgres>;
 
-    async fn take_batch(
+    async fn hold_batch(
         pool: &Pool<Postgres>,
-        _relay: &str,
-        after: Option<&str>,
-        skip: &[String],
-        limit: i64,
-        _lease: Duration,
+        wanted: Wanted<'_>,
     ) -> Result<Option<Batch<Postgres>>, crate::error::Error> {
-        if !sqlx::query_scalar::<_, bool>(ANY_WAITING)
-            .fetch_one(pool)
-            .await?
-        {
-            return Ok(None);
-        }
         // The topics' rows are added when a lock finds none: the scan of every waiting event
         // that it takes runs when a new topic appears, not on every pass.
         for known in [true, false] {
             let mut tx = pool.begin().await?;
             let topic = sqlx::query_scalar::<_, String>(LOCK_TOPIC)
-                .bind(after.unwrap_or(""))
-                .bind(skip)
+                .bind(wanted.after.unwrap_or(""))
+                .bind(wanted.skip)
                 .fetch_optional(&mut *tx)
                 .await?;
             if let Some(topic) = topic {
                 let rows = sqlx::query_as(READY)
                     .bind(&topic)
-                    .bind(limit)
+                    .bind(wanted.limit)
                     .fetch_all(&mut *tx)
                     .await?;
                 return Ok(Some(Batch::new(topic, rows, tx)));
@@ -117,11 +99,7 @@ impl EventStorage for Postgres {
         Ok(None)
     }
 
-    async fn mark_published(
-        _pool: &Pool<Postgres>,
-        _relay: &str,
-        batch: Batch<Postgres>,
-    ) -> Result<(), crate::error::Error> {
+    async fn mark_published(batch: Batch<Postgres>) -> Result<(), crate::error::Error> {
         let mut tx = batch.held;
         sqlx::query(MARK)
             .bind(&batch.rows)
@@ -131,11 +109,7 @@ impl EventStorage for Postgres {
         Ok(())
     }
 
-    async fn abandon(
-        _pool: &Pool<Postgres>,
-        _relay: &str,
-        batch: Batch<Postgres>,
-    ) -> Result<(), crate::error::Error> {
+    async fn abandon(batch: Batch<Postgres>) -> Result<(), crate::error::Error> {
         batch.held.rollback().await?;
         Ok(())
     }

@@ -7,6 +7,9 @@ use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Pool, Type, mig
 
 use super::{count, dialect::Dialect, millis};
 
+/// Whether any event waits: the same statement on every database.
+const ANY_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM idem_outbox WHERE published_at IS NULL)";
+
 /// The part of [`EventStorage`](super::EventStorage) that is the same on every database:
 /// implemented once, below, for every database with a [`Dialect`].
 pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
@@ -17,6 +20,11 @@ pub(crate) trait SharedEventStorage: sqlx::Database + Sized {
         topic: &'c str,
         payload: &'c str,
     ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + 'c;
+
+    /// Whether any event waits to be published: one index probe, and no lock.
+    fn any_waiting(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<bool, crate::error::Error>> + Send + '_;
 
     /// How many events wait to be published, and the age of the oldest in milliseconds.
     fn waiting(
@@ -106,6 +114,7 @@ where
     usize: ColumnIndex<DB::Row>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     i64: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    bool: for<'r> Decode<'r, DB> + Type<DB>,
 {
     async fn migrate(pool: &Pool<DB>) -> Result<(), crate::error::Error> {
         // Recorded apart from the application's `_sqlx_migrations` and the key table's.
@@ -128,6 +137,10 @@ where
             .execute(conn)
             .await?;
         Ok(())
+    }
+
+    async fn any_waiting(pool: &Pool<DB>) -> Result<bool, crate::error::Error> {
+        Ok(sqlx::query_scalar(ANY_WAITING).fetch_one(pool).await?)
     }
 
     async fn waiting(pool: &Pool<DB>) -> Result<(i64, Option<i64>), crate::error::Error> {

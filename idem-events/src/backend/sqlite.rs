@@ -6,15 +6,13 @@
 //! and that another relay may take over once it ran out. Times are the database's own
 //! (`unixepoch('subsec')`, in milliseconds), as in the key table.
 
-use std::time::Duration;
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::{Pool, SqlSafeStr, Sqlite, Transaction, migrate::Migrator, pool::PoolConnection};
 
 use super::{
-    Batch, EventStorage,
-    dialect::{Dialect, NUMBERED_CLEAR_FAILURES},
+    Batch, EventStorage, Wanted,
+    dialect::{Dialect, NUMBERED_CLEAR_FAILURES, with_waiting_topics},
     millis,
 };
 
@@ -25,17 +23,12 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-const ANY_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM idem_outbox WHERE published_at IS NULL)";
-
-// The distinct topics of the waiting events, one index probe per topic.
-const KNOW_TOPICS: &str = "WITH RECURSIVE waiting (topic) AS ( \
-         SELECT (SELECT topic FROM idem_outbox WHERE published_at IS NULL ORDER BY topic LIMIT 1) \
-         UNION ALL \
-         SELECT (SELECT o.topic FROM idem_outbox o \
-                 WHERE o.published_at IS NULL AND o.topic > w.topic ORDER BY o.topic LIMIT 1) \
-         FROM waiting w WHERE w.topic IS NOT NULL) \
-     INSERT OR IGNORE INTO idem_outbox_topics (topic) \
-     SELECT topic FROM waiting WHERE topic IS NOT NULL";
+// The rows of the waiting events' topics that have none yet.
+const KNOW_TOPICS: &str = concat!(
+    with_waiting_topics!(),
+    "INSERT OR IGNORE INTO idem_outbox_topics (topic) \
+     SELECT topic FROM waiting WHERE topic IS NOT NULL"
+);
 
 const LEASE_TOPIC: &str = "UPDATE idem_outbox_topics SET relay = $1, leased_until = $2 \
      WHERE topic = ( \
@@ -56,8 +49,12 @@ const MARK: &str = "UPDATE idem_outbox SET published_at = $1 \
 const LET_GO: &str = "UPDATE idem_outbox_topics SET relay = NULL, leased_until = NULL \
      WHERE topic = $1 AND relay = $2";
 
-/// A relay's lease on a topic: nothing to hold on to but the row it wrote.
-pub struct Lease;
+/// A relay's lease on a topic: nothing to hold on to but the row it wrote, let go of through
+/// the pool, under the relay's name.
+pub struct Lease {
+    pool: Pool<Sqlite>,
+    relay: String,
+}
 
 impl Dialect for Sqlite {
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -105,32 +102,21 @@ impl EventStorage for Sqlite {
         Ok(Transaction::begin(conn, Some("BEGIN IMMEDIATE".into_sql_str())).await?)
     }
 
-    async fn take_batch(
+    async fn hold_batch(
         pool: &Pool<Sqlite>,
-        relay: &str,
-        after: Option<&str>,
-        skip: &[String],
-        limit: i64,
-        lease: Duration,
+        wanted: Wanted<'_>,
     ) -> Result<Option<Batch<Sqlite>>, crate::error::Error> {
-        // Read first: an idle relay takes no write lock.
-        if !sqlx::query_scalar::<_, bool>(ANY_WAITING)
-            .fetch_one(pool)
-            .await?
-        {
-            return Ok(None);
-        }
         let conn = pool.acquire().await?;
         let mut tx = Self::begin_write(conn).await?;
         let now = now_ms();
         let mut topic = None;
         for known in [true, false] {
             topic = sqlx::query_scalar::<_, String>(LEASE_TOPIC)
-                .bind(relay)
-                .bind(now.saturating_add(millis(lease)))
+                .bind(wanted.relay)
+                .bind(now.saturating_add(millis(wanted.lease)))
                 .bind(now)
-                .bind(after.unwrap_or(""))
-                .bind(sqlx::types::Json(skip))
+                .bind(wanted.after.unwrap_or(""))
+                .bind(sqlx::types::Json(wanted.skip))
                 .fetch_optional(&mut *tx)
                 .await?;
             if topic.is_some() || !known {
@@ -145,18 +131,18 @@ impl EventStorage for Sqlite {
         };
         let rows = sqlx::query_as(READY)
             .bind(&topic)
-            .bind(limit)
+            .bind(wanted.limit)
             .fetch_all(pool)
             .await?;
-        Ok(Some(Batch::new(topic, rows, Lease)))
+        let lease = Lease {
+            pool: pool.clone(),
+            relay: wanted.relay.to_owned(),
+        };
+        Ok(Some(Batch::new(topic, rows, lease)))
     }
 
-    async fn mark_published(
-        pool: &Pool<Sqlite>,
-        relay: &str,
-        batch: Batch<Sqlite>,
-    ) -> Result<(), crate::error::Error> {
-        let Lease = batch.held;
+    async fn mark_published(batch: Batch<Sqlite>) -> Result<(), crate::error::Error> {
+        let Lease { pool, relay } = batch.held;
         let conn = pool.acquire().await?;
         let mut tx = Self::begin_write(conn).await?;
         sqlx::query(MARK)
@@ -166,23 +152,19 @@ impl EventStorage for Sqlite {
             .await?;
         sqlx::query(LET_GO)
             .bind(&batch.topic)
-            .bind(relay)
+            .bind(&relay)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
         Ok(())
     }
 
-    async fn abandon(
-        pool: &Pool<Sqlite>,
-        relay: &str,
-        batch: Batch<Sqlite>,
-    ) -> Result<(), crate::error::Error> {
-        let Lease = batch.held;
+    async fn abandon(batch: Batch<Sqlite>) -> Result<(), crate::error::Error> {
+        let Lease { pool, relay } = batch.held;
         sqlx::query(LET_GO)
             .bind(&batch.topic)
-            .bind(relay)
-            .execute(pool)
+            .bind(&relay)
+            .execute(&pool)
             .await?;
         Ok(())
     }

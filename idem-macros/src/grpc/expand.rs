@@ -91,7 +91,7 @@ pub fn method(args: &Args, handler: &Handler, target: &Target) -> TokenStream {
     let attribute = &target.attribute;
     let accept = match &args.key {
         KeyArg::Field(field) => {
-            let reader = key::field_reader(field, message_of(request_ty), &private);
+            let reader = key::field_reader(field, message_of(request_ty));
             quote!(#private::grpc::accept_keyed::<#db, Self, _>(self, &__IDEM_POLICY, __idem_grpc, #reader))
         }
         _ => quote!(#private::grpc::accept::<#db, Self, _>(self, &__IDEM_POLICY, __idem_grpc)),

@@ -2,8 +2,8 @@
 #[doc(hidden)]
 #[allow(non_camel_case_types)]
 pub enum __idem_key_of_notify {}
-impl ::idem_runtime::__private::KeyFrom for __idem_key_of_notify {
-    const SOURCE: ::idem_runtime::__private::KeySource = ::idem_runtime::__private::KeySource::BodyField(
+impl ::idem_runtime::signature::KeyFrom for __idem_key_of_notify {
+    const SOURCE: ::idem_runtime::KeySource = ::idem_runtime::KeySource::BodyField(
         "/request_id",
     );
     const OPTIONAL: bool = true;
@@ -31,7 +31,7 @@ pub async fn notify(
             ::core::option::Option::None,
             ::idem_runtime::__private::BodyFields::All,
         )
-        .__key(::idem_runtime::__private::KeySource::BodyField("/request_id"), true);
+        .__key(::idem_runtime::KeySource::BodyField("/request_id"), true);
     ::idem_runtime::__private::inventory::submit! {
         ::idem_runtime::__private::Registered(& __IDEM_POLICY)
     }

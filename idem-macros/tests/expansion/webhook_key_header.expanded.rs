@@ -2,8 +2,8 @@
 #[doc(hidden)]
 #[allow(non_camel_case_types)]
 enum __idem_key_of_receive {}
-impl ::idem_runtime::__private::KeyFrom for __idem_key_of_receive {
-    const SOURCE: ::idem_runtime::__private::KeySource = ::idem_runtime::__private::KeySource::Header(
+impl ::idem_runtime::signature::KeyFrom for __idem_key_of_receive {
+    const SOURCE: ::idem_runtime::KeySource = ::idem_runtime::KeySource::Header(
         "webhook-id",
     );
     const OPTIONAL: bool = false;
@@ -28,7 +28,7 @@ async fn receive(
             ::core::option::Option::None,
             ::idem_runtime::__private::BodyFields::All,
         )
-        .__key(::idem_runtime::__private::KeySource::Header("webhook-id"), false);
+        .__key(::idem_runtime::KeySource::Header("webhook-id"), false);
     ::idem_runtime::__private::inventory::submit! {
         ::idem_runtime::__private::Registered(& __IDEM_POLICY)
     }

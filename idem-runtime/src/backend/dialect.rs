@@ -45,8 +45,8 @@ use crate::record::Completion;
 /// encode and decode a few plain types (text, bytes, `i64`, JSON): the `where` clause of
 /// `SharedStorage`'s one implementation lists them, and every sqlx driver provides them. The
 /// backend then implements [`Storage`](super::Storage) for what it does its own way (claiming,
-/// lookups, external-mode starts, purging, recovery) and is added to
-/// [`Backend`](super::Backend) and its seal.
+/// lookups, external-mode starts, purging, recovery), which seals it, and is added to
+/// [`Backend`](super::Backend).
 pub(super) trait Dialect: sqlx::Database {
     /// Stores a completed response for a key the transaction holds, writing nothing unless the
     /// claim is still this transaction's (or, where that cannot be told in SQL, no live row is

@@ -43,6 +43,29 @@ impl<DB: sqlx::Database> std::fmt::Debug for Begun<'_, DB> {
     }
 }
 
+/// A transactional claim of a key, as [`Storage::begin_claim`] takes it and
+/// [`Storage::undo_handler`] takes it again: the key, and the limits of the transaction the
+/// handler runs in.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(
+    not(all(feature = "postgres", feature = "sqlite")),
+    expect(
+        dead_code,
+        reason = "PostgreSQL alone reads the timeouts, SQLite alone the undo point"
+    )
+)]
+pub(crate) struct ClaimRequest<'a> {
+    /// The key.
+    pub(crate) key: &'a KeyRef,
+    /// How long one statement of the transaction may run, where the database can bound its
+    /// statements (`None`: unbounded).
+    pub(crate) statement_timeout: Option<Duration>,
+    /// How long the transaction may stay idle before the database ends it, where it can.
+    pub(crate) idle_timeout: Duration,
+    /// Whether the handler's writes may be undone: its 5xx outcomes are stored.
+    pub(crate) undo_point: bool,
+}
+
 /// What one [`Storage::purge_batch`] deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Purged {
@@ -108,15 +131,12 @@ impl Backend for sqlx::Sqlite {}
 #[cfg(feature = "mysql")]
 impl Backend for sqlx::MySql {}
 
-/// What seals [`Backend`]: a trait no other crate can name, so none can implement it.
+/// What seals [`Backend`]: a trait no other crate can name, so none can implement it. Every
+/// database with idem's [`Storage`] has it, and only those: the crate-private `Storage` is
+/// implemented here alone.
 mod sealed {
     pub trait Sealed {}
-    #[cfg(feature = "postgres")]
-    impl Sealed for sqlx::Postgres {}
-    #[cfg(feature = "sqlite")]
-    impl Sealed for sqlx::Sqlite {}
-    #[cfg(feature = "mysql")]
-    impl Sealed for sqlx::MySql {}
+    impl<DB: super::Storage> Sealed for DB {}
 }
 
 /// The SQL of one database: everything idem runs, behind one narrow trait. Private: an
@@ -132,8 +152,9 @@ pub(crate) trait Storage: SharedStorage + Inspection {
     const SINGLE_WRITER: bool = false;
 
     /// Begins the transaction a handler runs in on `conn` (READ COMMITTED where the database
-    /// has levels) and claims `key` in it, without waiting for other transactions: either this
-    /// transaction now holds the key, or another does, or the key has a live row (returned).
+    /// has levels) and claims the request's key in it, without waiting for other transactions:
+    /// either this transaction now holds the key, or another does, or the key has a live row
+    /// (returned).
     ///
     /// With a `statement_timeout`, a database that can bound its statements does so for this
     /// transaction: a handler stopped in the middle of a statement then cannot hold its
@@ -155,10 +176,7 @@ pub(crate) trait Storage: SharedStorage + Inspection {
     /// [`before_handler`](Storage::before_handler) does nothing.
     fn begin_claim<'c>(
         conn: &'c mut Self::Connection,
-        key: &KeyRef,
-        statement_timeout: Option<Duration>,
-        idle_timeout: Duration,
-        undo_point: bool,
+        request: ClaimRequest<'_>,
     ) -> impl Future<Output = Result<Begun<'c, Self>, crate::error::Error>> + Send;
 
     /// Prepares the transaction of a handler whose 5xx outcomes are stored for
@@ -166,18 +184,18 @@ pub(crate) trait Storage: SharedStorage + Inspection {
     /// needs no preparation (PostgreSQL) or [`begin_claim`](Storage::begin_claim) prepared it
     /// (SQLite).
     fn before_handler(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + '_;
+        _conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), crate::error::Error>> + Send + '_ {
+        async { Ok(()) }
+    }
 
     /// Undoes a handler's writes for a 5xx outcome that is stored, keeping the key or taking it
-    /// again in a fresh transaction on `conn` (as [`begin_claim`](Storage::begin_claim) does,
-    /// with the same timeouts). `mark` is the claim's ([`Begun::Acquired`]).
+    /// again in a fresh transaction on `conn` (as [`begin_claim`](Storage::begin_claim) takes
+    /// `request`). `mark` is the claim's ([`Begun::Acquired`]).
     fn undo_handler<'c>(
         conn: &'c mut Self::Connection,
-        key: &'c KeyRef,
+        request: ClaimRequest<'c>,
         mark: Option<&'c str>,
-        statement_timeout: Option<Duration>,
-        idle_timeout: Duration,
     ) -> impl Future<Output = Result<Undone, crate::error::Error>> + Send + 'c;
 
     /// Reads the live row of `key`, without taking any lock.

@@ -27,7 +27,7 @@ use sqlx::{
     mysql::{MySqlDatabaseError, MySqlRow},
 };
 
-use super::{Begun, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
+use super::{Begun, ClaimRequest, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
 use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started, fresh_token,
 };
@@ -471,6 +471,22 @@ fn push_keys_in(query: &mut QueryBuilder<MySql>, keys: &[RowKey]) {
     query.push(")");
 }
 
+/// `query` with the columns an external-mode start writes bound next, in the order both
+/// [`START_INSERT`] (after the key) and [`START_TAKEOVER`] (before it) take them: method, path,
+/// fingerprint, retention and lease (in microseconds), and the claim's token.
+fn with_start_columns<'q>(
+    query: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+    start: &Start<'q>,
+) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+    query
+        .bind(start.row.method)
+        .bind(start.row.path)
+        .bind(&start.row.fingerprint.as_bytes()[..])
+        .bind(micros(start.retention))
+        .bind(micros(start.lease))
+        .bind(start.token)
+}
+
 /// An external-mode start, as [`Storage::start`] describes it: completed keys answered without
 /// a lock, then the key's row read `FOR UPDATE NOWAIT` and inserted or taken over, committed.
 async fn start_claim(
@@ -478,7 +494,7 @@ async fn start_claim(
     start: &Start<'_>,
 ) -> Result<Started, crate::error::Error> {
     // Completed keys answer without a lock: concurrent replays do not refuse each other.
-    if let Some(record) = MySql::lookup(&mut *conn, start.key).await?
+    if let Some(record) = MySql::lookup(&mut *conn, start.row.key).await?
         && record.status == KeyStatus::Completed
     {
         return Ok(Started::Found {
@@ -487,8 +503,8 @@ async fn start_claim(
         });
     }
     let mut tx = Transaction::<'_, MySql>::begin(conn, Some(BEGIN.into_sql_str())).await?;
-    let scope = start.key.scope.as_bytes();
-    let key = start.key.key.as_bytes();
+    let scope = start.row.key.scope.as_bytes();
+    let key = start.row.key.key.as_bytes();
     let row = match sqlx::query(START_ROW)
         .bind(scope)
         .bind(key)
@@ -516,7 +532,7 @@ async fn start_claim(
                 || live
                     && (record.status == KeyStatus::Completed
                         || leased
-                        || record.fingerprint != *start.fingerprint)
+                        || record.fingerprint != *start.row.fingerprint)
             {
                 let lease_left = row
                     .try_get::<Option<i64>, _>("lease_left")?
@@ -526,13 +542,7 @@ async fn start_claim(
                 tx.rollback().await?;
                 return Ok(Started::Found { record, lease_left });
             }
-            sqlx::query(START_TAKEOVER)
-                .bind(start.method)
-                .bind(start.path)
-                .bind(&start.fingerprint.as_bytes()[..])
-                .bind(micros(start.retention))
-                .bind(micros(start.lease))
-                .bind(start.token)
+            with_start_columns(sqlx::query(START_TAKEOVER), start)
                 .bind(scope)
                 .bind(key)
                 .execute(&mut *tx)
@@ -540,17 +550,10 @@ async fn start_claim(
             true
         }
         None => {
-            let inserted = sqlx::query(START_INSERT)
-                .bind(scope)
-                .bind(key)
-                .bind(start.method)
-                .bind(start.path)
-                .bind(&start.fingerprint.as_bytes()[..])
-                .bind(micros(start.retention))
-                .bind(micros(start.lease))
-                .bind(start.token)
-                .execute(&mut *tx)
-                .await;
+            let inserted =
+                with_start_columns(sqlx::query(START_INSERT).bind(scope).bind(key), start)
+                    .execute(&mut *tx)
+                    .await;
             match inserted {
                 Ok(_) => false,
                 // Another start took the key since the read: it holds it.
@@ -567,20 +570,17 @@ async fn start_claim(
 }
 
 impl Storage for MySql {
+    /// Only the request's key counts. MySQL has no timeout that ends with a transaction: a
+    /// session setting would outlive it on the pooled connection; the store's deadline closes
+    /// the connection instead. The point a 5xx's writes are undone to comes after the claim's
+    /// row (`before_handler`), and MySQL's prepared claim is one statement.
     async fn begin_claim<'c>(
         conn: &'c mut MySqlConnection,
-        key: &KeyRef,
-        // MySQL has no timeout that ends with a transaction: a session setting would outlive
-        // it on the pooled connection. The store's deadline closes the connection instead.
-        _statement_timeout: Option<Duration>,
-        _idle_timeout: Duration,
-        // The point a 5xx's writes are undone to comes after the claim's row
-        // (`before_handler`), and MySQL's prepared claim is one statement.
-        _undo_point: bool,
+        request: ClaimRequest<'_>,
     ) -> Result<Begun<'c, MySql>, crate::error::Error> {
         let mut tx =
             Transaction::<'c, MySql>::begin(conn, Some(BEGIN_CLAIM.into_sql_str())).await?;
-        Ok(match claim(&mut tx, key).await? {
+        Ok(match claim(&mut tx, request.key).await? {
             Claimed::Live(record) => Begun::Live(record),
             Claimed::Busy => Begun::Busy,
             Claimed::Held(token) => Begun::Acquired(tx, Some(token.to_string())),
@@ -594,10 +594,8 @@ impl Storage for MySql {
 
     async fn undo_handler<'c>(
         conn: &'c mut MySqlConnection,
-        _key: &'c KeyRef,
+        _request: ClaimRequest<'c>,
         mark: Option<&'c str>,
-        _statement_timeout: Option<Duration>,
-        _idle_timeout: Duration,
     ) -> Result<Undone, crate::error::Error> {
         match sqlx::raw_sql(UNDO_HANDLER).execute(&mut *conn).await {
             Ok(_) => Ok(Undone::Kept(mark.map(str::to_owned))),

@@ -16,7 +16,7 @@ use sqlx::{PgConnection, Postgres, Row, SqlSafeStr, Transaction, migrate::Migrat
 
 use std::time::Duration;
 
-use super::{Begun, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
+use super::{Begun, ClaimRequest, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
 use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, Start, Started};
 
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -214,22 +214,17 @@ fn in_failed_transaction(error: &sqlx::Error) -> bool {
 /// The simple query that begins a claim's transaction (`begin`: the `BEGIN`, or what rolls back
 /// and begins again), sets its timeouts, and tries the key's lock, marking the transaction when
 /// the lock is taken.
-fn begin_claim_sql(
-    begin: &str,
-    key: &KeyRef,
-    statement_timeout: Option<Duration>,
-    idle_timeout: Duration,
-) -> sqlx::AssertSqlSafe<String> {
+fn begin_claim_sql(begin: &str, request: &ClaimRequest<'_>) -> sqlx::AssertSqlSafe<String> {
     // The timeouts go in the same round trip, and end with the transaction.
-    let timeout = statement_timeout.map_or(String::new(), |limit| {
+    let timeout = request.statement_timeout.map_or(String::new(), |limit| {
         format!("SET LOCAL statement_timeout = {};", millis(limit))
     });
     sqlx::AssertSqlSafe(format!(
         "{begin}; {timeout} SET LOCAL idle_in_transaction_session_timeout = {}; \
          SELECT CASE WHEN pg_try_advisory_xact_lock({lock}) \
          THEN set_config('idem.claim', '{lock}', true) END",
-        millis(idle_timeout),
-        lock = key.lock_id
+        millis(request.idle_timeout),
+        lock = request.key.lock_id
     ))
 }
 
@@ -275,46 +270,33 @@ async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Claimed, crate::
 }
 
 impl Storage for Postgres {
+    /// The request's `undo_point` asks nothing here: a 5xx's writes are undone by rolling back
+    /// and claiming again (`undo_handler`).
     async fn begin_claim<'c>(
         conn: &'c mut PgConnection,
-        key: &KeyRef,
-        statement_timeout: Option<Duration>,
-        idle_timeout: Duration,
-        // A 5xx's writes are undone by rolling back and claiming again (`undo_handler`).
-        _undo_point: bool,
+        request: ClaimRequest<'_>,
     ) -> Result<Begun<'c, Postgres>, crate::error::Error> {
         // The claim's correctness rests on READ COMMITTED snapshots: the claim statement sees
         // what committed before it began.
-        let begin = begin_claim_sql(BEGIN, key, statement_timeout, idle_timeout);
+        let begin = begin_claim_sql(BEGIN, &request);
         let mut tx = Transaction::<'c, Postgres>::begin(conn, Some(begin.into_sql_str())).await?;
-        Ok(match claim(&mut tx, key).await? {
+        Ok(match claim(&mut tx, request.key).await? {
             Claimed::Live(record) => Begun::Live(record),
             Claimed::Busy => Begun::Busy,
             Claimed::Held(mark) => Begun::Acquired(tx, Some(mark)),
         })
     }
 
-    async fn before_handler(_: &mut PgConnection) -> Result<(), crate::error::Error> {
-        Ok(())
-    }
-
     async fn undo_handler<'c>(
         conn: &'c mut PgConnection,
-        key: &'c KeyRef,
+        request: ClaimRequest<'c>,
         mark: Option<&'c str>,
-        statement_timeout: Option<Duration>,
-        idle_timeout: Duration,
     ) -> Result<Undone, crate::error::Error> {
         // The transaction is rolled back and begun again in one round trip, so that sqlx's
         // count of open transactions on the connection stays right, and the claim is taken
         // again. A subtransaction around the handler would keep the key through the undo, but
         // cost a round trip and a subtransaction on every request for the rare 5xx.
-        let restart = begin_claim_sql(
-            "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED",
-            key,
-            statement_timeout,
-            idle_timeout,
-        );
+        let restart = begin_claim_sql("ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED", &request);
         match sqlx::query_scalar::<_, Option<String>>(MARK)
             .fetch_one(&mut *conn)
             .await
@@ -328,7 +310,7 @@ impl Storage for Postgres {
             Err(error) => return Err(error.into()),
         }
         sqlx::raw_sql(restart).execute(&mut *conn).await?;
-        Ok(match claim(conn, key).await? {
+        Ok(match claim(conn, request.key).await? {
             Claimed::Held(mark) => Undone::Kept(Some(mark)),
             Claimed::Live(_) | Claimed::Busy => Undone::Taken,
         })
@@ -354,12 +336,12 @@ impl Storage for Postgres {
         start: &Start<'_>,
     ) -> Result<Started, crate::error::Error> {
         let row = sqlx::query(START)
-            .bind(&start.key.scope)
-            .bind(&start.key.key)
-            .bind(start.key.lock_id)
-            .bind(start.method)
-            .bind(start.path)
-            .bind(&start.fingerprint.as_bytes()[..])
+            .bind(&start.row.key.scope)
+            .bind(&start.row.key.key)
+            .bind(start.row.key.lock_id)
+            .bind(start.row.method)
+            .bind(start.row.path)
+            .bind(&start.row.fingerprint.as_bytes()[..])
             .bind(start.lease.as_secs_f64())
             .bind(start.retention.as_secs_f64())
             .bind(start.token)

@@ -150,15 +150,15 @@ where
         retention: Duration,
     ) -> Result<bool, crate::error::Error> {
         let completion = sqlx::query(DB::COMPLETE)
-            .bind(c.method)
-            .bind(c.path)
-            .bind(&c.fingerprint.as_bytes()[..])
+            .bind(c.row.method)
+            .bind(c.row.path)
+            .bind(&c.row.fingerprint.as_bytes()[..])
             .bind(DB::status(c.response.status)?)
             .bind(Json(&c.response.headers))
             .bind(&c.response.body)
             .bind(DB::expiry(Some(retention)))
-            .bind(&c.key.scope)
-            .bind(&c.key.key)
+            .bind(&c.row.key.scope)
+            .bind(&c.row.key.key)
             .bind(DB::completion_guard(c));
         DB::run_completion(conn, completion).await
     }
@@ -179,7 +179,7 @@ where
                 &response.body,
                 DB::expiry(retention)
             ],
-            c.key,
+            c.row.key,
             token
         ))
     }

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{Connection, Row, SqlSafeStr, Sqlite, SqliteConnection, Transaction, migrate::Migrator};
 
-use super::{Begun, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
+use super::{Begun, ClaimRequest, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
 use crate::record::{Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started};
 
 // A parked claim is live whatever its expiry: an operator's until resumed or abandoned.
@@ -190,27 +190,23 @@ impl Storage for Sqlite {
         open_unless_open(conn).await
     }
 
+    /// The request's timeouts ask nothing here. SQLite has no statement timeout; its
+    /// statements are short (no lock waits beyond the busy timeout, no network). Nor a server
+    /// to end an abandoned transaction: the process ends it by closing the connection.
     async fn begin_claim<'c>(
         conn: &'c mut SqliteConnection,
-        key: &KeyRef,
-        // SQLite has no statement timeout; its statements are short (no lock waits beyond
-        // the busy timeout, no network).
-        _statement_timeout: Option<Duration>,
-        // Nor a server to end an abandoned transaction: the process ends it by closing the
-        // connection.
-        _idle_timeout: Duration,
-        undo_point: bool,
+        request: ClaimRequest<'_>,
     ) -> Result<Begun<'c, Sqlite>, crate::error::Error> {
         // IMMEDIATE takes the write lock now: a deferred transaction that read first could fail
         // with "database is locked" when it later writes. Holding it, nobody else can complete
         // the key: the transaction holds the key unless it has a live row.
-        let begin = if undo_point {
+        let begin = if request.undo_point {
             BEGIN_CLAIM_WITH_UNDO
         } else {
             BEGIN_CLAIM
         };
         let mut tx = Transaction::<'c, Sqlite>::begin(conn, Some(begin.into_sql_str())).await?;
-        Ok(match live_row(&mut tx, key, now_ms()).await? {
+        Ok(match live_row(&mut tx, request.key, now_ms()).await? {
             // Ended here: `BEGIN IMMEDIATE` took the database's write lock, which a dropped
             // transaction keeps until its connection is next used.
             Some((record, _)) => {
@@ -221,17 +217,12 @@ impl Storage for Sqlite {
         })
     }
 
-    /// The point was taken with the claim (`begin_claim`'s `undo_point`).
-    async fn before_handler(_: &mut SqliteConnection) -> Result<(), crate::error::Error> {
-        Ok(())
-    }
-
+    /// The point the writes are undone to was taken with the claim (`begin_claim`'s
+    /// `undo_point`; `before_handler` does nothing).
     async fn undo_handler<'c>(
         conn: &'c mut SqliteConnection,
-        _key: &'c KeyRef,
+        _request: ClaimRequest<'c>,
         _mark: Option<&'c str>,
-        _statement_timeout: Option<Duration>,
-        _idle_timeout: Duration,
     ) -> Result<Undone, crate::error::Error> {
         match sqlx::raw_sql(UNDO_HANDLER).execute(&mut *conn).await {
             Ok(_) => Ok(Undone::Kept(None)),
@@ -264,13 +255,13 @@ impl Storage for Sqlite {
         // both databases.
         let mut tx = conn.begin_with(BEGIN_IMMEDIATE).await?;
         let now = now_ms();
-        let existing = live_row(&mut tx, start.key, now).await?;
+        let existing = live_row(&mut tx, start.row.key, now).await?;
         let taken_over = match existing {
             Some((record, lease_until)) => {
                 let leased = lease_until.is_some_and(|until| until > now);
                 if record.status != KeyStatus::Started
                     || leased
-                    || record.fingerprint != *start.fingerprint
+                    || record.fingerprint != *start.row.fingerprint
                 {
                     let lease_left = lease_until.map(|until| {
                         Duration::from_millis(until.saturating_sub(now).max(0) as u64)
@@ -285,19 +276,19 @@ impl Storage for Sqlite {
                 sqlx::query_scalar::<_, i64>(
                     "SELECT count(*) FROM idem_keys WHERE scope = $1 AND key = $2",
                 )
-                .bind(&start.key.scope)
-                .bind(&start.key.key)
+                .bind(&start.row.key.scope)
+                .bind(&start.row.key.key)
                 .fetch_one(&mut *tx)
                 .await?
                     > 0
             }
         };
         sqlx::query(START)
-            .bind(&start.key.scope)
-            .bind(&start.key.key)
-            .bind(start.method)
-            .bind(start.path)
-            .bind(&start.fingerprint.as_bytes()[..])
+            .bind(&start.row.key.scope)
+            .bind(&start.row.key.key)
+            .bind(start.row.method)
+            .bind(start.row.path)
+            .bind(&start.row.fingerprint.as_bytes()[..])
             .bind(now)
             .bind(now.saturating_add(millis(start.retention)))
             .bind(now.saturating_add(millis(start.lease)))

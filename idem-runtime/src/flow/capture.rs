@@ -50,10 +50,7 @@ impl<DB: Backend> IdemRequest<DB> {
         mark: Option<&'a str>,
     ) -> Completion<'a> {
         Completion {
-            key,
-            method: self.method.as_str(),
-            path: &self.path,
-            fingerprint: &self.fingerprint,
+            row: self.row_of(key),
             response: stored,
             mark,
         }

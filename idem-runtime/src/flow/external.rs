@@ -76,10 +76,7 @@ impl<DB: Backend> ExternalClaim<DB> {
             let deadline = claim.request.store.deadline();
             let outcome = {
                 let start = Start {
-                    key: &key,
-                    method: claim.request.method.as_str(),
-                    path: &claim.request.path,
-                    fingerprint: &claim.request.fingerprint,
+                    row: claim.request.row_of(&key),
                     lease: options.lease,
                     retention: options.retention,
                     token: claim.token,
@@ -155,11 +152,8 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// The handler's idempotency context; a request without a key gets one of its own, so
     /// that the keys it derives are its own too.
     pub fn context(&self) -> IdempotencyContext {
-        self.key.as_ref().map_or_else(IdempotencyContext::unprotected, |key| {
-            IdempotencyContext::new(&key.scope, &key.key)
-        })
+        IdempotencyContext::of(self.key.as_ref())
     }
-
     /// How long the handler body may run: until its `timeout`, if it has one. The handler
     /// holds no transaction, so the store's database deadline does not bound it.
     pub fn limit(&self) -> Limit {
@@ -280,9 +274,10 @@ impl<DB: Backend> ExternalClaim<DB> {
     /// meanwhile, dropping the claim releases it.
     pub async fn stopped(mut self, _limit: Limit) -> Response {
         if self.key.is_none() {
-            return self
-                .request
-                .timed_out(self.options.timeout, "it ran without a key: nothing was stored");
+            return self.request.timed_out(
+                self.options.timeout,
+                "it ran without a key: nothing was stored",
+            );
         }
         let released = self.give_up().await;
         self.armed = false;

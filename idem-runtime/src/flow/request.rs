@@ -196,6 +196,16 @@ impl<DB: Backend> IdemRequest<DB> {
         self.span.clone()
     }
 
+    /// This request under `key`, as its row records it.
+    pub(super) fn row_of<'a>(&'a self, key: &'a KeyRef) -> crate::record::RowOf<'a> {
+        crate::record::RowOf {
+            key,
+            method: self.method.as_str(),
+            path: &self.path,
+            fingerprint: &self.fingerprint,
+        }
+    }
+
     /// Whether the request came without a key where the handler's key is optional: it runs
     /// once, unprotected, and nothing is stored.
     pub(super) fn is_unprotected(&self) -> bool {

@@ -266,11 +266,8 @@ impl<'c, DB: Backend> Claim<'c, DB> {
     /// The handler's idempotency context; a request without a key gets one of its own, so
     /// that the keys it derives are its own too.
     pub fn context(&self) -> IdempotencyContext {
-        self.key.as_ref().map_or_else(IdempotencyContext::unprotected, |key| {
-            IdempotencyContext::new(&key.scope, &key.key)
-        })
+        IdempotencyContext::of(self.key.as_ref())
     }
-
     /// How long the handler body may run: until its `timeout`, if it has one, and at the
     /// latest until the request's deadline.
     pub fn limit(&self) -> Limit {

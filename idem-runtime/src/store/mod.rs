@@ -20,7 +20,7 @@ use sqlx::Pool;
 use tokio::time::Instant;
 
 use crate::{
-    backend::{Backend, Begun, Undone},
+    backend::{Backend, Begun, ClaimRequest, Undone},
     checkout::{Checkout, Settle},
     record::{Completion, KeyRecord, KeyRef, RecordedStep, Start, Started},
 };
@@ -256,13 +256,13 @@ impl<DB: Backend> Store<DB> {
         let started = std::time::Instant::now();
         let checkout = slot.insert(self.checkout(deadline).await?);
         let (conn, mut settle) = checkout.parts();
-        let session_timeout = self.options.database_timeout();
-        let begun = self
-            .bounded(
-                deadline,
-                DB::begin_claim(conn, key, statement_timeout, session_timeout, undo_point),
-            )
-            .await;
+        let request = ClaimRequest {
+            key,
+            statement_timeout,
+            idle_timeout: self.options.database_timeout(),
+            undo_point,
+        };
+        let begun = self.bounded(deadline, DB::begin_claim(conn, request)).await;
         metrics::histogram!("idem_claim_duration_seconds", "mode" => "transactional")
             .record(started.elapsed());
         let begun = begun?;
@@ -401,12 +401,15 @@ impl<DB: Backend> Store<DB> {
         statement_timeout: Option<Duration>,
         deadline: Instant,
     ) -> Result<Undone, crate::error::Error> {
-        let idle_timeout = self.options.database_timeout();
-        self.bounded(
-            deadline,
-            DB::undo_handler(tx, key, mark, statement_timeout, idle_timeout),
-        )
-        .await
+        let request = ClaimRequest {
+            key,
+            statement_timeout,
+            idle_timeout: self.options.database_timeout(),
+            // Only a claim whose handler's writes may be undone has them undone.
+            undo_point: true,
+        };
+        self.bounded(deadline, DB::undo_handler(tx, request, mark))
+            .await
     }
 
     /// Stores the handler's response in the claim's transaction (see

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use super::{AbandonedClaim, RecoveryHook, Verdict};
 use crate::{
     backend::Backend,
-    record::{Abandoned, Completion, fresh_token},
+    record::{Abandoned, Completion, RowOf, fresh_token},
     steps::Steps,
     store::Store,
 };
@@ -264,10 +264,12 @@ impl<DB: Backend> Store<DB> {
                 }
                 Verdict::Complete(response) => {
                     let completion = Completion {
-                        key: &key,
-                        method: &method,
-                        path: &path,
-                        fingerprint: &fingerprint,
+                        row: RowOf {
+                            key: &key,
+                            method: &method,
+                            path: &path,
+                            fingerprint: &fingerprint,
+                        },
                         response: &response,
                         mark: None,
                     };
