@@ -25,7 +25,10 @@ use utoipa::{
     },
 };
 
-use crate::{orders, payments, telemetry};
+use crate::{balance, orders, payments, telemetry, webhooks};
+
+/// The route that authenticates its callers by a webhook signature, not a bearer token.
+const SIGNED_ROUTE: &str = "/v1/webhooks/processor";
 
 /// The service's OpenAPI document: every route, the idempotency of the idempotent ones
 /// ([`Idempotency`]), and the demo's bearer authentication ([`BearerAuth`]).
@@ -34,8 +37,8 @@ use crate::{orders, payments, telemetry};
     info(
         title = "idem example: payments",
         description = "Payments, payouts, refunds and orders, safe to retry with an \
-                       `Idempotency-Key` header. Every `/v1` route needs \
-                       `Authorization: Bearer <tenant>` (the token is the tenant's id)."
+                       `Idempotency-Key` header. Every `/v1` route but the processor's webhooks \
+                       needs `Authorization: Bearer <tenant>` (the token is the tenant's id)."
     ),
     paths(
         payments::create_payment,
@@ -51,6 +54,8 @@ use crate::{orders, payments, telemetry};
         orders::list_orders,
         orders::get_order,
         orders::get_stock,
+        webhooks::receive_processor_event,
+        balance::get_balance,
         telemetry::metrics,
         openapi_json,
         idempotency_policy,
@@ -62,6 +67,9 @@ use crate::{orders, payments, telemetry};
         (name = "payouts", description = "Payouts: a 5xx outcome is stored and replayed."),
         (name = "refunds", description = "Refunds at the processor (external mode)."),
         (name = "orders", description = "Orders in steps: stock, charge, shipping."),
+        (name = "webhooks", description = "The processor's events, signed as Standard Webhooks \
+                                           v1 specifies; the `webhook-id` is the key."),
+        (name = "balance", description = "Balances, grown by the processor's webhooks."),
         (name = "operations", description = "For operators and tools."),
     )
 )]
@@ -119,8 +127,8 @@ pub enum TransferProblems {
     Unavailable(Problem),
 }
 
-/// The demo's authentication: `Authorization: Bearer <tenant>` on every `/v1` route, answered
-/// with 401 when missing.
+/// The demo's authentication: `Authorization: Bearer <tenant>` on every `/v1` route but the
+/// webhook receiver's (which checks a signature instead), answered with 401 when missing.
 #[derive(Debug, Clone, Copy)]
 pub struct BearerAuth;
 
@@ -137,7 +145,7 @@ impl Modify for BearerAuth {
             ),
         );
         for (path, item) in &mut openapi.paths.paths {
-            if !path.starts_with("/v1/") {
+            if !path.starts_with("/v1/") || path == SIGNED_ROUTE {
                 continue;
             }
             for operation in [&mut item.get, &mut item.post].into_iter().flatten() {

@@ -17,6 +17,10 @@ pub enum ApiError {
     /// 401: no or bad bearer token.
     #[error("{0}")]
     Unauthorized(String),
+    /// 401: a webhook whose Standard Webhooks signature does not verify (missing, wrong, or
+    /// its timestamp more than 5 minutes from this server's clock); nothing was stored.
+    #[error("{0}")]
+    BadSignature(String),
     /// 400: the body is well-formed JSON but its values are invalid.
     #[error("{0}")]
     Invalid(String),
@@ -123,6 +127,11 @@ impl ApiError {
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "Missing or invalid credentials",
+            ),
+            Self::BadSignature(_) => (
+                StatusCode::UNAUTHORIZED,
+                "bad-webhook-signature",
+                "The webhook's signature does not verify",
             ),
             Self::Invalid(_) => (
                 StatusCode::BAD_REQUEST,

@@ -116,7 +116,7 @@ fn status_of(error: ApiError) -> Status {
     let error = error.transient_as_unavailable();
     let message = error.to_string();
     match error {
-        ApiError::Unauthorized(_) => Status::unauthenticated(message),
+        ApiError::Unauthorized(_) | ApiError::BadSignature(_) => Status::unauthenticated(message),
         ApiError::Invalid(_) | ApiError::BadJson(..) => Status::invalid_argument(message),
         ApiError::Declined(_) => Status::failed_precondition(message),
         ApiError::NotFound(_) => Status::not_found(message),

@@ -145,7 +145,7 @@ pub async fn create_order<DB: Sql>(
     }
     let charged = steps
         .call("charge", async |key| {
-            let charged = charge(&state, key, &reservation).await;
+            let charged = charge(&state, &tenant.0, key, &reservation).await;
             // `$CRASH_AFTER=charge-call`: the processor answered; nothing is recorded yet.
             if let Some(point) = &state.crash_after {
                 crash_at(point, "charge-call");
@@ -204,14 +204,18 @@ async fn reserve<DB: Sql>(
     })
 }
 
+/// Charges the reservation at the processor, for `tenant`, whose balance the processor's
+/// webhook then credits.
 async fn charge<DB: Sql>(
     state: &AppState<DB>,
+    tenant: &str,
     key: &str,
     reservation: &Reservation,
 ) -> Result<ExecutedCharge, ApiError> {
     let request = ChargeRequest {
         customer: reservation.customer.clone(),
         amount: reservation.amount,
+        tenant: Some(tenant.to_owned()),
     };
     state.processor.charge(key, &request).await
 }

@@ -18,13 +18,15 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::{
     auth::Tenant,
-    bounded,
+    balance, bounded,
     card::{self, Decision},
     error::{ApiError, ApiJson},
     orders,
     processor::RefundRequest,
     refunds::{NewRefund, Refund},
     sql::Sql,
+    webhook_secret::WebhookSecret,
+    webhooks,
 };
 
 /// The router's state: the idempotency store, whose pool the read routes use too, and the
@@ -38,6 +40,8 @@ pub struct AppState<DB: Backend> {
     /// `$CRASH_AFTER`: the step of `POST /v1/orders` after which the process aborts (`reserve`,
     /// `charge`, `ship`, or `charge-call`: once the processor answered), for crash tests.
     pub crash_after: Option<String>,
+    /// `$WEBHOOK_SECRET`: what the processor's webhooks are verified with.
+    pub webhooks: WebhookSecret,
 }
 
 impl<DB: Backend> Clone for AppState<DB> {
@@ -46,17 +50,21 @@ impl<DB: Backend> Clone for AppState<DB> {
             store: self.store.clone(),
             processor: self.processor.clone(),
             crash_after: self.crash_after.clone(),
+            webhooks: self.webhooks.clone(),
         }
     }
 }
 
 impl<DB: Backend> AppState<DB> {
-    /// State over `store`, with the processor at its default address (`http://127.0.0.1:3001`).
+    /// State over `store`, with the processor at its default address (`http://127.0.0.1:3001`)
+    /// and its webhooks verified with the default secret
+    /// ([`crate::webhook_secret::DEFAULT_SECRET`]).
     pub fn new(store: Store<DB>) -> Self {
         Self {
             store,
             processor: crate::refunds::ProcessorClient::new("http://127.0.0.1:3001"),
             crash_after: None,
+            webhooks: WebhookSecret::default(),
         }
     }
 }
@@ -237,6 +245,11 @@ pub fn routes<DB: Sql>() -> Router<AppState<DB>> {
         )
         .route("/v1/orders/{id}", get(orders::get_order::<DB>))
         .route("/v1/inventory/{sku}", get(orders::get_stock::<DB>))
+        .route(
+            "/v1/webhooks/processor",
+            post(webhooks::receive_processor_event::<DB>),
+        )
+        .route("/v1/balance", get(balance::get_balance::<DB>))
         .layer(CatchPanicLayer::custom(panic_problem))
 }
 

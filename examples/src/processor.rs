@@ -2,6 +2,11 @@
 //! `Idempotency-Key`: a refund or a charge requested again with a key it has seen is not executed
 //! again; the one it already made is returned. Charges react to magic customer ids:
 //! `cus_declined` is declined (402), `cus_unavailable` finds it down (503); neither is recorded.
+//!
+//! Given a URL ([`router_with`], `$WEBHOOK_URL` for the binary), it sends webhooks of what it
+//! settles, signed as Standard Webhooks v1 specifies and redelivered until answered
+//! ([`crate::processor_webhooks`]): `balance.credited` for each charge it executes for a tenant
+//! (the charging tenant's balance grows by the amount), `refund.succeeded` for each refund.
 
 use std::{
     collections::HashMap,
@@ -17,6 +22,8 @@ use axum::{
     routing::{get, post},
 };
 use idem_runtime::Problem;
+
+use crate::processor_webhooks::{Delivery, WebhookSender};
 use serde::{Deserialize, Serialize};
 
 /// A refund request, as the payments service sends it.
@@ -50,6 +57,10 @@ pub struct ChargeRequest {
     pub customer: String,
     /// In minor units.
     pub amount: i64,
+    /// The tenant charging, whose balance the charge credits (`balance.credited`); none, no
+    /// webhook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A charge the processor executed.
@@ -73,21 +84,39 @@ struct Ledger {
     charge_keys: HashMap<String, usize>,
 }
 
-/// The processor's state: every refund it executed, in memory.
+/// The processor's state: every refund and charge it executed, in memory, and where its
+/// webhooks go.
 #[derive(Debug, Clone, Default)]
 pub struct Processor {
     ledger: Arc<Mutex<Ledger>>,
+    webhooks: WebhookSender,
 }
 
-/// The processor's API: `POST /v1/refunds`, `GET /v1/refunds`, `POST /v1/charges`,
-/// `GET /v1/charges`, and `GET /v1/charges/by-key/{key}` (the charge made under an idempotency
-/// key, if any: how a caller that lost the answer finds out whether the charge happened).
+/// The processor's API, sending no webhooks: `POST /v1/refunds`, `GET /v1/refunds`,
+/// `POST /v1/charges`, `GET /v1/charges`, `GET /v1/charges/by-key/{key}` (the charge made
+/// under an idempotency key, if any: how a caller that lost the answer finds out whether the
+/// charge happened), and `GET /v1/webhooks/deliveries` (none here).
 pub fn router() -> Router {
+    router_with(WebhookSender::default())
+}
+
+/// The processor's API ([`router`]), sending its webhooks with `webhooks`;
+/// `GET /v1/webhooks/deliveries` lists them and their attempts.
+pub fn router_with(webhooks: WebhookSender) -> Router {
     Router::new()
         .route("/v1/refunds", post(refund).get(list))
         .route("/v1/charges", post(charge).get(list_charges))
         .route("/v1/charges/by-key/{key}", get(charge_by_key))
-        .with_state(Processor::default())
+        .route("/v1/webhooks/deliveries", get(deliveries))
+        .with_state(Processor {
+            ledger: Arc::default(),
+            webhooks,
+        })
+}
+
+/// `GET /v1/webhooks/deliveries`: every webhook sent, in order, with its attempts.
+async fn deliveries(State(processor): State<Processor>) -> Json<Vec<Delivery>> {
+    Json(processor.webhooks.deliveries())
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Option<&str> {
@@ -149,6 +178,13 @@ async fn charge(
                 ledger.charges.push(charge.clone());
                 let index = ledger.charges.len() - 1;
                 ledger.charge_keys.insert(key.to_owned(), index);
+                // Once per charge executed, never for a replay.
+                if let Some(tenant) = &request.tenant {
+                    processor.webhooks.send(
+                        crate::webhooks::BALANCE_CREDITED,
+                        serde_json::json!({"tenant": tenant, "amount": charge.amount}),
+                    );
+                }
                 (charge, false)
             }
         }
@@ -211,6 +247,11 @@ async fn refund(
                 ledger.executed.push(refund.clone());
                 let index = ledger.executed.len() - 1;
                 ledger.by_key.insert(key.to_owned(), index);
+                processor.webhooks.send(
+                    "refund.succeeded",
+                    serde_json::json!({"refund": refund.id, "payment": refund.payment,
+                        "amount": refund.amount}),
+                );
                 (refund, false)
             }
         }

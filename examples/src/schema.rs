@@ -55,6 +55,13 @@ CREATE TABLE IF NOT EXISTS shipments (
     order_id   text        PRIMARY KEY REFERENCES orders (id),
     created_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+CREATE TABLE IF NOT EXISTS balance_credits (
+    webhook_id text        NOT NULL,
+    tenant     text        NOT NULL,
+    amount     bigint      NOT NULL CHECK (amount > 0),
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS balance_credits_tenant_idx ON balance_credits (tenant);
 ";
 
 const SQLITE_TABLES: &str = r"
@@ -107,6 +114,13 @@ CREATE TABLE IF NOT EXISTS shipments (
     order_id   text PRIMARY KEY REFERENCES orders (id),
     created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
 );
+CREATE TABLE IF NOT EXISTS balance_credits (
+    webhook_id text    NOT NULL,
+    tenant     text    NOT NULL,
+    amount     INTEGER NOT NULL CHECK (amount > 0),
+    created_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
+);
+CREATE INDEX IF NOT EXISTS balance_credits_tenant_idx ON balance_credits (tenant);
 ";
 
 // MySQL and MariaDB: InnoDB; the identifiers that are compared (ids, tenants, SKUs) are
@@ -166,6 +180,13 @@ CREATE TABLE IF NOT EXISTS shipments (
     order_id   VARBINARY(255) NOT NULL PRIMARY KEY,
     created_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     FOREIGN KEY (order_id) REFERENCES orders (id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS balance_credits (
+    webhook_id VARBINARY(255) NOT NULL,
+    tenant     VARBINARY(255) NOT NULL,
+    amount     BIGINT         NOT NULL CHECK (amount > 0),
+    created_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    INDEX balance_credits_tenant_idx (tenant)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 ";
 

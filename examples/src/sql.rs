@@ -8,6 +8,7 @@ use std::future::Future;
 use sqlx::Transaction;
 
 use crate::{
+    balance::Balance,
     orders::{Order, STOCK_PER_SKU},
     payments::Transfer,
     refunds::Refund,
@@ -100,6 +101,21 @@ pub trait Sql: Tables {
         conn: &'a mut Self::Connection,
         sku: &'a str,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
+
+    /// Credits `amount` to `tenant`'s balance, as the webhook `webhook_id` says, in the
+    /// handler's transaction.
+    fn credit<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        webhook_id: &'a str,
+        tenant: &'a str,
+        amount: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// `tenant`'s balance: the sum of its credits and their number (zeros for none).
+    fn balance<'a>(
+        conn: &'a mut Self::Connection,
+        tenant: &'a str,
+    ) -> impl Future<Output = Result<Balance, sqlx::Error>> + Send + 'a;
 }
 
 macro_rules! sql {
@@ -273,6 +289,38 @@ macro_rules! sql {
                     .bind(sku)
                     .fetch_optional(&mut *conn)
                     .await
+            }
+
+            async fn credit<'a>(
+                tx: &'a mut Transaction<'_, Self>,
+                webhook_id: &'a str,
+                tenant: &'a str,
+                amount: i64,
+            ) -> Result<(), sqlx::Error> {
+                sqlx::query(
+                    "INSERT INTO balance_credits (webhook_id, tenant, amount) VALUES ($1, $2, $3)",
+                )
+                .bind(webhook_id)
+                .bind(tenant)
+                .bind(amount)
+                .execute(&mut **tx)
+                .await?;
+                Ok(())
+            }
+
+            async fn balance<'a>(
+                conn: &'a mut Self::Connection,
+                tenant: &'a str,
+            ) -> Result<Balance, sqlx::Error> {
+                // PostgreSQL sums a bigint as numeric: cast back.
+                let (balance, credits) = sqlx::query_as(
+                    "SELECT CAST(COALESCE(SUM(amount), 0) AS BIGINT), COUNT(*) \
+                     FROM balance_credits WHERE tenant = $1",
+                )
+                .bind(tenant)
+                .fetch_one(&mut *conn)
+                .await?;
+                Ok(Balance { balance, credits })
             }
         }
     };

@@ -32,6 +32,13 @@
 //! the relay holds topics under `$RELAY_NAME` (default `payments`): give each instance that
 //! shares a SQLite file a name of its own, kept across restarts.
 //!
+//! `POST /v1/webhooks/processor` receives the processor's webhooks (Standard Webhooks v1, the
+//! `webhook-id` their idempotency key): a `balance.credited` event grows its tenant's balance
+//! once per id, which `GET /v1/balance` reads ([`idem_examples::webhooks`]). Their signatures
+//! are verified with `$WEBHOOK_SECRET` (`whsec_<base64 of the key>`, default
+//! [`DEFAULT_SECRET`](idem_examples::webhook_secret::DEFAULT_SECRET), the processor's default
+//! too); a malformed one stops the service at start.
+//!
 //! A database that stops answering stops no request for long: each waits on it at most idem's
 //! `database_timeout` (10 s), then gets a 503 with `Retry-After`, reads included
 //! ([`idem_examples::bounded`]). A client gets 10 s to send each request's head, and an idle
@@ -52,6 +59,7 @@ use idem_examples::{
     setup::{self, Broker, Database, Error},
     sql::Sql,
     telemetry,
+    webhook_secret::WebhookSecret,
 };
 use idem_runtime::{
     CancellationToken, Store,
@@ -67,13 +75,25 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), Error> {
     // Read before anything runs, so that a setting the service does not know stops it at once.
     let tasks = Tasks::from_env()?;
+    let webhooks = WebhookSecret::from_env()?;
     let broker = setup::broker()?;
     match setup::database("payments.db", 32).await? {
         Database::Postgres(pool) => {
-            serve(pool, payments::routes::<Postgres>(), broker, tasks).await
+            serve(
+                pool,
+                payments::routes::<Postgres>(),
+                broker,
+                tasks,
+                webhooks,
+            )
+            .await
         }
-        Database::Sqlite(pool) => serve(pool, payments::routes::<Sqlite>(), broker, tasks).await,
-        Database::MySql(pool) => serve(pool, payments::routes::<MySql>(), broker, tasks).await,
+        Database::Sqlite(pool) => {
+            serve(pool, payments::routes::<Sqlite>(), broker, tasks, webhooks).await
+        }
+        Database::MySql(pool) => {
+            serve(pool, payments::routes::<MySql>(), broker, tasks, webhooks).await
+        }
     }
 }
 
@@ -106,6 +126,7 @@ async fn serve<DB: Sql>(
     routes: Router<AppState<DB>>,
     broker: Option<Broker>,
     tasks: Tasks,
+    webhooks: WebhookSecret,
 ) -> Result<(), Error> {
     // First, so that what the tasks count from their first pass on is recorded.
     let metrics = telemetry::install()?;
@@ -199,6 +220,7 @@ async fn serve<DB: Sql>(
         store,
         processor,
         crash_after,
+        webhooks,
     };
     tracing::info!(addr = %listener.local_addr()?, "payments service listening");
     tracing::info!(addr = %grpc_listener.local_addr()?, "payments gRPC service listening");

@@ -6,6 +6,7 @@ use sqlx::{MySql, MySqlConnection, Row, Transaction, mysql::MySqlRow};
 
 use super::{Sql, spelling::in_order};
 use crate::{
+    balance::Balance,
     orders::{Order, STOCK_PER_SKU},
     payments::Transfer,
     refunds::Refund,
@@ -225,5 +226,35 @@ impl Sql for MySql {
             .bind(sku)
             .fetch_optional(&mut *conn)
             .await
+    }
+
+    async fn credit<'a>(
+        tx: &'a mut Transaction<'_, Self>,
+        webhook_id: &'a str,
+        tenant: &'a str,
+        amount: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO balance_credits (webhook_id, tenant, amount) VALUES (?, ?, ?)")
+            .bind(webhook_id)
+            .bind(tenant)
+            .bind(amount)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn balance<'a>(
+        conn: &'a mut MySqlConnection,
+        tenant: &'a str,
+    ) -> Result<Balance, sqlx::Error> {
+        // MySQL sums a BIGINT as DECIMAL: cast back.
+        let (balance, credits) = sqlx::query_as(
+            "SELECT CAST(COALESCE(SUM(amount), 0) AS SIGNED), COUNT(*) \
+             FROM balance_credits WHERE tenant = ?",
+        )
+        .bind(tenant)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(Balance { balance, credits })
     }
 }

@@ -37,17 +37,7 @@ async fn killed_after_the_refund(database: Database) {
     let processor = Processor::start(Some("/v1/refunds")).await;
 
     let (mut payments, base) = start_payments(&client, &database, &processor.url).await;
-    let payment: Value = client
-        .post(format!("{base}/v1/payments"))
-        .bearer_auth("t1")
-        .header("Idempotency-Key", "pay-1")
-        .json(&json!({"amount": 900, "currency": "usd", "customer": "cus_1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let payment = support::paid(&client, &base, "pay-1", 900).await;
     let refund = json!({"payment": payment["id"], "amount": 300});
     let send_refund = |base: String| {
         let (client, refund) = (client.clone(), refund.clone());

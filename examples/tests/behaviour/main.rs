@@ -26,3 +26,4 @@ mod pg_ha;
 mod pooler;
 mod processes;
 mod start;
+mod webhooks;

@@ -33,6 +33,8 @@ const ROUTES: &[&str] = &[
     "GET /v1/orders",
     "GET /v1/orders/{id}",
     "GET /v1/inventory/{sku}",
+    "POST /v1/webhooks/processor",
+    "GET /v1/balance",
     "GET /metrics",
     "GET /openapi.json",
     "GET /idempotency-policy",
@@ -44,7 +46,17 @@ const IDEMPOTENT: &[&str] = &[
     "POST /v1/payouts",
     "POST /v1/refunds",
     "POST /v1/orders",
+    "POST /v1/webhooks/processor",
 ];
+
+/// The header each idempotent route takes its key from: `Idempotency-Key` but for the webhook
+/// receiver, whose key is the delivery's `webhook-id` (`key_header`).
+fn key_header(route: &str) -> &'static str {
+    match route {
+        "POST /v1/webhooks/processor" => "webhook-id",
+        _ => "Idempotency-Key",
+    }
+}
 
 /// The layer's own problem answers, documented on every idempotent route.
 const LAYER_PROBLEMS: &[&str] = &["400", "409", "413", "422", "500", "503"];
@@ -300,9 +312,22 @@ async fn idempotent_operations_document_the_key_header_and_the_layer_problems() 
             .as_array()
             .cloned()
             .unwrap_or_default();
-        let key = parameters
-            .iter()
-            .find(|p| p["name"] == "Idempotency-Key" && p["in"] == "header");
+        let key = parameters.iter().find(|p| {
+            p["in"] == "header"
+                && p["name"]
+                    .as_str()
+                    .is_some_and(|name| name.eq_ignore_ascii_case(key_header(&route)))
+        });
+        let asks_for_another_key = parameters.iter().any(|p| {
+            p["in"] == "header"
+                && p["name"] == "Idempotency-Key"
+                && key_header(&route) != "Idempotency-Key"
+        });
+        assert!(
+            !asks_for_another_key,
+            "{route} takes its key from `{}`, yet documents `Idempotency-Key`",
+            key_header(&route)
+        );
         let responses = operation["responses"].as_object().expect("responses");
         if !IDEMPOTENT.contains(&route.as_str()) {
             assert!(
@@ -317,7 +342,8 @@ async fn idempotent_operations_document_the_key_header_and_the_layer_problems() 
             }
             continue;
         }
-        let key = key.unwrap_or_else(|| panic!("{route} documents no Idempotency-Key"));
+        let key =
+            key.unwrap_or_else(|| panic!("{route} documents no {} header", key_header(&route)));
         assert_eq!(key["required"], true, "{route}: the key is required");
         assert_eq!(key["schema"]["type"], "string");
 
@@ -345,10 +371,17 @@ async fn idempotent_operations_document_the_key_header_and_the_layer_problems() 
                 "{route}: {status} documents Retry-After"
             );
         }
-        let created = &responses["201"];
+        // The webhook receiver answers 200; the others create.
+        let success = if route == "POST /v1/webhooks/processor" {
+            "200"
+        } else {
+            "201"
+        };
         assert!(
-            created["headers"].get("Idempotent-Replayed").is_some(),
-            "{route}: 201 documents Idempotent-Replayed"
+            responses[success]["headers"]
+                .get("Idempotent-Replayed")
+                .is_some(),
+            "{route}: {success} documents Idempotent-Replayed"
         );
         // The handler's own 503 is replayed only where 5xx outcomes are kept.
         let replayed_503 = responses["503"]["headers"]
@@ -405,6 +438,9 @@ async fn each_operation_states_the_retention_of_its_attribute() {
     let refunds = description("POST /v1/refunds");
     assert!(refunds.contains("lease of 5 seconds"), "{refunds}");
     // Steps, lease = "5s"
+    // retention = "7d", the key from `webhook-id`
+    let webhooks = description("POST /v1/webhooks/processor");
+    assert!(webhooks.contains("for at least 7 days after"), "{webhooks}");
     let orders = description("POST /v1/orders");
     assert!(orders.contains("after its last completed step"), "{orders}");
     assert!(
@@ -438,6 +474,9 @@ async fn the_published_policy_comes_from_the_attributes_and_the_readme_quotes_it
         "| `POST /v1/orders` | 24 hours | 409 with `Retry-After` | not kept: a retry continues the \
          request after its last completed step |",
         "| `POST /v1/orders` | 24 hours |",
+        "| `POST /v1/webhooks/processor` | 7 days | 409 with `Retry-After` | not kept: a retry \
+         runs the request again | committed with its outcome, or nothing kept |",
+        "the key is the `webhook-id` header |",
         "| `gRPC /idem.example.v1.Payments/CreatePayment` | 24 hours | `ABORTED` with \
          `retry-after` and `grpc-retry-pushback-ms`; with `prefer: wait`, waits up to 10 seconds \
          for the outcome | not kept (statuses such as `UNAVAILABLE`, `INTERNAL`): a retry runs \

@@ -197,34 +197,9 @@ async fn the_service_refuses_at_start_a_recovery_hook_or_purge_interval_it_does_
         ("PURGE_EVERY", "-1", "whole number of seconds"),
         ("PURGE_EVERY", "1m", "whole number of seconds"),
     ] {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_payments"))
-            .env_remove("DATABASE_URL")
-            .env("SQLITE_PATH", dir.path().join("payments.db"))
-            .env("EVENTS", "off")
-            .env("ADDR", support::free_addr())
-            .env("GRPC_ADDR", support::free_addr())
-            .env("RUST_LOG", "warn")
-            .env(variable, value)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("start payments");
-        // Killed when dropped, should it not exit.
-        let mut child = support::Process(child);
-        let mut status = None;
-        wait_until(
-            &format!("payments to exit with {variable}={value:?}"),
-            || {
-                status = status.or_else(|| child.0.try_wait().expect("the child's status"));
-                std::future::ready(status.is_some())
-            },
-        )
-        .await;
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(&mut child.0.stderr.take().expect("piped"), &mut stderr)
-            .expect("read stderr");
-        assert_eq!(status.and_then(|s| s.code()), Some(1), "{stderr}");
+        let (code, stderr) =
+            support::exit_at_start(env!("CARGO_BIN_EXE_payments"), &[(variable, value)]).await;
+        assert_eq!(code, Some(1), "{stderr}");
         assert!(
             stderr.contains(variable)
                 && stderr.contains(takes)

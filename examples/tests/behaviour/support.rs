@@ -212,6 +212,22 @@ pub fn spawn_payments_with(
     (Process(child), format!("http://{addr}"))
 }
 
+/// A payment of `amount` by `cus_1` for the tenant `t1` under `key`, through the service at
+/// `base`: the payment as answered.
+pub async fn paid(client: &Client, base: &str, key: &str, amount: i64) -> Value {
+    client
+        .post(format!("{base}/v1/payments"))
+        .bearer_auth("t1")
+        .header("Idempotency-Key", key)
+        .json(&serde_json::json!({"amount": amount, "currency": "usd", "customer": "cus_1"}))
+        .send()
+        .await
+        .expect("the service answers")
+        .json()
+        .await
+        .expect("a JSON payment")
+}
+
 pub async fn refunds_executed(client: &Client, processor: &str) -> Vec<Value> {
     client
         .get(format!("{processor}/v1/refunds"))
@@ -394,4 +410,35 @@ pub async fn delete_queue(names: &idem_tests::TestBroker, consumer: &str) {
         .queue_delete(queue.as_str().into(), Default::default())
         .await
         .expect("delete the queue");
+}
+
+/// Starts `binary` (`payments` or `processor`) on a fresh SQLite file with `env` set, and waits
+/// for it to exit, as it must for a setting it refuses: its exit code and standard error.
+pub async fn exit_at_start(binary: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let child = Command::new(binary)
+        .env_remove("DATABASE_URL")
+        .env("SQLITE_PATH", dir.path().join("payments.db"))
+        .env("EVENTS", "off")
+        .env("ADDR", free_addr())
+        .env("GRPC_ADDR", free_addr())
+        .env("PROCESSOR_ADDR", free_addr())
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the binary");
+    // Killed when dropped, should it not exit.
+    let mut child = Process(child);
+    let mut status = None;
+    wait_until(&format!("{binary} to exit with {env:?}"), || {
+        status = status.or_else(|| child.0.try_wait().expect("the child's status"));
+        std::future::ready(status.is_some())
+    })
+    .await;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().expect("piped"), &mut stderr)
+        .expect("read stderr");
+    (status.and_then(|s| s.code()), stderr)
 }
