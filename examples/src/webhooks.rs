@@ -26,8 +26,11 @@ use crate::{
     webhook_secret::WebhookSecret,
 };
 
-/// The idempotency scope of every delivery to `POST /v1/webhooks/processor`.
-pub const SCOPE: &str = "webhooks/processor";
+/// The idempotency scope of every delivery to `POST /v1/webhooks/processor`. Scopes of every
+/// handler share one space, and a tenant's scope is its bearer token, any ASCII text: the `§`
+/// keeps this one out of every tenant's reach, so no API caller can take a delivery's id first
+/// (its request would be a different request under the key: the delivery would get 422).
+pub const SCOPE: &str = "§webhooks/processor";
 
 /// The event that grows a tenant's balance.
 pub const BALANCE_CREDITED: &str = "balance.credited";
