@@ -1,7 +1,9 @@
 //! How a gRPC call's answer is kept in the key table: the method it is stored under, the
 //! `Content-Type`s that tell a message from a status, and the status read back.
 
+use axum::response::Response;
 use bytes::Bytes;
+use http::{StatusCode, header::CONTENT_TYPE};
 use tonic::Code;
 
 /// The `Content-Type` of a stored message: its protobuf encoding.
@@ -46,5 +48,40 @@ impl AnsweredCode {
             GRPC_STATUS => stored_status(body).map(|(code, _)| Self(code)),
             _ => None,
         }
+    }
+}
+
+/// The code the caller gets for `response`, an answer of the claims: the method's (first run
+/// or replay, [`AnsweredCode`]), `OK` for its message, or the code of one of the layer's own
+/// answers (an HTTP problem) by its HTTP status.
+pub(crate) fn code_of(response: &Response) -> Code {
+    if let Some(&AnsweredCode(code)) = response.extensions().get::<AnsweredCode>() {
+        return code;
+    }
+    let message = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|value| value == GRPC_MESSAGE);
+    if message {
+        Code::Ok
+    } else {
+        problem_code(response.status())
+    }
+}
+
+/// The code of one of the layer's own answers (an HTTP problem), by its HTTP status.
+pub(crate) fn problem_code(status: StatusCode) -> Code {
+    match status {
+        StatusCode::BAD_REQUEST => Code::InvalidArgument,
+        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+        StatusCode::FORBIDDEN => Code::PermissionDenied,
+        StatusCode::NOT_FOUND => Code::NotFound,
+        StatusCode::CONFLICT => Code::Aborted,
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
+        StatusCode::UNPROCESSABLE_ENTITY => Code::FailedPrecondition,
+        StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
+        StatusCode::GATEWAY_TIMEOUT => Code::DeadlineExceeded,
+        _ if status.is_client_error() => Code::FailedPrecondition,
+        _ => Code::Internal,
     }
 }

@@ -272,7 +272,7 @@ fn problem_detail(body: &[u8]) -> String {
 /// HTTP status, its detail as the message, and a `Retry-After` as both `retry-after` and
 /// gRFC A6's `grpc-retry-pushback-ms`.
 fn status_of_problem(status: StatusCode, headers: &HeaderMap, detail: String) -> Status {
-    let code = problem_code(status);
+    let code = crate::stored_grpc::problem_code(status);
     let retry_after = headers
         .get(http::header::RETRY_AFTER)
         .and_then(|value| value.to_str().ok())
@@ -285,37 +285,128 @@ fn status_of_problem(status: StatusCode, headers: &HeaderMap, detail: String) ->
     }
 }
 
-/// The code the caller gets for `response`, an answer of the claims: the method's (first run
-/// or replay, [`AnsweredCode`]), `OK` for its message, or the code of one of the layer's own
-/// answers (an HTTP problem) by its HTTP status.
-pub(super) fn code_of(response: &Response) -> Code {
-    if let Some(AnsweredCode(code)) = response.extensions().get() {
-        return *code;
-    }
-    let message = response
-        .headers()
-        .get(CONTENT_TYPE)
-        .is_some_and(|value| value == GRPC_MESSAGE);
-    if message {
-        Code::Ok
-    } else {
-        problem_code(response.status())
-    }
-}
+#[cfg(test)]
+mod log_tests {
+    use std::sync::{Arc, Mutex, PoisonError};
 
-/// The code of one of the layer's own answers (an HTTP problem), by its HTTP status.
-fn problem_code(status: StatusCode) -> Code {
-    match status {
-        StatusCode::BAD_REQUEST => Code::InvalidArgument,
-        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
-        StatusCode::FORBIDDEN => Code::PermissionDenied,
-        StatusCode::NOT_FOUND => Code::NotFound,
-        StatusCode::CONFLICT => Code::Aborted,
-        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
-        StatusCode::UNPROCESSABLE_ENTITY => Code::FailedPrecondition,
-        StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
-        StatusCode::GATEWAY_TIMEOUT => Code::DeadlineExceeded,
-        _ if status.is_client_error() => Code::FailedPrecondition,
-        _ => Code::Internal,
+    use axum::response::IntoResponse;
+    use tracing::field::Empty;
+
+    use super::super::outcome::{Call, Outcome, end};
+    use crate::{
+        problem::ProblemKind,
+        record::StoredResponse,
+        stored_grpc::{GRPC_STATUS, StoredStatus},
+    };
+
+    /// The log line `end` writes for `response`, answered to a `call`.
+    fn logged(call: Call, outcome: Outcome, response: axum::response::Response) -> String {
+        let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let writer = {
+            let lines = Arc::clone(&lines);
+            move || Writer(Arc::clone(&lines))
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(writer)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!(
+                "idempotency",
+                outcome = Empty,
+                status = Empty,
+                grpc_status = Empty
+            );
+            end(&span, "/test.v1.Jobs/Send", call, outcome, response);
+        });
+        let lines = lines.lock().unwrap_or_else(PoisonError::into_inner);
+        String::from_utf8_lossy(&lines).into_owned()
+    }
+
+    struct Writer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Writer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_grpc_calls_line_names_its_code_never_the_http_status_it_travels_under() {
+        // Codes whose HTTP status maps back to another code (409 is ABORTED for the layer's
+        // own answers; 400 is INVALID_ARGUMENT): the line must take the method's.
+        let exists = super::into_http::<()>(Err(tonic::Status::already_exists("paid before")));
+        let stored = StoredResponse {
+            status: 400,
+            headers: vec![("content-type".to_owned(), GRPC_STATUS.to_owned())],
+            body: prost::Message::encode_to_vec(&StoredStatus {
+                code: tonic::Code::OutOfRange as i32,
+                message: "past the last page".to_owned(),
+                details: bytes::Bytes::new(),
+            }),
+        };
+        let base = crate::problem::DEFAULT_PROBLEM_TYPE_BASE;
+        let cases = [
+            (
+                "the method's status",
+                Outcome::Executed,
+                exists,
+                "ALREADY_EXISTS",
+            ),
+            (
+                "a replay",
+                Outcome::Replayed,
+                crate::replay::replay(stored),
+                "OUT_OF_RANGE",
+            ),
+            (
+                "the method's message",
+                Outcome::Executed,
+                super::into_http::<()>(Ok(tonic::Response::new(()))),
+                "OK",
+            ),
+            (
+                "the layer's 422",
+                Outcome::Mismatch,
+                ProblemKind::KeyReused
+                    .problem_under(base, "reused")
+                    .into_response(),
+                "FAILED_PRECONDITION",
+            ),
+            (
+                "the layer's 503",
+                Outcome::Failed,
+                ProblemKind::StoreUnavailable
+                    .problem_under(base, "down")
+                    .into_response(),
+                "UNAVAILABLE",
+            ),
+        ];
+        for (what, outcome, response, code) in cases {
+            let line = logged(Call::Grpc, outcome, response);
+            assert!(
+                line.contains(&format!("grpc_status={code}")) && !line.contains(" status="),
+                "{what}: {line}"
+            );
+        }
+        let line = logged(
+            Call::Http,
+            Outcome::Mismatch,
+            ProblemKind::KeyReused
+                .problem_under(base, "reused")
+                .into_response(),
+        );
+        assert!(
+            line.contains("status=422") && !line.contains("grpc_status"),
+            "an HTTP request: {line}"
+        );
     }
 }
