@@ -3,12 +3,13 @@
 //!
 //! The rewritten function is put together here from its parts, each generated in a module of
 //! its own: its parameters ([`params`]), the checks of `state = S` ([`state`]), the static
-//! of its settings ([`policy`]), and the claim around the original body ([`claim`]), each
+//! of its settings ([`policy`]), its key source ([`key`]), and the claim around the original body ([`claim`]), each
 //! naming `idem-runtime` through [`paths`]. What is emitted instead when the handler is refused
 //! is in [`refused`]. A tonic method's rewrite (`grpc/expand.rs`) is made of the same policy,
 //! claim and paths, and of [`claimed`], [`database`], [`leading_extractors`] and [`ty_span`].
 
 pub mod claim;
+pub mod key;
 mod params;
 pub mod paths;
 pub mod policy;
@@ -36,7 +37,7 @@ pub fn handler(args: &Args, handler: &Handler) -> TokenStream {
     let ident = &sig.ident;
     let (generics, _, where_clause) = sig.generics.split_for_impl();
     let signature = runtime_signature();
-    let marker = crate::key::marker(&args.key, args.key_optional.is_some(), &handler.item);
+    let marker = key::marker(&args.key, args.key_optional.is_some(), &handler.item);
     let (key_type, marker_item) =
         marker.map_or((None, None), |(ident, item)| (Some(ident), Some(item)));
     let params = params::params(args, handler, &signature, &db, key_type.as_ref());

@@ -1,16 +1,12 @@
 //! Where the handler's key comes from: `key_header = "webhook-id"`, `key_pointer = "/id"` (a
 //! field of the JSON body), `key_field = "request_id"` (a field of a tonic request message), or
 //! the `Idempotency-Key` header without them; and `key_optional`. Each checked here for its
-//! syntax; what they generate is here too, so that the source is written once.
+//! syntax; what they generate is in `expand/key.rs`.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use proc_macro2::Span;
 use syn::{LitStr, meta::ParseNestedMeta};
 
-use crate::{
-    expand::paths::{runtime, runtime_signature},
-    fields,
-};
+use crate::fields;
 
 /// The key's source, as the attribute gave it.
 #[derive(Default)]
@@ -108,70 +104,4 @@ pub fn field(meta: &ParseNestedMeta<'_>) -> syn::Result<KeyArg> {
         &ident.to_string(),
         lit.span(),
     )))
-}
-
-/// The source as `idem-runtime`'s `KeySource`.
-fn source(key: &KeyArg) -> TokenStream {
-    let runtime = runtime();
-    match key {
-        KeyArg::Standard => quote!(#runtime::KeySource::Standard),
-        KeyArg::Header(name, _) => quote!(#runtime::KeySource::Header(#name)),
-        KeyArg::Pointer(pointer, _) => quote!(#runtime::KeySource::BodyField(#pointer)),
-        KeyArg::Field(ident) => {
-            let name = ident.to_string();
-            let name = name.strip_prefix("r#").unwrap_or(&name);
-            quote!(#runtime::KeySource::MessageField(#name))
-        }
-    }
-}
-
-/// What the policy's static adds for a key elsewhere than `Idempotency-Key` or optional
-/// (`.__key(source, optional)`); nothing otherwise.
-pub fn policy(key: &KeyArg, optional: bool) -> Option<TokenStream> {
-    if matches!(key, KeyArg::Standard) && !optional {
-        return None;
-    }
-    let source = source(key);
-    Some(quote!(.__key(#source, #optional)))
-}
-
-/// The type that names an Axum handler's key source in its `Input` (see `KeyFrom`), and the
-/// item declaring it beside the handler: `None` for the `Idempotency-Key` header, required,
-/// which `Input` takes by default.
-pub fn marker(
-    key: &KeyArg,
-    optional: bool,
-    handler: &syn::ItemFn,
-) -> Option<(syn::Ident, TokenStream)> {
-    if matches!(key, KeyArg::Standard) && !optional {
-        return None;
-    }
-    let vis = &handler.vis;
-    let ident = format_ident!("__idem_key_of_{}", handler.sig.ident);
-    let source = source(key);
-    let (runtime, signature) = (runtime(), runtime_signature());
-    let doc = format!(
-        "Where `{}`'s idempotency key is, for its `Input`.",
-        handler.sig.ident
-    );
-    let item = quote! {
-        #[doc = #doc]
-        #[doc(hidden)]
-        #[allow(non_camel_case_types)]
-        #vis enum #ident {}
-        impl #signature::KeyFrom for #ident {
-            const SOURCE: #runtime::KeySource = #source;
-            const OPTIONAL: bool = #optional;
-        }
-    };
-    Some((ident, item))
-}
-
-/// The function a tonic method's `accept_keyed` reads the key field with, checked to be a
-/// field that can hold a key (`KeyField`) with the errors at the attribute's field name.
-pub fn field_reader(field: &syn::Ident, message: &syn::Type) -> TokenStream {
-    let runtime = runtime();
-    quote_spanned! {field.span()=>
-        |__idem_message: &#message| #runtime::grpc::KeyField::key_field(&__idem_message.#field)
-    }
 }

@@ -29,7 +29,7 @@ pub fn policy(
     let timeout = optional_secs(args.timeout.map(|(secs, _)| secs));
     let wait = optional_secs(args.wait);
     let body_fields = body_fields(&args.body_fields, private);
-    let key = crate::key::policy(&args.key, args.key_optional.is_some());
+    let key = super::key::policy(&args.key, args.key_optional.is_some());
     quote! {
         static __IDEM_POLICY: #private::HandlerPolicy = #private::HandlerPolicy::__new(
             #name,

@@ -12,12 +12,12 @@ use super::parse::is_async_trait;
 use crate::{
     args::Args,
     expand::{
-        claim, claimed, database, leading_extractors,
+        claim, claimed, database, key as key_expand, leading_extractors,
         paths::{runtime, runtime_private},
         policy, ty_span,
     },
     handler::Handler,
-    key::{self, KeyArg},
+    key::KeyArg,
 };
 
 /// The message of a `Request<Message>` type (the analysis checked it is one); the type
@@ -91,7 +91,7 @@ pub fn method(args: &Args, handler: &Handler, target: &Target) -> TokenStream {
     let attribute = &target.attribute;
     let accept = match &args.key {
         KeyArg::Field(field) => {
-            let reader = key::field_reader(field, message_of(request_ty));
+            let reader = key_expand::field_reader(field, message_of(request_ty));
             quote!(#private::grpc::accept_keyed::<#db, Self, _>(self, &__IDEM_POLICY, __idem_grpc, #reader))
         }
         _ => quote!(#private::grpc::accept::<#db, Self, _>(self, &__IDEM_POLICY, __idem_grpc)),
