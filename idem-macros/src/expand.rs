@@ -3,8 +3,8 @@
 //!
 //! The rewritten function is put together here from its parts, each generated in a module of
 //! its own: its parameters ([`params`]), the checks of `state = S` ([`state`]), the static
-//! of its settings ([`policy`]), its key source ([`key`]), and the claim around the original body ([`claim`]), each
-//! naming `idem-runtime` through [`paths`]. What is emitted instead when the handler is refused
+//! of its settings ([`policy`]), its key source ([`key`]), and the claim around the original
+//! body ([`claim`]), each naming `idem-runtime` through [`paths`]. What is emitted instead when the handler is refused
 //! is in [`refused`]. A tonic method's rewrite (`grpc/expand.rs`) is made of the same policy,
 //! claim and paths, and of [`claimed`], [`database`], [`leading_extractors`] and [`ty_span`].
 
