@@ -207,6 +207,16 @@ pub async fn receive_processor_event<DB: Sql>(
         return Ok(Json(serde_json::json!({"ignored": true})));
     }
     let credit = Credit::of(&delivery.value.data)?;
+    // A balance is a 64-bit sum: a credit that would take it past the largest one is refused,
+    // so that reading it back never fails.
+    let current = DB::balance(&mut **tx, &credit.tenant).await?;
+    if current.balance.checked_add(credit.amount).is_none() {
+        return Err(ApiError::Invalid(format!(
+            "`data.amount` would take the tenant's balance of {} past {}, the largest balance",
+            current.balance,
+            i64::MAX
+        )));
+    }
     DB::credit(tx, &delivery.id, &credit.tenant, credit.amount).await?;
     Ok(Json(serde_json::json!({"credited": credit.amount})))
 }
