@@ -54,6 +54,9 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A stored answer or step output is sealed and does not open with the store's keys.
+    #[error("a sealed value of idem_keys cannot be opened: {0}")]
+    Unopened(#[from] crate::seal::Unopened),
 }
 
 /// The variant and what it holds, but for the errors whose text is written for a person (a
@@ -67,9 +70,10 @@ impl std::fmt::Debug for Error {
             Self::Migrate(error) => f.debug_tuple("Migrate").field(error).finish(),
             Self::TimedOut { after } => f.debug_struct("TimedOut").field("after", after).finish(),
             Self::ReadOnly => f.write_str("ReadOnly"),
-            Self::Pooler { .. } | Self::Setup { .. } | Self::CorruptRow { .. } => {
-                std::fmt::Display::fmt(self, f)
-            }
+            Self::Pooler { .. }
+            | Self::Setup { .. }
+            | Self::CorruptRow { .. }
+            | Self::Unopened(_) => std::fmt::Display::fmt(self, f),
         }
     }
 }

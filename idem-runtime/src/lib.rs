@@ -184,6 +184,7 @@ mod record;
 mod replay;
 mod report;
 mod scope;
+pub mod seal;
 #[cfg(feature = "sqlite")]
 mod sqlite_file;
 mod steps;

@@ -79,6 +79,12 @@ pub enum ProblemKind {
     /// operator resumes the claim (the recovery settles it) or abandons it (the next retry
     /// runs), retries get the outcome.
     ClaimParked,
+    /// 500: this key's answer is stored sealed (encryption at rest), and it cannot be opened:
+    /// it was sealed with a key the service does not have (the key was rotated out too soon,
+    /// or lost), or its bytes were altered. The handler does not run (its first run happened),
+    /// nothing is stored, and no retry gets past it until the key is given back: no
+    /// `Retry-After`.
+    AnswerUnreadable,
 }
 
 impl ProblemKind {
@@ -93,7 +99,8 @@ impl ProblemKind {
             | Self::StoreNotSetUp
             | Self::CommitRefused
             | Self::StepFailed
-            | Self::ClaimParked => StatusCode::INTERNAL_SERVER_ERROR,
+            | Self::ClaimParked
+            | Self::AnswerUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
             Self::StoreUnavailable | Self::OutcomeUnknown | Self::HandlerTimedOut => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -134,6 +141,7 @@ impl ProblemKind {
             Self::HandlerTimedOut => "handlertimedout",
             Self::StepFailed => "stepfailed",
             Self::ClaimParked => "claimparked",
+            Self::AnswerUnreadable => "answerunreadable",
         }
     }
 
@@ -161,6 +169,7 @@ impl ProblemKind {
             Self::HandlerTimedOut => "The handler did not finish in time",
             Self::StepFailed => "A step of the handler could not be recorded",
             Self::ClaimParked => "The first request with this key needs a person",
+            Self::AnswerUnreadable => "The stored answer of this key cannot be opened",
         }
     }
 
@@ -291,7 +300,8 @@ mod tests {
             Some(OutcomeUnknown) => Some(HandlerTimedOut),
             Some(HandlerTimedOut) => Some(StepFailed),
             Some(StepFailed) => Some(ClaimParked),
-            Some(ClaimParked) => None,
+            Some(ClaimParked) => Some(AnswerUnreadable),
+            Some(AnswerUnreadable) => None,
         };
         std::iter::successors(after(None), |kind| after(Some(*kind))).collect()
     }

@@ -14,7 +14,7 @@ use crate::{
     attribute::attribute_duration,
     backend::Backend,
     problem::{DEFAULT_PROBLEM_TYPE_BASE, Problem, ProblemKind, Rebasable},
-    record::{KeyRecord, KeyStatus},
+    record::{KeyRecord, KeyRef, KeyStatus},
     replay,
 };
 
@@ -286,6 +286,7 @@ impl<DB: Backend> IdemRequest<DB> {
     pub(super) fn answer_existing(
         &self,
         record: KeyRecord,
+        key: &KeyRef,
         lease_left: Option<Duration>,
     ) -> Response {
         if record.fingerprint != self.fingerprint {
@@ -299,9 +300,10 @@ impl<DB: Backend> IdemRequest<DB> {
             );
         }
         match (record.status, record.response) {
-            (KeyStatus::Completed, Some(stored)) => {
-                self.end(Outcome::Replayed, replay::replay(stored))
-            }
+            (KeyStatus::Completed, Some(stored)) => match self.store.opened(stored, key) {
+                Ok(stored) => self.end(Outcome::Replayed, replay::replay(stored)),
+                Err(unopened) => self.answer_unreadable(&unopened),
+            },
             (KeyStatus::Started, _) => self.in_progress(lease_left),
             (KeyStatus::Parked, _) => self.end(
                 Outcome::Parked,
@@ -318,6 +320,24 @@ impl<DB: Backend> IdemRequest<DB> {
                 "a completed idempotency key has no stored response",
             )),
         }
+    }
+
+    /// 500: the key's stored answer is sealed and does not open; nothing runs or is stored.
+    /// The log names the key id it needs and the route, never the key.
+    pub(super) fn answer_unreadable(&self, unopened: &crate::seal::Unopened) -> Response {
+        tracing::error!(parent: &self.span, route = %self.route, key_id = unopened.key_id(), %unopened, "a stored answer cannot be opened: give the service the encryption key it was sealed with");
+        self.end(
+            Outcome::Failed,
+            self.problem(
+                ProblemKind::AnswerUnreadable,
+                format!(
+                    "this key's answer is stored sealed with the encryption key `{}`, and the \
+                     service cannot open it; the request is not run again",
+                    unopened.key_id()
+                ),
+            )
+            .into_response(),
+        )
     }
 
     /// 503: the handler ran past its `timeout` and was stopped.

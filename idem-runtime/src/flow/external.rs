@@ -142,7 +142,7 @@ impl<DB: Backend> ExternalClaim<DB> {
                 Ok(self)
             }
             Ok(Started::Found { record, lease_left }) => {
-                Err(self.request.answer_existing(record, lease_left))
+                Err(self.request.answer_existing(record, key, lease_left))
             }
             Ok(Started::Busy) => Err(self.request.in_progress(None)),
             Err(error) => Err(self.request.store_failed(&error)),

@@ -114,7 +114,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             // A finished key is answered without queueing for the single writer.
             match request.store.lookup(&key, deadline).await {
                 Ok(Some(record)) if record.status == KeyStatus::Completed => {
-                    return Acquired::Answer(request.answer_existing(record, None));
+                    return Acquired::Answer(request.answer_existing(record, &key, None));
                 }
                 Ok(_) => {}
                 Err(error) => return Acquired::Answer(request.store_failed(&error)),
@@ -184,7 +184,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 {
                     request.waited_since(options.wait, asked);
                 }
-                Acquired::Answer(request.answer_existing(record, None))
+                Acquired::Answer(request.answer_existing(record, &key, None))
             }
             Err(error) => Acquired::Answer(request.failed_to_claim(&error)),
         }
@@ -238,7 +238,7 @@ impl<'c, DB: Backend> Claim<'c, DB> {
                 Hold::Claiming(holding) => {
                     match request.store.lookup(key, request.store.deadline()).await {
                         Ok(Some(record)) if record.status == KeyStatus::Completed => {
-                            return Err(request.answer_existing(record, None));
+                            return Err(request.answer_existing(record, key, None));
                         }
                         Ok(_) => {}
                         Err(error) => return Err(request.store_failed(&error)),

@@ -357,10 +357,64 @@ impl<DB: Backend> Store<DB> {
         token: i64,
         deadline: Instant,
     ) -> Result<Vec<RecordedStep>, crate::error::Error> {
-        self.on_connection(deadline, async |conn| {
-            DB::recorded_steps(conn, key, token).await
-        })
-        .await
+        let steps = self
+            .on_connection(deadline, async |conn| {
+                DB::recorded_steps(conn, key, token).await
+            })
+            .await?;
+        Ok(self.opened_steps(steps, key)?)
+    }
+
+    /// `steps`, recorded under `key`, their outputs opened where they are sealed.
+    ///
+    /// # Errors
+    ///
+    /// [`Unopened`](crate::seal::Unopened) for a sealed output that does not open.
+    pub(crate) fn opened_steps(
+        &self,
+        steps: Vec<RecordedStep>,
+        key: &KeyRef,
+    ) -> Result<Vec<RecordedStep>, crate::seal::Unopened> {
+        crate::seal::open_steps(self.options.encryption_keys(), steps, key)
+    }
+
+    /// `response`, stored under `key`, opened where it is sealed.
+    ///
+    /// # Errors
+    ///
+    /// [`Unopened`](crate::seal::Unopened) when it is sealed and does not open.
+    pub(crate) fn opened(
+        &self,
+        response: crate::record::StoredResponse,
+        key: &KeyRef,
+    ) -> Result<crate::record::StoredResponse, crate::seal::Unopened> {
+        crate::seal::open_response(self.options.encryption_keys(), response, key)
+    }
+
+    /// `completion` as it is stored: its answer sealed where the store has keys.
+    fn sealed<'c>(
+        &self,
+        completion: &Completion<'c>,
+        sealed: &'c mut Option<crate::record::StoredResponse>,
+    ) -> Completion<'c> {
+        let mut completion = completion.clone();
+        if let Some(keys) = self.options.encryption_keys() {
+            completion.response =
+                sealed.insert(keys.seal_response(completion.response, completion.row.key));
+        }
+        completion
+    }
+
+    /// `steps` as they are recorded: their outputs sealed where the store has keys.
+    fn sealed_steps<'s>(
+        &self,
+        steps: &'s [RecordedStep],
+        key: &KeyRef,
+    ) -> std::borrow::Cow<'s, [RecordedStep]> {
+        match self.options.encryption_keys() {
+            Some(keys) => std::borrow::Cow::Owned(keys.seal_steps(steps, key)),
+            None => std::borrow::Cow::Borrowed(steps),
+        }
     }
 
     /// Completes the `started` row owned by `token`, in this process's turn to write; see
@@ -371,6 +425,8 @@ impl<DB: Backend> Store<DB> {
         token: i64,
         retention: Option<Duration>,
     ) -> Result<bool, crate::error::Error> {
+        let mut sealed = None;
+        let completion = &self.sealed(completion, &mut sealed);
         self.in_turn(async |conn| DB::complete_started(conn, completion, token, retention).await)
             .await
     }
@@ -421,6 +477,8 @@ impl<DB: Backend> Store<DB> {
         retention: Duration,
         deadline: Instant,
     ) -> Result<bool, crate::error::Error> {
+        let mut sealed = None;
+        let completion = &self.sealed(completion, &mut sealed);
         self.bounded(deadline, DB::complete(tx, completion, retention))
             .await
     }
@@ -468,7 +526,8 @@ impl<DB: Backend> Store<DB> {
         token: i64,
         steps: &[RecordedStep],
     ) -> Result<bool, crate::error::Error> {
-        DB::record_steps(conn, key, token, steps).await
+        let steps = self.sealed_steps(steps, key);
+        DB::record_steps(conn, key, token, &steps).await
     }
 
     /// Records `steps` on the `started` row owned by `token` (an external step's), in this
@@ -479,7 +538,8 @@ impl<DB: Backend> Store<DB> {
         token: i64,
         steps: &[RecordedStep],
     ) -> Result<bool, crate::error::Error> {
-        self.in_turn(async |conn| DB::record_steps(conn, key, token, steps).await)
+        let steps = self.sealed_steps(steps, key);
+        self.in_turn(async |conn| DB::record_steps(conn, key, token, &steps).await)
             .await
     }
 

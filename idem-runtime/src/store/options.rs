@@ -18,6 +18,7 @@ pub struct StoreOptions {
     acquire_timeout: Duration,
     database_timeout: Duration,
     problem_type_base: String,
+    encryption_keys: Option<crate::seal::EncryptionKeys>,
 }
 
 impl Default for StoreOptions {
@@ -29,6 +30,7 @@ impl Default for StoreOptions {
             acquire_timeout: Duration::from_secs(5),
             database_timeout: Duration::from_secs(10),
             problem_type_base: crate::problem::DEFAULT_PROBLEM_TYPE_BASE.to_owned(),
+            encryption_keys: None,
         }
     }
 }
@@ -73,6 +75,14 @@ impl StoreOptions {
     #[must_use]
     pub fn with_problem_type_base(mut self, base: impl Into<String>) -> Self {
         self.problem_type_base = base.into();
+        self
+    }
+
+    /// Sets [`StoreOptions::encryption_keys`]: every answer stored from now on is sealed with
+    /// the first of `keys`, and answers sealed with any of them open.
+    #[must_use]
+    pub fn with_encryption_keys(mut self, keys: crate::seal::EncryptionKeys) -> Self {
+        self.encryption_keys = Some(keys);
         self
     }
 
@@ -132,5 +142,11 @@ impl StoreOptions {
     /// `docs/problems.md`; point it at your own API documentation to publish them there.
     pub fn problem_type_base(&self) -> &str {
         &self.problem_type_base
+    }
+
+    /// The keys stored answers are sealed and opened with ([`crate::seal`]); `None` (the
+    /// default): answers are stored in the clear, and an answer found sealed does not open.
+    pub fn encryption_keys(&self) -> Option<&crate::seal::EncryptionKeys> {
+        self.encryption_keys.as_ref()
     }
 }

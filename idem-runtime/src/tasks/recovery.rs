@@ -246,6 +246,15 @@ impl<DB: Backend> Store<DB> {
         } in claims
         {
             report.oldest = report.oldest.max(age);
+            let steps = match self.opened_steps(steps, &key) {
+                Ok(steps) => steps,
+                Err(unopened) => {
+                    // Left reclaimed: its lease runs out, and the rounds that follow count it
+                    // until it is parked for a person, as a claim the hook cannot settle is.
+                    tracing::error!(key_id = unopened.key_id(), %unopened, "an abandoned claim's recorded steps cannot be opened: give the service the encryption key they were sealed with");
+                    continue;
+                }
+            };
             let claim = AbandonedClaim {
                 scope: key.scope.clone(),
                 method: method.clone(),
