@@ -37,19 +37,18 @@ pub fn handler(args: &Args, handler: &Handler) -> TokenStream {
     let ident = &sig.ident;
     let (generics, _, where_clause) = sig.generics.split_for_impl();
     let signature = runtime_signature();
-    let marker = key::marker(&args.key, args.key_optional.is_some(), &handler.item);
-    let (key_type, marker_item) =
-        marker.map_or((None, None), |(ident, item)| (Some(ident), Some(item)));
+    let marker = key::marker(&args.key, args.key_optional.is_some());
+    let (key_type, key_registration) = marker.unzip();
     let params = params::params(args, handler, &signature, &db, key_type.as_ref());
     let state_checks = state::checks(args, handler, &signature, &db);
     let policy = policy::policy(args, handler, &private, None);
     let claimed = claimed(handler, &private, &db, claim::Protocol::Http);
     quote! {
-        #marker_item
         #(#attrs)*
         #vis async fn #ident #generics (#params) -> #private::Response #where_clause {
             #state_checks
             #policy
+            #key_registration
             #claimed
         }
     }

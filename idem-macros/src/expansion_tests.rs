@@ -90,12 +90,12 @@ const CASES: &[(&str, &str)] = &[
         "#,
     ),
     (
-        "grpc_key_field",
+        "grpc_key_field_a_keyword",
         r#"
         #[grpc]
         #[tonic::async_trait]
         impl<DB: Sql> Payments for PaymentsApi<DB> {
-            #[idempotent(scope = "tenant", key_field = "request_id")]
+            #[idempotent(scope = "tenant", key_field = "type")]
             async fn create_payment(
                 &self,
                 tenant: Tenant,

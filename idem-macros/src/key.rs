@@ -89,7 +89,7 @@ pub fn pointer(meta: &ParseNestedMeta<'_>) -> syn::Result<KeyArg> {
 pub fn field(meta: &ParseNestedMeta<'_>) -> syn::Result<KeyArg> {
     let lit = literal(meta, "key_field", "request_id")?;
     let name = lit.value();
-    let ident = syn::parse_str::<syn::Ident>(&name)
+    let mut ident = syn::parse_str::<syn::Ident>(&name)
         .or_else(|_| syn::parse_str::<syn::Ident>(&format!("r#{name}")))
         .map_err(|_| {
             syn::Error::new(
@@ -100,8 +100,7 @@ pub fn field(meta: &ParseNestedMeta<'_>) -> syn::Result<KeyArg> {
                 ),
             )
         })?;
-    Ok(KeyArg::Field(syn::Ident::new(
-        &ident.to_string(),
-        lit.span(),
-    )))
+    // A keyword (`type`) is the raw identifier prost makes of it (`r#type`).
+    ident.set_span(lit.span());
+    Ok(KeyArg::Field(ident))
 }

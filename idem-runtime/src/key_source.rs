@@ -177,13 +177,11 @@ fn grpc_metadata_detail(error: &KeyError) -> String {
 
 /// Where an Axum handler's key comes from, named by a type in its signature
 /// ([`Input`](crate::signature::Input)'s third parameter): the key is read while the request is
-/// extracted, before the handler's last extractor runs. `#[idempotent]` writes one for a
-/// handler with `key_header`, `key_pointer` or `key_optional`.
+/// extracted, before the handler's last extractor runs.
 pub trait KeyFrom {
-    /// Where the key is.
-    const SOURCE: KeySource;
-    /// Whether a request without a key runs, unprotected, instead of being refused (400).
-    const OPTIONAL: bool;
+    /// Where the key is, and whether a request without one runs, unprotected, instead of
+    /// being refused (400).
+    fn rule() -> (KeySource, bool);
 }
 
 /// The `Idempotency-Key` header, required: the default.
@@ -191,8 +189,56 @@ pub trait KeyFrom {
 pub enum StandardKey {}
 
 impl KeyFrom for StandardKey {
-    const SOURCE: KeySource = KeySource::Standard;
-    const OPTIONAL: bool = false;
+    fn rule() -> (KeySource, bool) {
+        (KeySource::Standard, false)
+    }
+}
+
+/// The key source `#[idempotent]` registered under `ID` for a handler with `key_header`,
+/// `key_pointer` or `key_optional` (a [`KeySpec`] in the handler's body): a number in the
+/// type, so that the handler needs no item beside it and may be an associated function.
+#[derive(Debug)]
+pub enum KeyAt<const ID: u64> {}
+
+impl<const ID: u64> KeyFrom for KeyAt<ID> {
+    fn rule() -> (KeySource, bool) {
+        let found = specs().get(&ID).copied();
+        found.expect("#[idempotent] registers the key source its handler's signature names")
+    }
+}
+
+/// What the macro registers for a handler's key source; not an API.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct KeySpec {
+    /// The number the handler's `KeyAt` names.
+    pub id: u64,
+    /// Where the key is.
+    pub source: KeySource,
+    /// Whether it is optional.
+    pub optional: bool,
+}
+
+inventory::collect!(KeySpec);
+
+/// Every registered key source by its number. Two sources under one number (the macro's
+/// 64-bit hash of the source colliding) would be a bug of the macro: refused loudly.
+fn specs() -> &'static std::collections::HashMap<u64, (KeySource, bool)> {
+    static SPECS: std::sync::OnceLock<std::collections::HashMap<u64, (KeySource, bool)>> =
+        std::sync::OnceLock::new();
+    SPECS.get_or_init(|| {
+        let mut specs = std::collections::HashMap::new();
+        for spec in inventory::iter::<KeySpec> {
+            let rule = (spec.source, spec.optional);
+            let known = *specs.entry(spec.id).or_insert(rule);
+            assert_eq!(
+                known, rule,
+                "two key sources share the number {:#x}: rename one handler's argument",
+                spec.id
+            );
+        }
+        specs
+    })
 }
 
 #[cfg(feature = "grpc")]

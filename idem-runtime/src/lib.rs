@@ -278,6 +278,7 @@ pub mod __private {
     pub use crate::flow::{
         Acquired, Attempt, Claim, ExternalClaim, Limit, StoredScope, run_until, typed_body,
     };
+    pub use crate::key_source::KeySpec;
     pub use crate::policy::{HandlerPolicy, KeyScope, Mode, Registered};
     pub use idem_key::BodyFields;
     pub use inventory;

@@ -8,9 +8,9 @@
 /// that provides the store (`Store<DB>: FromRef<S>`).
 pub use crate::flow::Input;
 
-/// Where a handler's key is, named by the third parameter of [`Input`]: `#[idempotent]` writes
-/// one beside a handler with `key_header`, `key_pointer` or `key_optional`.
-pub use crate::key_source::{KeyFrom, StandardKey};
+/// Where a handler's key is, named by the third parameter of [`Input`]: `#[idempotent]` names
+/// a [`KeyAt`] for a handler with `key_header`, `key_pointer` or `key_optional`.
+pub use crate::key_source::{KeyAt, KeyFrom, StandardKey};
 
 /// The check that `#[idempotent(state = S)]`'s state provides the store names Axum's own trait,
 /// so that its error is the missing `FromRef` impl alone.

@@ -34,6 +34,9 @@ mod grpc_service;
 #[path = "pass/impl_into_response.rs"]
 mod impl_into_response;
 #[rustfmt::skip]
+#[path = "pass/key_sources.rs"]
+mod key_sources;
+#[rustfmt::skip]
 #[path = "pass/path_and_json.rs"]
 mod path_and_json;
 #[rustfmt::skip]
@@ -67,6 +70,7 @@ fn each_accepted_shape_compiles_and_is_routed() {
     global_and_minimal::main();
     grpc_service::main();
     impl_into_response::main();
+    key_sources::main();
     path_and_json::main();
     readme::main();
     result_with_question_mark::main();

@@ -3,9 +3,9 @@
 //! field.
 
 use proc_macro2::TokenStream;
-use quote::{format_ident, quote, quote_spanned};
+use quote::{quote, quote_spanned};
 
-use super::paths::{runtime, runtime_signature};
+use super::paths::{runtime, runtime_private, runtime_signature};
 use crate::key::KeyArg;
 
 /// The source as `idem-runtime`'s `KeySource`.
@@ -33,36 +33,41 @@ pub fn policy(key: &KeyArg, optional: bool) -> Option<TokenStream> {
     Some(quote!(.__key(#source, #optional)))
 }
 
-/// The type that names an Axum handler's key source in its `Input` (see `KeyFrom`), and the
-/// item declaring it beside the handler: `None` for the `Idempotency-Key` header, required,
-/// which `Input` takes by default.
-pub fn marker(
-    key: &KeyArg,
-    optional: bool,
-    handler: &syn::ItemFn,
-) -> Option<(syn::Ident, TokenStream)> {
+/// The type that names an Axum handler's key source in its `Input` (`KeyAt<number>`), and the
+/// registration of that number's source, written in the handler's body: no item beside the
+/// handler, which may then be an associated function. `None` for the `Idempotency-Key`
+/// header, required, which `Input` takes by default.
+pub fn marker(key: &KeyArg, optional: bool) -> Option<(TokenStream, TokenStream)> {
     if matches!(key, KeyArg::Standard) && !optional {
         return None;
     }
-    let vis = &handler.vis;
-    let ident = format_ident!("__idem_key_of_{}", handler.sig.ident);
     let source = source(key);
-    let (runtime, signature) = (runtime(), runtime_signature());
-    let doc = format!(
-        "Where `{}`'s idempotency key is, for its `Input`.",
-        handler.sig.ident
-    );
-    let item = quote! {
-        #[doc = #doc]
-        #[doc(hidden)]
-        #[allow(non_camel_case_types)]
-        #vis enum #ident {}
-        impl #signature::KeyFrom for #ident {
-            const SOURCE: #runtime::KeySource = #source;
-            const OPTIONAL: bool = #optional;
+    let id = spec_id(key, optional);
+    let (private, signature) = (runtime_private(), runtime_signature());
+    let ty = quote!(#signature::KeyAt<#id>);
+    let registration = quote! {
+        #private::inventory::submit! {
+            #private::KeySpec { id: #id, source: #source, optional: #optional }
         }
     };
-    Some((ident, item))
+    Some((ty, registration))
+}
+
+/// The number a key source is registered under: FNV-1a over what tells two sources apart, the
+/// same for every handler with the same source.
+fn spec_id(key: &KeyArg, optional: bool) -> u64 {
+    let text = match key {
+        KeyArg::Standard => "standard".to_owned(),
+        KeyArg::Header(name, _) => format!("header\0{name}"),
+        KeyArg::Pointer(pointer, _) => format!("body\0{pointer}"),
+        KeyArg::Field(ident) => format!("field\0{ident}"),
+    };
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes().chain([u8::from(optional)]) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
 }
 
 /// The function a tonic method's `accept_keyed` reads the key field with, checked to be a

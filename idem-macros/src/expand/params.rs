@@ -14,7 +14,7 @@ pub fn params(
     handler: &Handler,
     signature: &TokenStream,
     db: &TokenStream,
-    key: Option<&syn::Ident>,
+    key: Option<&TokenStream>,
 ) -> TokenStream {
     let state_pin = args.state.as_ref().map(|state| state_pin(state, signature));
     let extractors = leading_extractors(handler).iter().map(|arg| quote!(#arg));
@@ -34,12 +34,12 @@ fn state_pin(state: &syn::Type, signature: &TokenStream) -> TokenStream {
 /// The last extractor wrapped in `Input`, which takes the key and the body first and hands
 /// over the request (`__idem_request`); `Input<()>` when the handler has no extractor. A key
 /// elsewhere than `Idempotency-Key`, or optional, is named by the type `key` (see
-/// `crate::key::marker`).
+/// `expand::key::marker`).
 fn input(
     handler: &Handler,
     signature: &TokenStream,
     db: &TokenStream,
-    key: Option<&syn::Ident>,
+    key: Option<&TokenStream>,
 ) -> TokenStream {
     let key = key.map(|key| quote!(, #key));
     match handler.extractors.last() {

@@ -1,19 +1,13 @@
-///Where `notify`'s idempotency key is, for its `Input`.
-#[doc(hidden)]
-#[allow(non_camel_case_types)]
-pub enum __idem_key_of_notify {}
-impl ::idem_runtime::signature::KeyFrom for __idem_key_of_notify {
-    const SOURCE: ::idem_runtime::KeySource = ::idem_runtime::KeySource::BodyField(
-        "/request_id",
-    );
-    const OPTIONAL: bool = true;
-}
 pub async fn notify(
     ::idem_runtime::signature::Input {
         value: Json(body),
         request: __idem_request,
         ..
-    }: ::idem_runtime::signature::Input<Json<Value>, Sqlite, __idem_key_of_notify>,
+    }: ::idem_runtime::signature::Input<
+        Json<Value>,
+        Sqlite,
+        ::idem_runtime::signature::KeyAt<15932227148644786370u64>,
+    >,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(
             "notify",
@@ -30,6 +24,10 @@ pub async fn notify(
         .__key(::idem_runtime::KeySource::BodyField("/request_id"), true);
     ::idem_runtime::__private::inventory::submit! {
         ::idem_runtime::__private::Registered(& __IDEM_POLICY)
+    }
+    ::idem_runtime::__private::inventory::submit! {
+        ::idem_runtime::__private::KeySpec { id : 15932227148644786370u64, source :
+        ::idem_runtime::KeySource::BodyField("/request_id"), optional : true }
     }
     let __idem_span = __idem_request.span();
     ::idem_runtime::__private::Instrument::instrument(

@@ -1,20 +1,14 @@
-///Where `receive`'s idempotency key is, for its `Input`.
-#[doc(hidden)]
-#[allow(non_camel_case_types)]
-enum __idem_key_of_receive {}
-impl ::idem_runtime::signature::KeyFrom for __idem_key_of_receive {
-    const SOURCE: ::idem_runtime::KeySource = ::idem_runtime::KeySource::Header(
-        "webhook-id",
-    );
-    const OPTIONAL: bool = false;
-}
 async fn receive(
     endpoint: ProcessorWebhooks,
     ::idem_runtime::signature::Input {
         value: Verified(event),
         request: __idem_request,
         ..
-    }: ::idem_runtime::signature::Input<Verified<Event>, Postgres, __idem_key_of_receive>,
+    }: ::idem_runtime::signature::Input<
+        Verified<Event>,
+        Postgres,
+        ::idem_runtime::signature::KeyAt<14655353244370692571u64>,
+    >,
 ) -> ::idem_runtime::__private::Response {
     static __IDEM_POLICY: ::idem_runtime::__private::HandlerPolicy = ::idem_runtime::__private::HandlerPolicy::__new(
             "receive",
@@ -31,6 +25,10 @@ async fn receive(
         .__key(::idem_runtime::KeySource::Header("webhook-id"), false);
     ::idem_runtime::__private::inventory::submit! {
         ::idem_runtime::__private::Registered(& __IDEM_POLICY)
+    }
+    ::idem_runtime::__private::inventory::submit! {
+        ::idem_runtime::__private::KeySpec { id : 14655353244370692571u64, source :
+        ::idem_runtime::KeySource::Header("webhook-id"), optional : false }
     }
     let __idem_span = __idem_request.span();
     ::idem_runtime::__private::Instrument::instrument(

@@ -220,6 +220,18 @@ pub(crate) trait Storage: SharedStorage + Inspection {
         start: &'c Start<'c>,
     ) -> impl Future<Output = Result<Started, crate::error::Error>> + Send + 'c;
 
+    /// Begins the transaction of a handler whose request has no key (`key_optional`): as a
+    /// claim's would begin (its isolation level, and where the database has them its statement
+    /// and idle timeouts), claiming nothing. By default [`begin_write`](Self::begin_write).
+    fn begin_handler(
+        conn: &mut Self::Connection,
+        statement_timeout: Option<Duration>,
+        idle_timeout: Duration,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, crate::error::Error>> + Send {
+        let _ = (statement_timeout, idle_timeout);
+        Self::begin_write(conn)
+    }
+
     /// Begins a transaction on `conn` that is going to write: a plain `BEGIN`, written once
     /// here for every database; SQLite's takes its write lock at once (`BEGIN IMMEDIATE`), so
     /// that a transaction that reads first cannot fail to upgrade its lock later.

@@ -570,6 +570,15 @@ async fn start_claim(
 }
 
 impl Storage for MySql {
+    async fn begin_handler(
+        conn: &mut MySqlConnection,
+        _statement_timeout: Option<Duration>,
+        _idle_timeout: Duration,
+    ) -> Result<Transaction<'_, MySql>, crate::error::Error> {
+        // At the claim's isolation level, READ COMMITTED, not the server's default.
+        Ok(Transaction::begin(conn, Some(BEGIN.into_sql_str())).await?)
+    }
+
     /// Only the request's key counts. MySQL has no timeout that ends with a transaction: a
     /// session setting would outlive it on the pooled connection; the store's deadline closes
     /// the connection instead. The point a 5xx's writes are undone to comes after the claim's

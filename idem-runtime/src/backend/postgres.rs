@@ -215,17 +215,28 @@ fn in_failed_transaction(error: &sqlx::Error) -> bool {
 /// and begins again), sets its timeouts, and tries the key's lock, marking the transaction when
 /// the lock is taken.
 fn begin_claim_sql(begin: &str, request: &ClaimRequest<'_>) -> sqlx::AssertSqlSafe<String> {
-    // The timeouts go in the same round trip, and end with the transaction.
-    let timeout = request.statement_timeout.map_or(String::new(), |limit| {
-        format!("SET LOCAL statement_timeout = {};", millis(limit))
-    });
     sqlx::AssertSqlSafe(format!(
-        "{begin}; {timeout} SET LOCAL idle_in_transaction_session_timeout = {}; \
-         SELECT CASE WHEN pg_try_advisory_xact_lock({lock}) \
+        "{}; SELECT CASE WHEN pg_try_advisory_xact_lock({lock}) \
          THEN set_config('idem.claim', '{lock}', true) END",
-        millis(request.idle_timeout),
+        begin_handler_sql(begin, request.statement_timeout, request.idle_timeout),
         lock = request.key.lock_id
     ))
+}
+
+/// `begin`, and the handler transaction's timeouts, in the same round trip: they end with the
+/// transaction.
+fn begin_handler_sql(
+    begin: &str,
+    statement_timeout: Option<Duration>,
+    idle_timeout: Duration,
+) -> String {
+    let timeout = statement_timeout.map_or(String::new(), |limit| {
+        format!("SET LOCAL statement_timeout = {};", millis(limit))
+    });
+    format!(
+        "{begin}; {timeout} SET LOCAL idle_in_transaction_session_timeout = {}",
+        millis(idle_timeout)
+    )
 }
 
 /// What the claim statement found.
@@ -270,6 +281,15 @@ async fn claim(conn: &mut PgConnection, key: &KeyRef) -> Result<Claimed, crate::
 }
 
 impl Storage for Postgres {
+    async fn begin_handler(
+        conn: &mut PgConnection,
+        statement_timeout: Option<Duration>,
+        idle_timeout: Duration,
+    ) -> Result<Transaction<'_, Postgres>, crate::error::Error> {
+        let begin = sqlx::AssertSqlSafe(begin_handler_sql(BEGIN, statement_timeout, idle_timeout));
+        Ok(Transaction::begin(conn, Some(begin.into_sql_str())).await?)
+    }
+
     /// The request's `undo_point` asks nothing here: a 5xx's writes are undone by rolling back
     /// and claiming again (`undo_handler`).
     async fn begin_claim<'c>(

@@ -45,17 +45,18 @@ pub struct Input<T, DB: Backend, K = StandardKey> {
     key: std::marker::PhantomData<fn() -> K>,
 }
 
-/// The request's key from `K`'s source: `Ok(None)` for a request without one where the key is
+/// The request's key from its source: `Ok(None)` for a request without one where the key is
 /// optional, the 400 to answer where it is missing or malformed.
-fn take_key<K: KeyFrom>(
+fn take_key(
+    (source, optional): (KeySource, bool),
     headers: &http::HeaderMap,
     body: &[u8],
     base: &str,
 ) -> Result<Option<idem_key::IdempotencyKey>, Response> {
-    match K::SOURCE.take_http(headers, body) {
+    match source.take_http(headers, body) {
         Ok(key) => Ok(Some(key)),
-        Err(refused) if refused.missing && K::OPTIONAL => Ok(None),
-        Err(refused) => Err(key_problem(K::SOURCE, &refused, base)),
+        Err(refused) if refused.missing && optional => Ok(None),
+        Err(refused) => Err(key_problem(source, &refused, base)),
     }
 }
 
@@ -95,10 +96,11 @@ where
     let base = store.options().problem_type_base();
     // A key in a header is looked at before the body is read: a request without one is
     // refused without reading a body it may not need.
-    let in_body = matches!(K::SOURCE, KeySource::BodyField(_));
+    let rule = K::rule();
+    let in_body = matches!(rule.0, KeySource::BodyField(_));
     let mut key = None;
     if !in_body {
-        key = take_key::<K>(&parts.headers, &[], base)
+        key = take_key(rule, &parts.headers, &[], base)
             .map_err(|problem| end(&span, &route, Call::Http, Outcome::Rejected, problem))?;
     }
     let limit = store.options().max_request_body();
@@ -123,7 +125,7 @@ where
         }
     };
     if in_body {
-        key = take_key::<K>(&parts.headers, &bytes, base)
+        key = take_key(rule, &parts.headers, &bytes, base)
             .map_err(|problem| end(&span, &route, Call::Http, Outcome::Rejected, problem))?;
     }
     let fingerprint = Fingerprint::of(&parts.method, &path, &parts.headers, &bytes);

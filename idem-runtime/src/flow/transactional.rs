@@ -202,7 +202,12 @@ impl<'c, DB: Backend> Claim<'c, DB> {
             Ok(permit) => permit,
             Err(error) => return Acquired::Answer(request.store_failed(&error)),
         };
-        match request.store.begin_unprotected(slot, deadline).await {
+        let statement_timeout = options.timeout.map(|limit| limit * 2);
+        match request
+            .store
+            .begin_unprotected(slot, statement_timeout, deadline)
+            .await
+        {
             Ok((tx, settle)) => Acquired::Claimed(Self {
                 tx,
                 settle,

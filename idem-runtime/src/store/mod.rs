@@ -276,15 +276,22 @@ impl<DB: Backend> Store<DB> {
 
     /// Begins the transaction of a request that runs without a key (`key_optional`) on a
     /// connection put into `slot`, as [`begin_claim`](Self::begin_claim) begins a claiming
-    /// one, but claiming nothing.
+    /// one (its isolation level and timeouts), but claiming nothing.
     pub(crate) async fn begin_unprotected<'c>(
         &self,
         slot: &'c mut Option<Checkout<DB>>,
+        statement_timeout: Option<Duration>,
         deadline: Instant,
     ) -> Result<(sqlx::Transaction<'c, DB>, Settle<'c>), crate::error::Error> {
         let checkout = slot.insert(self.checkout(deadline).await?);
         let (conn, settle) = checkout.parts();
-        let tx = self.bounded(deadline, DB::begin_write(conn)).await?;
+        let idle_timeout = self.options.database_timeout();
+        let tx = self
+            .bounded(
+                deadline,
+                DB::begin_handler(conn, statement_timeout, idle_timeout),
+            )
+            .await?;
         Ok((tx, settle))
     }
 

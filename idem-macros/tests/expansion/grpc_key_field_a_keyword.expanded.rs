@@ -24,7 +24,7 @@ impl<DB: Sql> Payments for PaymentsApi<DB> {
                 > as ::idem_runtime::__private::grpc::tonic::server::NamedService>::NAME,
                 "CreatePayment",
             )
-            .__key(::idem_runtime::KeySource::MessageField("request_id"), false);
+            .__key(::idem_runtime::KeySource::MessageField("type"), false);
         ::idem_runtime::__private::inventory::submit! {
             ::idem_runtime::__private::Registered(& __IDEM_POLICY)
         }
@@ -46,7 +46,7 @@ impl<DB: Sql> Payments for PaymentsApi<DB> {
             &__IDEM_POLICY,
             __idem_grpc,
             |__idem_message: &CreatePaymentRequest| ::idem_runtime::grpc::KeyField::key_field(
-                &__idem_message.request_id,
+                &__idem_message.r#type,
             ),
         ) {
             ::core::result::Result::Ok(__idem_accepted) => __idem_accepted,
