@@ -1,9 +1,11 @@
 //! The webhook receiver over real `payments` processes on one database, as behind a load
 //! balancer: the same delivery sent to two processes at once credits once per `webhook-id`,
 //! and while one process runs an id the other answers 409 with `Retry-After` (SQLite: it waits
-//! for the file's write lock, then replays); a delivery whose process was SIGKILLed in flight
-//! runs again when redelivered to a new process (its claim died with its transaction) and
-//! credits once; a tenant can neither authenticate as the webhook scope nor, with an
+//! for the file's write lock, and then one of the two applies the credit and the other replays
+//! it); a delivery whose process was SIGKILLed in flight runs again when redelivered to a new
+//! process and credits once (PostgreSQL, MySQL: its claim died with its transaction; SQLite:
+//! the claim, waiting for the write lock, never reached the file, and the key's hold died with
+//! the process); a tenant can neither authenticate as the webhook scope nor, with an
 //! `Idempotency-Key` equal to a delivery's id, keep that delivery from crediting; and forged
 //! deliveries sent beside genuine ones under the same ids are all refused, store nothing and
 //! leave each genuine id to credit once.
