@@ -55,17 +55,8 @@ impl Blocker {
                     .await
                     .unwrap();
                 let first = send_first();
-                wait_until("the first payment to wait for the table lock", || async {
-                    sqlx::query_scalar::<_, i64>(
-                        "SELECT count(*) FROM pg_locks \
-                         WHERE relation = 'payments'::regclass AND NOT granted \
-                         AND database = (SELECT oid FROM pg_database \
-                                         WHERE datname = current_database())",
-                    )
-                    .fetch_one(pool)
-                    .await
-                    .unwrap()
-                        > 0
+                wait_until("the first payment to wait for the table lock", || {
+                    database.waits_for_a_lock_on("payments")
                 })
                 .await;
                 Some((Self::Postgres(tx), first))
@@ -79,16 +70,8 @@ impl Blocker {
                 let first = send_first();
                 // The handler's INSERT waits for the table's metadata lock, inside the
                 // transaction that claimed the key (from another connection of the pool).
-                wait_until("the first payment to wait for the table lock", || async {
-                    sqlx::query_scalar::<_, i64>(
-                        "SELECT count(*) FROM information_schema.processlist \
-                         WHERE db = DATABASE() AND state = 'Waiting for table metadata lock' \
-                         AND info LIKE 'INSERT INTO payments%'",
-                    )
-                    .fetch_one(pool)
-                    .await
-                    .unwrap()
-                        > 0
+                wait_until("the first payment to wait for the table lock", || {
+                    database.waits_for_a_lock_on("payments")
                 })
                 .await;
                 Some((Self::MySql(locked), first))

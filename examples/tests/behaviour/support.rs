@@ -67,6 +67,38 @@ impl Database {
         .expect("a count")
     }
 
+    /// Whether a statement of another session waits for a lock on `table` (a fixed name from
+    /// the tests), as a test that holds one sees its request arrive there: PostgreSQL's
+    /// ungranted locks of this database; MySQL's `INSERT INTO {table}` waiting for the
+    /// table's metadata lock. Never on SQLite, whose only lock is the file's.
+    pub async fn waits_for_a_lock_on(&self, table: &str) -> bool {
+        let waiting = match self {
+            Self::Postgres { pool, .. } => {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM pg_locks \
+                     WHERE relation = to_regclass($1) AND NOT granted \
+                     AND database = (SELECT oid FROM pg_database \
+                                     WHERE datname = current_database())",
+                )
+                .bind(table)
+                .fetch_one(pool)
+                .await
+            }
+            Self::MySql { pool, .. } => {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM information_schema.processlist \
+                     WHERE db = DATABASE() AND state = 'Waiting for table metadata lock' \
+                     AND info LIKE CONCAT('INSERT INTO ', ?, '%')",
+                )
+                .bind(table)
+                .fetch_one(pool)
+                .await
+            }
+            Self::Sqlite { .. } => return false,
+        };
+        waiting.expect("the waiting sessions") > 0
+    }
+
     /// The length of `key`'s lease, in milliseconds, as its claim set it.
     pub async fn lease_ms(&self, key: &str) -> i64 {
         match self {

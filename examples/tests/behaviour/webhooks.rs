@@ -7,7 +7,10 @@
 //! acknowledged and not applied; and the simulated processor's own deliveries, redelivered
 //! after a timeout and after a lost answer, then replayed on purpose, credit once, and so do
 //! the two binaries run side by side, as the README runs them. Also: both binaries refuse a
-//! malformed `WEBHOOK_SECRET` at start.
+//! malformed `WEBHOOK_SECRET` at start. Deliveries over two processes, to a process killed
+//! mid-delivery, beside a tenant using their ids and beside forged ones: [`processes`].
+
+mod processes;
 
 use std::sync::{Arc, Mutex};
 
@@ -78,6 +81,13 @@ impl<'a> Webhook<'a> {
     }
 
     async fn send(&self, client: &Client, base: &str) -> Response {
+        self.try_send(client, base)
+            .await
+            .expect("the service answers")
+    }
+
+    /// [`Webhook::send`], for a test in which the service may die before it answers.
+    async fn try_send(&self, client: &Client, base: &str) -> reqwest::Result<Response> {
         let mut request = client
             .post(format!("{base}/v1/webhooks/processor"))
             .header("content-type", "application/json")
@@ -91,7 +101,7 @@ impl<'a> Webhook<'a> {
         if let Some(signature) = &self.signature {
             request = request.header("webhook-signature", signature);
         }
-        request.send().await.expect("the service answers")
+        request.send().await
     }
 }
 
