@@ -439,15 +439,20 @@ fn key_parameter(name: &str, required: Required) -> utoipa::openapi::path::Param
     } else {
         " Optional: a request without it runs once, unprotected."
     };
+    let chosen_by = if name.eq_ignore_ascii_case("Idempotency-Key") {
+        "A new UUID for each operation is best."
+    } else {
+        "The sender's id of the delivery or operation, the same on every redelivery of it."
+    };
     ParameterBuilder::new()
         .name(name)
         .parameter_in(ParameterIn::Header)
         .required(required)
         .description(Some(format!(
             "A key unique to this operation, sent unchanged on every retry of it: 1 to 255 \
-             visible ASCII characters, bare or as a Structured Field String (`\"…\"`). A new \
-             UUID for each operation is best. (Quoted, with `\\\"` and `\\\\` escapes, it may be up to \
-             512 characters long.){optional}",
+             visible ASCII characters, bare or as a Structured Field String (`\"…\"`). \
+             {chosen_by} (Quoted, with `\\\"` and `\\\\` escapes, it may be up to 512 characters \
+             long.){optional}",
         )))
         .schema(Some(
             ObjectBuilder::new()
