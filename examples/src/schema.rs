@@ -182,7 +182,7 @@ CREATE TABLE IF NOT EXISTS shipments (
     FOREIGN KEY (order_id) REFERENCES orders (id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 CREATE TABLE IF NOT EXISTS balance_credits (
-    webhook_id VARBINARY(255) NOT NULL,
+    webhook_id VARBINARY(512) NOT NULL,
     tenant     VARBINARY(255) NOT NULL,
     amount     BIGINT         NOT NULL CHECK (amount > 0),
     created_at DATETIME(6)    NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
