@@ -394,3 +394,160 @@ fn check_id(id: &str) -> Result<(), KeysError> {
         Err(KeysError::BadId { id: id.to_owned() })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(text: &str) -> EncryptionKeys {
+        EncryptionKeys::parse(text).expect("valid keys")
+    }
+
+    /// `k1`: 32 bytes of 1, `k2`: 32 bytes of 2, in base64.
+    const K1: &str = "k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+    const K2: &str = "k2:AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+
+    fn answer() -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: vec![("location".to_owned(), "/v1/payments/pay_1".to_owned())],
+            body: br#"{"customer":"cus_1"}"#.to_vec(),
+        }
+    }
+
+    fn key(key: &str) -> KeyRef {
+        KeyRef::new("tenant_1".to_owned(), key.to_owned())
+    }
+
+    #[test]
+    fn a_sealed_answer_opens_to_itself_and_shows_nothing_of_it() {
+        let keys = keys(K1);
+        let sealed = keys.seal_response(&answer(), &key("a"));
+        assert_eq!(sealed_with(&sealed), Some("k1"));
+        assert_eq!(sealed.status, 201);
+        let shown = String::from_utf8_lossy(&sealed.body);
+        assert!(
+            !shown.contains("cus_1") && !shown.contains("pay_1"),
+            "{shown}"
+        );
+        let opened = open_response(Some(&keys), sealed, &key("a")).expect("opens");
+        assert_eq!(opened, answer());
+    }
+
+    #[test]
+    fn two_seals_of_one_answer_differ() {
+        let keys = keys(K1);
+        let one = keys.seal_response(&answer(), &key("a"));
+        let two = keys.seal_response(&answer(), &key("a"));
+        assert_ne!(
+            one.body[..NONCE_LEN],
+            two.body[..NONCE_LEN],
+            "a fresh nonce each time"
+        );
+        assert_ne!(one.body, two.body);
+    }
+
+    #[test]
+    fn a_sealed_answer_opens_only_under_its_own_key_and_status() {
+        let keys = keys(K1);
+        let sealed = keys.seal_response(&answer(), &key("a"));
+        let moved = open_response(Some(&keys), sealed.clone(), &key("b"));
+        assert_eq!(
+            moved,
+            Err(Unopened::Altered {
+                id: "k1".to_owned()
+            })
+        );
+        let mut restatused = sealed.clone();
+        restatused.status = 200;
+        assert!(open_response(Some(&keys), restatused, &key("a")).is_err());
+        let mut flipped = sealed;
+        let last = flipped.body.len() - 1;
+        flipped.body[last] ^= 1;
+        assert!(open_response(Some(&keys), flipped, &key("a")).is_err());
+    }
+
+    #[test]
+    fn the_first_key_seals_and_every_key_opens() {
+        let old = keys(K1);
+        let sealed_old = old.seal_response(&answer(), &key("a"));
+        let rotated = keys(&format!("{K2},{K1}"));
+        assert_eq!(rotated.sealing_id(), "k2");
+        assert!(open_response(Some(&rotated), sealed_old.clone(), &key("a")).is_ok());
+        let sealed_new = rotated.seal_response(&answer(), &key("a"));
+        assert_eq!(sealed_with(&sealed_new), Some("k2"));
+        let retired = keys(K2);
+        assert_eq!(
+            open_response(Some(&retired), sealed_old.clone(), &key("a")),
+            Err(Unopened::KeyNotConfigured {
+                id: "k1".to_owned(),
+                have: "k2".to_owned()
+            })
+        );
+        assert!(open_response(None, sealed_old, &key("a")).is_err());
+        // An answer stored in the clear is read as it is.
+        assert_eq!(
+            open_response(Some(&retired), answer(), &key("a")),
+            Ok(answer())
+        );
+    }
+
+    #[test]
+    fn a_sealed_step_opens_only_under_its_own_key_and_name() {
+        let keys = keys(K1);
+        let steps = vec![RecordedStep {
+            step: "charge".to_owned(),
+            output: serde_json::json!({"card": "4242"}),
+        }];
+        let sealed = keys.seal_steps(&steps, &key("a"));
+        assert!(!sealed[0].output.to_string().contains("4242"));
+        assert_eq!(
+            open_steps(Some(&keys), sealed.clone(), &key("a")),
+            Ok(steps)
+        );
+        assert!(open_steps(Some(&keys), sealed.clone(), &key("b")).is_err());
+        let mut renamed = sealed;
+        renamed[0].step = "refund".to_owned();
+        assert!(open_steps(Some(&keys), renamed, &key("a")).is_err());
+    }
+
+    #[test]
+    fn malformed_keys_are_refused_naming_the_fault() {
+        let refused = |text: &str| EncryptionKeys::parse(text).map(|_| ()).err();
+        assert_eq!(refused(""), Some(KeysError::Empty));
+        assert_eq!(refused("AQEB"), Some(KeysError::NotAnEntry { position: 1 }));
+        assert_eq!(
+            refused(":AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="),
+            Some(KeysError::BadId { id: String::new() })
+        );
+        assert_eq!(
+            refused("k1:not base64!"),
+            Some(KeysError::NotBase64 {
+                id: "k1".to_owned()
+            })
+        );
+        assert_eq!(
+            refused("k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQ=="),
+            Some(KeysError::WrongLength {
+                id: "k1".to_owned(),
+                len: 31
+            })
+        );
+        assert_eq!(
+            refused(&format!("{K1},{K1}")),
+            Some(KeysError::RepeatedId {
+                id: "k1".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn debug_shows_the_ids_and_never_the_key() {
+        let shown = format!("{:?}", keys(K1));
+        assert!(shown.contains("k1"), "{shown}");
+        assert!(
+            !shown.contains("AQEB") && !shown.contains("[1, 1"),
+            "{shown}"
+        );
+    }
+}

@@ -19,6 +19,7 @@ mod key_sources;
 mod openapi;
 mod partitions;
 mod pooler;
+mod sealing;
 mod sessions;
 mod steps;
 mod tasks;

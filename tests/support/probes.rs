@@ -441,6 +441,63 @@ impl App {
         self.scalar(sql.into(), None).await
     }
 
+    /// Everything the key table holds of its rows' requests and answers, as a reader of the
+    /// table sees it: per row, its scope, key, method, path, stored headers and steps as text,
+    /// and its stored body's bytes.
+    pub async fn key_table_contents(&self) -> Vec<(String, Vec<u8>)> {
+        let sql = match self.db {
+            Db::Postgres(_) => {
+                "SELECT concat_ws(' ', scope, key, method, path, response_headers::text, \
+                 steps::text), coalesce(response_body, ''::bytea) FROM idem_keys"
+            }
+            Db::Sqlite(_) => {
+                "SELECT scope || ' ' || key || ' ' || method || ' ' || path || ' ' || \
+                 coalesce(response_headers, '') || ' ' || coalesce(steps, ''), \
+                 coalesce(response_body, x'') FROM idem_keys"
+            }
+            Db::MySql(_) => {
+                "SELECT CAST(CONCAT_WS(' ', scope, `key`, method, path, \
+                 CAST(response_headers AS CHAR), CAST(steps AS CHAR)) AS CHAR), \
+                 COALESCE(response_body, '') FROM idem_keys"
+            }
+        };
+        let sql = sqlx::AssertSqlSafe(sql);
+        on_pool!(&self.db, pool => sqlx::query_as(sql).fetch_all(pool).await)
+            .expect("read the key table")
+    }
+
+    /// Copies the stored answer of key `from` onto the row of key `to`, as someone who can
+    /// write the table might.
+    pub async fn copy_answer(&self, from: &str, to: &str) {
+        let sql = match self.db {
+            Db::Postgres(_) => {
+                "UPDATE idem_keys t SET response_body = s.response_body, \
+                 response_headers = s.response_headers FROM idem_keys s \
+                 WHERE s.key = $1 AND t.key = $2"
+            }
+            Db::Sqlite(_) => {
+                "UPDATE idem_keys SET \
+                 response_body = (SELECT response_body FROM idem_keys WHERE key = $1), \
+                 response_headers = (SELECT response_headers FROM idem_keys WHERE key = $1) \
+                 WHERE key = $2"
+            }
+            Db::MySql(_) => {
+                "UPDATE idem_keys t JOIN idem_keys s ON s.`key` = ? \
+                 SET t.response_body = s.response_body, t.response_headers = s.response_headers \
+                 WHERE t.`key` = ?"
+            }
+        };
+        let sql = sqlx::AssertSqlSafe(sql);
+        let copied = on_pool!(&self.db, pool => sqlx::query(sql)
+            .bind(from)
+            .bind(to)
+            .execute(pool)
+            .await
+            .map(|done| done.rows_affected()))
+        .expect("copy the answer");
+        assert_eq!(copied, 1, "{to} has a row to copy onto");
+    }
+
     /// The names of the steps recorded on `key`, in order (none when it has no row).
     pub async fn recorded_steps(&self, key: &str) -> Vec<String> {
         let sql = match self.db {
