@@ -297,7 +297,50 @@ on_every_database!(
     a_grpc_calls_log_line_names_its_code_never_the_http_status_it_is_stored_under,
     a_method_keyed_by_its_request_id_field_runs_once_and_ignores_the_metadata_key,
     a_missing_or_malformed_request_id_field_is_invalid_argument_and_nothing_runs,
+    a_methods_answer_and_status_are_sealed_and_their_replays_open,
 );
+
+async fn a_methods_answer_and_status_are_sealed_and_their_replays_open<DB: Backend>(
+    store: Store<DB>,
+    app: &App,
+) {
+    let keys =
+        idem_runtime::seal::EncryptionKeys::new([("k1".to_owned(), [9u8; 32])]).expect("a key");
+    let store =
+        store.with_options(idem_runtime::StoreOptions::default().with_encryption_keys(keys));
+    let served = serve(store).await;
+    let mut client = served.client.clone();
+    let first = client
+        .create(create_call("receipt-cus_9sealed", "req-1", None))
+        .await
+        .expect("the first call");
+    let replay = client
+        .create(create_call("receipt-cus_9sealed", "req-1", None))
+        .await
+        .expect("the replay");
+    assert!(replayed(&replay));
+    assert_eq!(replay.get_ref(), first.get_ref());
+    // A final status is stored too, and sealed with its message.
+    let status = coded(Code::AlreadyExists, "k-status");
+    let refused = client
+        .answer(status)
+        .await
+        .expect_err("the method's status");
+    let again = client
+        .answer(coded(Code::AlreadyExists, "k-status"))
+        .await
+        .expect_err("its replay");
+    assert_eq!(
+        (again.code(), again.message()),
+        (refused.code(), refused.message())
+    );
+    for (text, body) in app.key_table_contents().await {
+        let shown = format!("{text} {}", String::from_utf8_lossy(&body));
+        assert!(!shown.contains("cus_9sealed"), "{shown}");
+        assert!(!shown.contains(refused.message()), "{shown}");
+    }
+    assert_eq!(served.counters.created.load(Ordering::SeqCst), 1);
+}
 
 /// A `Create` call of job `name` under `request_id`, with `metadata_key` as `idempotency-key`
 /// metadata when given.
