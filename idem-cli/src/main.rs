@@ -15,7 +15,16 @@
 //! The URL is `--database-url` or `$DATABASE_URL` (`postgres://...`, `mysql://...` for MySQL
 //! and MariaDB, or `sqlite:<path>`).
 //! Output is a table for people, JSON with `--json`. A stored response's body is printed only
-//! with `inspect --body`. Exit codes: 0 done, 1 refused or not found, 2 the database failed.
+//! with `inspect --body`.
+//!
+//! A service that seals its answers (`IDEM_ENCRYPTION_KEYS`, as the example's) keeps only their
+//! status in the clear: `inspect` says which key sealed one, and `inspect --body` opens it with
+//! the keys in `$IDEM_ENCRYPTION_KEYS` (`<id>:<base64 of 32 bytes>`, comma-separated, as the
+//! service's), or says which key id it needs and exits 1. A malformed value stops the command
+//! before it connects.
+//!
+//! Exit codes: 0 done, 1 refused, not found, or a sealed answer that does not open with the
+//! keys given; 2 the database failed, or the settings are wrong.
 
 mod output;
 
@@ -24,8 +33,12 @@ use std::{process::ExitCode, time::Duration};
 use clap::{Parser, Subcommand};
 use idem_runtime::{
     admin::{AnyStore, Released, Unparked},
+    seal::{EncryptionKeys, Unopened},
     tasks::PurgeOptions,
 };
+
+/// The variable that holds the keys sealed answers are opened with: the service's own.
+const KEYS_VARIABLE: &str = "IDEM_ENCRYPTION_KEYS";
 
 /// An error to print.
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -119,10 +132,21 @@ async fn main() -> ExitCode {
         eprintln!("idem: give the database with --database-url or $DATABASE_URL");
         return ExitCode::from(2);
     };
+    // Before connecting: a malformed value is a setting to fix, whatever the database says.
+    let keys = match encryption_keys() {
+        Ok(keys) => keys,
+        Err(error) => {
+            eprintln!("idem: {error}");
+            return ExitCode::from(2);
+        }
+    };
     let work = async {
         // Two connections: the command runs one statement at a time, and the purge's
         // batches leave room for nothing else.
-        let store = AnyStore::connect(url, 2).await?;
+        let mut store = AnyStore::connect(url, 2).await?;
+        if let Some(keys) = keys {
+            store = store.with_encryption_keys(keys);
+        }
         run(&store, cli.command, cli.json).await
     };
     match tokio::time::timeout(cli.timeout, work).await {
@@ -140,6 +164,24 @@ async fn main() -> ExitCode {
             );
             ExitCode::from(2)
         }
+    }
+}
+
+/// `$IDEM_ENCRYPTION_KEYS`, the keys sealed answers are opened with; `None` when it is not set.
+///
+/// # Errors
+///
+/// A message naming the variable and what is wrong with its value (never a key's bytes).
+fn encryption_keys() -> Result<Option<EncryptionKeys>, String> {
+    match std::env::var(KEYS_VARIABLE) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!(
+            "{KEYS_VARIABLE} must be `<id>:<base64 of 32 bytes>`, comma-separated; got a value \
+             that is not text"
+        )),
+        Ok(value) => EncryptionKeys::parse(&value)
+            .map(Some)
+            .map_err(|error| format!("{KEYS_VARIABLE} is malformed: {error}")),
     }
 }
 
@@ -165,6 +207,19 @@ async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Er
                 eprintln!("idem: no key {key:?} in scope {scope:?}");
                 return Ok(ExitCode::FAILURE);
             };
+            if body && let Some(unopened) = &found.unopened {
+                let id = unopened.key_id();
+                let remedy = if matches!(unopened, Unopened::KeyNotConfigured { .. }) {
+                    format!("; set {KEYS_VARIABLE} to keys that include the key of id {id:?}")
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "idem: the answer of key {key:?} in scope {scope:?} needs key id {id:?}: \
+                     {unopened}{remedy}"
+                );
+                return Ok(ExitCode::FAILURE);
+            }
             output::key(&found, body, json);
         }
         Command::InFlight { older_than } => {

@@ -167,6 +167,9 @@ pub fn key(key: &Key, with_body: bool, json: bool) {
     for (name, value) in rows {
         table.add_row([name.to_owned(), value]);
     }
+    if let Some(id) = &key.sealed_with {
+        table.add_row(["sealed with key".to_owned(), id.clone()]);
+    }
     if let Some(body) = body {
         table.add_row(["body".to_owned(), body]);
     }

@@ -101,8 +101,19 @@ const MYSQL_CLAIM: &str = "INSERT INTO idem_keys (scope, `key`, method, path, fi
      VALUES (?, ?, '', '', '', 'started', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 7)";
 
 fn idem(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
+    idem_with_keys(url, None, args)
+}
+
+/// `idem` with `IDEM_ENCRYPTION_KEYS` set to `keys`, or unset.
+fn idem_with_keys(url: &str, keys: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+    command
         .env_remove("DATABASE_URL")
+        .env_remove("IDEM_ENCRYPTION_KEYS");
+    if let Some(keys) = keys {
+        command.env("IDEM_ENCRYPTION_KEYS", keys);
+    }
+    command
         .arg("--database-url")
         .arg(url)
         .args(args)
@@ -384,6 +395,209 @@ where
     assert_eq!(count(None).await, 3, "only the live keys are left");
 }
 
+/// The key `k1` (the bytes 0 to 31), as `IDEM_ENCRYPTION_KEYS` gives it.
+const KEY_1: &str = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+/// The key `k2` (the bytes 32 to 63).
+const KEY_2: &str = "k2:ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
+
+/// What the sealed answer of the key `sealed` of `t1` holds: a payment of this customer.
+const SEALED_BODY: &str = r#"{"id":"pay_sealed","customer":"cus_sealed_9d2"}"#;
+
+/// The answer (201, `content-type: application/json`, [`SEALED_BODY`]) of the key `sealed` of
+/// `t1` sealed with `k1` as the runtime seals it, computed apart (Python's `cryptography`,
+/// AES-256-GCM, the nonce `5a` twelve times): the nonce, then the ciphertext and tag of the
+/// headers' JSON length (u32, big-endian), the headers' JSON and the body, with the associated
+/// data `idem answer v1\0t1\0sealed\0` and the status (u16, big-endian).
+const SEALED_HEX: &str = "5a5a5a5a5a5a5a5a5a5a5a5a8730e47be96361336117fb12ede2be7405ee85878b06a7d4\
+     c22b917da424c24883a45ed7a3ddef46dc6089e3976dd30002397c2067775b6c727c4c65878f8a63c36c94888e98d2\
+     45f1ad29d3a72d286791c32759e477380c9877d0120abd68fcfc63e373c8b8fed7";
+
+/// The columns of the sealed row but its times, in the order of [`SEALED_VALUES`].
+const SEALED_COLUMNS: &str = "scope, {key}, method, path, fingerprint, status, response_status, response_headers, \
+     response_body, created_at, expires_at";
+
+/// The sealed row's values, `{blob}` the sealed answer as the database writes a blob literal,
+/// `{now}` and `{day}` now and a day from now.
+const SEALED_VALUES: &str = "'t1', 'sealed', 'POST', '/v1/payments', {zero}, 'completed', 201, \
+     '[[\"idem-sealed\",\"k1\"]]', {blob}, {now}, {day}";
+
+/// Inserts the sealed row with `run`, the SQL spelled for the database by the rest.
+fn sealed_row(key: &str, zero: &str, blob: &str, now: &str, day: &str) -> String {
+    format!(
+        "INSERT INTO idem_keys ({}) VALUES ({})",
+        SEALED_COLUMNS.replace("{key}", key),
+        SEALED_VALUES
+            .replace("{zero}", zero)
+            .replace("{blob}", blob)
+            .replace("{now}", now)
+            .replace("{day}", day)
+    )
+}
+
+/// `inspect` of the sealed answer on the database at `url`: without the body it says which key
+/// sealed it and needs none; with the body it opens it with the keys of
+/// `IDEM_ENCRYPTION_KEYS` (the sealing one among others), and without them (none, or others)
+/// it fails, status 1, naming the key id it needs.
+fn sealed_answers_open_with_the_keys_given(url: &str) {
+    let inspect = ["inspect", "--scope", "t1", "--key", "sealed"];
+    let with_body = ["inspect", "--scope", "t1", "--key", "sealed", "--body"];
+
+    let plain = idem_with_keys(url, None, &inspect);
+    let shown = text(&plain.stdout);
+    assert!(plain.status.success(), "{}", text(&plain.stderr));
+    assert!(
+        shown.contains("sealed with key") && shown.contains("k1") && shown.contains("201"),
+        "{shown}"
+    );
+    assert!(!shown.contains("cus_sealed_9d2"), "{shown}");
+    let as_json = json(&idem_with_keys(
+        url,
+        None,
+        &[&["--json"], &inspect[..]].concat(),
+    ));
+    assert_eq!(as_json["sealed_with"], "k1", "{as_json}");
+    assert_eq!(as_json["response_status"], 201, "{as_json}");
+    assert!(as_json.get("response_body").is_none(), "{as_json}");
+
+    for keys in [KEY_1, format!("{KEY_2},{KEY_1}").as_str()] {
+        let opened = idem_with_keys(url, Some(keys), &with_body);
+        let shown = text(&opened.stdout);
+        assert!(opened.status.success(), "{keys}: {}", text(&opened.stderr));
+        assert!(shown.contains("cus_sealed_9d2"), "{keys}: {shown}");
+        let as_json = json(&idem_with_keys(
+            url,
+            Some(keys),
+            &[&["--json"], &with_body[..]].concat(),
+        ));
+        assert_eq!(as_json["response_body"], SEALED_BODY, "{keys}: {as_json}");
+    }
+
+    for keys in [None, Some(KEY_2)] {
+        let refused = idem_with_keys(url, keys, &with_body);
+        let said = text(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{keys:?}: {said}");
+        assert!(
+            said.contains(r#"key id "k1""#) && said.contains("IDEM_ENCRYPTION_KEYS"),
+            "{keys:?}: the refusal names the key id it needs: {said}"
+        );
+        assert!(
+            !text(&refused.stdout).contains("cus_sealed_9d2"),
+            "{}",
+            text(&refused.stdout)
+        );
+    }
+}
+
+/// Writes the sealed row with `insert` through `pool`, and runs
+/// [`sealed_answers_open_with_the_keys_given`] on the database at `url`.
+async fn with_the_sealed_row<'p, P: sqlx::Executor<'p>>(pool: P, insert: String, url: String) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(insert))
+        .execute(pool)
+        .await
+        .expect("the sealed row");
+    tokio::task::spawn_blocking(move || sealed_answers_open_with_the_keys_given(&url))
+        .await
+        .expect("the checks");
+}
+
+/// The test database of a `#[sqlx::test]`, migrated, and its URL for the command.
+async fn migrated_postgres(connect: PgConnectOptions) -> (sqlx::PgPool, String) {
+    let name = connect.get_database().expect("a test database").to_owned();
+    let pool = PgPoolOptions::new()
+        .connect_with(connect)
+        .await
+        .expect("connect");
+    idem_runtime::migrate(&pool).await.expect("migrate");
+    (pool, postgres_url("DATABASE_URL", &name))
+}
+
+/// A SQLite file in `dir`, migrated, and its URL for the command.
+async fn migrated_sqlite(dir: &tempfile::TempDir) -> (sqlx::SqlitePool, String) {
+    let path = dir.path().join("keys.db");
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
+    let pool = sqlx::SqlitePool::connect_with(options).await.expect("open");
+    idem_runtime::migrate(&pool).await.expect("migrate");
+    (pool, format!("sqlite:{}", path.display()))
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_inspect_opens_a_sealed_answer_only_with_its_key(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, url) = migrated_postgres(connect).await;
+    let insert = sealed_row(
+        "key",
+        r"'\x00'",
+        &format!(r"'\x{SEALED_HEX}'"),
+        "now()",
+        "now() + interval '1 day'",
+    );
+    with_the_sealed_row(&pool, insert, url).await;
+}
+
+#[tokio::test]
+async fn sqlite_inspect_opens_a_sealed_answer_only_with_its_key() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (pool, url) = migrated_sqlite(&dir).await;
+    let insert = sealed_row(
+        "key",
+        "x'00'",
+        &format!("x'{SEALED_HEX}'"),
+        "unixepoch() * 1000",
+        "unixepoch() * 1000 + 86400000",
+    );
+    with_the_sealed_row(&pool, insert, url).await;
+}
+
+#[tokio::test]
+async fn mysql_inspect_opens_a_sealed_answer_only_with_its_key() {
+    let mysql = FreshMySql::create("idem_test_cli_sealed").await;
+    idem_runtime::migrate(&mysql.pool).await.expect("migrate");
+    let insert = sealed_row(
+        "`key`",
+        "x'00'",
+        &format!("x'{SEALED_HEX}'"),
+        "UTC_TIMESTAMP(6)",
+        "UTC_TIMESTAMP(6) + INTERVAL 1 DAY",
+    );
+    with_the_sealed_row(&mysql.pool, insert, mysql.url.clone()).await;
+    mysql.drop().await;
+}
+
+/// A malformed `IDEM_ENCRYPTION_KEYS` stops the command, status 2, before it connects (the
+/// database here does not exist): the message names the variable and the fault, never a key.
+#[test]
+fn malformed_encryption_keys_stop_the_command_before_it_connects_naming_the_variable() {
+    for (keys, fault) in [
+        ("k1:not base64!", "not base64"),
+        (
+            "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA==",
+            "31 bytes",
+        ),
+        (
+            ":AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+            r#"key id """#,
+        ),
+        (format!("{KEY_1},{KEY_1}").as_str(), "given twice"),
+    ] {
+        let output = idem_with_keys("sqlite:/nonexistent/keys.db", Some(keys), &["stats"]);
+        let said = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{keys}: {said}");
+        assert!(
+            said.contains("IDEM_ENCRYPTION_KEYS") && said.contains(fault),
+            "{keys}: the refusal names the variable and the fault: {said}"
+        );
+        assert!(
+            !said.contains("AAECAwQF") && !said.contains("unable to open"),
+            "{keys}: neither a key nor a connection in: {said}"
+        );
+    }
+}
+
 /// The database `name` on the PostgreSQL server (or pooler) of the URL in `$variable`.
 fn postgres_url(variable: &str, name: &str) -> String {
     let base =
@@ -399,17 +613,11 @@ fn postgres_url(variable: &str, name: &str) -> String {
 
 #[sqlx::test(migrations = false)]
 async fn postgres_the_command_does_what_it_says(_: PgPoolOptions, connect: PgConnectOptions) {
-    let name = connect.get_database().expect("a test database").to_owned();
-    let pool = PgPoolOptions::new()
-        .connect_with(connect)
-        .await
-        .expect("connect");
-    idem_runtime::migrate(&pool).await.expect("migrate");
+    let (pool, url) = migrated_postgres(connect).await;
     sqlx::raw_sql(POSTGRES_ROWS)
         .execute(&pool)
         .await
         .expect("rows");
-    let url = postgres_url("DATABASE_URL", &name);
     the_command_does_what_it_says(&url, |key| {
         let pool = pool.clone();
         async move {
@@ -426,18 +634,11 @@ async fn postgres_the_command_does_what_it_says(_: PgPoolOptions, connect: PgCon
 #[tokio::test]
 async fn sqlite_the_command_does_what_it_says() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let path = dir.path().join("keys.db");
-    let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true)
-        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal);
-    let pool = sqlx::SqlitePool::connect_with(options).await.expect("open");
-    idem_runtime::migrate(&pool).await.expect("migrate");
+    let (pool, url) = migrated_sqlite(&dir).await;
     sqlx::raw_sql(SQLITE_ROWS)
         .execute(&pool)
         .await
         .expect("rows");
-    let url = format!("sqlite:{}", path.display());
     the_command_does_what_it_says(&url, |key| {
         let pool = pool.clone();
         async move {
@@ -461,27 +662,66 @@ fn mysql_server() -> String {
     }
 }
 
+/// A fresh database on the server of `MYSQL_URL`, dropped by [`FreshMySql::drop`] (a failed
+/// test leaves it, for the next run's `DROP DATABASE IF EXISTS` or scripts/test).
+struct FreshMySql {
+    /// A connection to the server, without a database.
+    admin: sqlx::MySqlPool,
+    name: String,
+    /// The database's URL, for the command.
+    url: String,
+    /// Two connections to the database, for the test.
+    pool: sqlx::MySqlPool,
+}
+
+impl FreshMySql {
+    /// The database `<prefix>_<process id>`, emptied if a run before left it.
+    async fn create(prefix: &str) -> Self {
+        let server = mysql_server();
+        let name = format!("{prefix}_{}", std::process::id());
+        let admin = MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&server)
+            .await
+            .expect("connect to MYSQL_URL");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
+        )))
+        .execute(&admin)
+        .await
+        .expect("a fresh database");
+        let url = format!("{server}/{name}");
+        let pool = MySqlPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .expect("connect to the test database");
+        Self {
+            admin,
+            name,
+            url,
+            pool,
+        }
+    }
+
+    /// Drops the database, its pool closed first.
+    async fn drop(self) {
+        self.pool.close().await;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {}", self.name)))
+            .execute(&self.admin)
+            .await
+            .expect("drop the test database");
+    }
+}
+
 #[tokio::test]
 async fn mysql_the_command_does_what_it_says() {
-    let server = mysql_server();
-    let name = format!("idem_test_cli_{}", std::process::id());
-    let admin = MySqlPoolOptions::new()
-        .max_connections(1)
-        .connect(&server)
-        .await
-        .expect("connect to MYSQL_URL");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"
-    )))
-    .execute(&admin)
-    .await
-    .expect("a fresh database");
-    let url = format!("{server}/{name}");
-    let pool = MySqlPoolOptions::new()
-        .max_connections(2)
-        .connect(&url)
-        .await
-        .expect("connect to the test database");
+    let FreshMySql {
+        admin,
+        name,
+        url,
+        pool,
+    } = FreshMySql::create("idem_test_cli").await;
 
     // Before the service has run: no key table.
     let output = idem(&url, &["stats"]);
@@ -593,11 +833,14 @@ async fn mysql_the_command_does_what_it_says() {
     assert_eq!(count(Some("committed")).await, 0);
     assert_eq!(count(None).await, 3, "only the live keys are left");
 
-    pool.close().await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
-        .execute(&admin)
-        .await
-        .expect("drop the test database");
+    FreshMySql {
+        admin,
+        name,
+        url,
+        pool,
+    }
+    .drop()
+    .await;
 }
 
 #[tokio::test]

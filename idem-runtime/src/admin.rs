@@ -6,6 +6,10 @@
 //! [`Store::purge_expired`]. `AnyStore` (with a database feature on) is a store on whichever database a URL names, for a
 //! tool that serves them all (the `idem` command).
 //!
+//! A sealed answer ([`EncryptionKeys`](crate::seal::EncryptionKeys)) says which key sealed it
+//! ([`KeyInfo::sealed_with`]); [`Store::inspect`] opens it, with its body, with the store's
+//! keys, or says why it cannot ([`KeyInfo::unopened`]).
+//!
 //! Times are reported as milliseconds (ages, time left), computed by the database from its own
 //! clock, so that a report is the same on every database and needs no clock of the caller's.
 
@@ -31,7 +35,13 @@ impl<DB: Backend> Store<DB> {
         DB::stats(self.pool()).await
     }
 
-    /// The key `key` of `scope`; its stored body only when `with_body`.
+    /// The key `key` of `scope`; its stored headers and body only when `with_body`.
+    ///
+    /// A sealed answer ([`KeyInfo::sealed_with`]) read with its body is opened with this
+    /// store's keys ([`StoreOptions::with_encryption_keys`](crate::StoreOptions::with_encryption_keys)):
+    /// its headers and body are then the ones the handler answered. One that does not open (no
+    /// keys, not the key it names, or altered) has neither, and [`KeyInfo::unopened`] says why,
+    /// naming the key id it needs.
     ///
     /// # Errors
     ///
@@ -42,7 +52,39 @@ impl<DB: Backend> Store<DB> {
         key: &str,
         with_body: bool,
     ) -> Result<Option<KeyInfo>, crate::error::Error> {
-        DB::inspect(self.pool(), scope, key, with_body).await
+        let found = DB::inspect(self.pool(), scope, key, with_body).await?;
+        Ok(found.map(|info| self.opened_info(info)))
+    }
+
+    /// `info`, its sealed answer opened when it was read with its body.
+    fn opened_info(&self, mut info: KeyInfo) -> KeyInfo {
+        let (Some(_), Some(status), Some(headers), Some(body)) = (
+            &info.sealed_with,
+            info.response_status,
+            &info.response_headers,
+            &info.response_body,
+        ) else {
+            return info;
+        };
+        // A status out of range is not idem's: it opens with none, and says so as altered.
+        let stored = crate::record::StoredResponse {
+            status: u16::try_from(status).unwrap_or(0),
+            headers: headers.clone(),
+            body: body.clone(),
+        };
+        let key = crate::record::KeyRef::new(info.scope.clone(), info.key.clone());
+        match crate::seal::open_response(self.options().encryption_keys(), stored, &key) {
+            Ok(opened) => {
+                info.response_headers = Some(opened.headers);
+                info.response_body = Some(opened.body);
+            }
+            Err(unopened) => {
+                info.response_headers = None;
+                info.response_body = None;
+                info.unopened = Some(unopened);
+            }
+        }
+        info
     }
 
     /// The claims in flight (external mode) taken at least `older_than` ago, oldest first.
@@ -165,6 +207,25 @@ macro_rules! delegate_to_store {
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 impl AnyStore {
+    /// The same store, opening sealed answers with `keys`
+    /// ([`StoreOptions::with_encryption_keys`](crate::StoreOptions::with_encryption_keys)): what
+    /// [`inspect`](Self::inspect) reads with the body is opened with them.
+    #[must_use]
+    pub fn with_encryption_keys(self, keys: crate::seal::EncryptionKeys) -> Self {
+        fn keyed<DB: Backend>(store: Store<DB>, keys: crate::seal::EncryptionKeys) -> Store<DB> {
+            let options = store.options().clone().with_encryption_keys(keys);
+            store.with_options(options)
+        }
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(store) => Self::Postgres(keyed(store, keys)),
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(store) => Self::Sqlite(keyed(store, keys)),
+            #[cfg(feature = "mysql")]
+            Self::MySql(store) => Self::MySql(keyed(store, keys)),
+        }
+    }
+
     /// Connects to `url` with a pool of at most `max_connections`: `sqlite:<path>` (an existing
     /// file), `mysql://…` (MySQL or MariaDB), `postgres://…` or `postgresql://…`; and checks
     /// that idem's key table is there.
@@ -257,4 +318,112 @@ fn supported_schemes() -> String {
         .map(|(_, s)| *s)
         .collect();
     on.join(", ")
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use crate::{
+        Store, StoreOptions,
+        record::{KeyRef, StoredResponse},
+        seal::{EncryptionKeys, Unopened},
+    };
+
+    /// 0, 1, …, 31 under the id `a`.
+    const KEY_A: &str = "a:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    /// 32, 33, …, 63 under the id `b`.
+    const KEY_B: &str = "b:ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
+
+    /// A key table in memory holding the key `k1` of `t1`, its answer sealed with `KEY_A` as a
+    /// store with that key seals it.
+    async fn sealed_row() -> (sqlx::SqlitePool, StoredResponse) {
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .expect("an in-memory database");
+        crate::migrate(&pool).await.expect("migrate");
+        let answer = StoredResponse {
+            status: 201,
+            headers: vec![("content-type".to_owned(), "application/json".to_owned())],
+            body: br#"{"customer":"cus_secret"}"#.to_vec(),
+        };
+        let keys = EncryptionKeys::parse(KEY_A).expect("a key");
+        let sealed = keys.seal_response(&answer, &KeyRef::new("t1".into(), "k1".into()));
+        sqlx::query(
+            "INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, \
+             response_status, response_headers, response_body, created_at, expires_at) \
+             VALUES ('t1', 'k1', 'POST', '/v1/payments', x'00', 'completed', $1, $2, $3, \
+             unixepoch() * 1000, unixepoch() * 1000 + 86400000)",
+        )
+        .bind(i64::from(sealed.status))
+        .bind(serde_json::to_string(&sealed.headers).expect("headers"))
+        .bind(sealed.body)
+        .execute(&pool)
+        .await
+        .expect("the sealed row");
+        (pool, answer)
+    }
+
+    fn with_keys(pool: &sqlx::SqlitePool, keys: &str) -> Store<sqlx::Sqlite> {
+        Store::new(pool.clone()).with_options(
+            StoreOptions::default()
+                .with_encryption_keys(EncryptionKeys::parse(keys).expect("keys")),
+        )
+    }
+
+    #[tokio::test]
+    async fn inspect_opens_a_sealed_answer_with_the_key_it_names_among_the_stores_keys() {
+        let (pool, answer) = sealed_row().await;
+        // The key that sealed it opens it, second of two (rotated).
+        let store = with_keys(&pool, &format!("{KEY_B},{KEY_A}"));
+        let info = store.inspect("t1", "k1", true).await.unwrap().unwrap();
+        assert_eq!(info.sealed_with.as_deref(), Some("a"));
+        assert_eq!(info.response_status, Some(201));
+        assert_eq!(info.response_headers, Some(answer.headers));
+        assert_eq!(info.response_body, Some(answer.body));
+        assert_eq!(info.unopened, None);
+    }
+
+    #[tokio::test]
+    async fn inspect_without_the_key_a_sealed_answer_names_says_which_it_needs_and_shows_no_bytes()
+    {
+        let (pool, _) = sealed_row().await;
+        for store in [Store::new(pool.clone()), with_keys(&pool, KEY_B)] {
+            let info = store.inspect("t1", "k1", true).await.unwrap().unwrap();
+            assert_eq!(info.sealed_with.as_deref(), Some("a"));
+            let unopened = info.unopened.expect("not opened");
+            assert!(
+                matches!(&unopened, Unopened::KeyNotConfigured { id, .. } if id == "a"),
+                "{unopened:?}"
+            );
+            assert_eq!((info.response_headers, info.response_body), (None, None));
+        }
+        // Without the body nothing is opened, and nothing is said to fail; the key id is known.
+        let info = Store::new(pool.clone())
+            .inspect("t1", "k1", false)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.sealed_with.as_deref(), Some("a"));
+        assert_eq!(
+            (info.response_headers, info.response_body, info.unopened),
+            (None, None, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn inspect_of_a_sealed_answer_moved_to_another_key_says_it_does_not_open() {
+        let (pool, _) = sealed_row().await;
+        sqlx::query("UPDATE idem_keys SET key = 'k2'")
+            .execute(&pool)
+            .await
+            .expect("move the row");
+        let info = with_keys(&pool, KEY_A)
+            .inspect("t1", "k2", true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.unopened, Some(Unopened::Altered { id: "a".into() }));
+        assert_eq!(info.response_body, None);
+    }
 }

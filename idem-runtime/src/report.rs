@@ -86,9 +86,23 @@ pub struct KeyInfo {
     pub lease_left_ms: Option<i64>,
     /// The recorded steps (recovery points), as JSON.
     pub steps: Option<String>,
-    /// The stored response's body, only when asked for.
+    /// The id of the key the stored answer is sealed with
+    /// ([`EncryptionKeys`](crate::seal::EncryptionKeys)); `None` for an answer stored in the
+    /// clear, or none at all. Read with or without the body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sealed_with: Option<String>,
+    /// The stored response's headers, only when asked for (with the body); a sealed answer's
+    /// opened, or `None` when it does not open ([`unopened`](Self::unopened)).
+    #[serde(skip)]
+    pub response_headers: Option<Vec<(String, String)>>,
+    /// The stored response's body, only when asked for; a sealed answer's opened, or `None`
+    /// when it does not open ([`unopened`](Self::unopened)).
     #[serde(skip)]
     pub response_body: Option<Vec<u8>>,
+    /// Why a sealed answer read with its body could not be opened with the store's keys: no
+    /// keys, not the key it names, or altered. `None` otherwise.
+    #[serde(skip)]
+    pub unopened: Option<crate::seal::Unopened>,
 }
 
 /// A gRPC call's stored answer, as an operator reads it (see [`KeyInfo::grpc_answer`]).

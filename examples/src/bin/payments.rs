@@ -39,6 +39,12 @@
 //! [`DEFAULT_SECRET`](idem_examples::webhook_secret::DEFAULT_SECRET), the processor's default
 //! too); a malformed one stops the service at start.
 //!
+//! With `$IDEM_ENCRYPTION_KEYS` set (`<id>:<base64 of 32 bytes>`, comma-separated, the first
+//! sealing and every one opening, so that keys rotate), every answer the service stores is
+//! sealed at rest ([`EncryptionKeys`]): the key table keeps its status in the clear, its headers
+//! and body sealed; unset, answers are stored as they are. A malformed value (not base64, not
+//! 32 bytes, an empty or repeated id) stops the service at start, before it opens the database.
+//!
 //! A database that stops answering stops no request for long: each waits on it at most idem's
 //! `database_timeout` (10 s), then gets a 503 with `Retry-After`, reads included
 //! ([`idem_examples::bounded`]). A client gets 10 s to send each request's head, and an idle
@@ -62,7 +68,8 @@ use idem_examples::{
     webhook_secret::WebhookSecret,
 };
 use idem_runtime::{
-    CancellationToken, Store,
+    CancellationToken, Store, StoreOptions,
+    seal::EncryptionKeys,
     tasks::{Purge, PurgeOptions, Recovery, RecoveryOptions, ReleaseAbandoned, TaskHandle},
 };
 use sqlx::{MySql, Pool, Postgres, Sqlite};
@@ -76,6 +83,7 @@ async fn run() -> Result<(), Error> {
     // Read before anything runs, so that a setting the service does not know stops it at once.
     let tasks = Tasks::from_env()?;
     let webhooks = WebhookSecret::from_env()?;
+    let options = store_options()?;
     let broker = setup::broker()?;
     match setup::database("payments.db", 32).await? {
         Database::Postgres(pool) => {
@@ -85,14 +93,17 @@ async fn run() -> Result<(), Error> {
                 broker,
                 tasks,
                 webhooks,
+                options,
             )
             .await
         }
         Database::Sqlite(pool) => {
-            serve(pool, payments::routes::<Sqlite>(), broker, tasks, webhooks).await
+            let routes = payments::routes::<Sqlite>();
+            serve(pool, routes, broker, tasks, webhooks, options).await
         }
         Database::MySql(pool) => {
-            serve(pool, payments::routes::<MySql>(), broker, tasks, webhooks).await
+            let routes = payments::routes::<MySql>();
+            serve(pool, routes, broker, tasks, webhooks, options).await
         }
     }
 }
@@ -127,6 +138,7 @@ async fn serve<DB: Sql>(
     broker: Option<Broker>,
     tasks: Tasks,
     webhooks: WebhookSecret,
+    options: StoreOptions,
 ) -> Result<(), Error> {
     // First, so that what the tasks count from their first pass on is recorded.
     let metrics = telemetry::install()?;
@@ -148,7 +160,7 @@ async fn serve<DB: Sql>(
         .map_err(|e| format!("cannot listen on {grpc_addr} for gRPC (GRPC_ADDR): {e}"))?;
     let processor_url =
         std::env::var("PROCESSOR_URL").unwrap_or_else(|_| "http://127.0.0.1:3001".to_owned());
-    let store = Store::new(pool.clone());
+    let store = Store::new(pool.clone()).with_options(options);
     let stop = CancellationToken::new();
     // Payments enqueue `payment.succeeded` in their transaction; the relay publishes them. A
     // broker that is away stops nothing: events wait in the outbox.
@@ -287,6 +299,36 @@ async fn declare_ledger_queue(broker: RabbitMq) {
              answers and a queue is bound"
         ),
     }
+}
+
+/// The variable that holds the keys the service seals its stored answers with.
+const KEYS_VARIABLE: &str = "IDEM_ENCRYPTION_KEYS";
+
+/// The store's options: its answers sealed with `$IDEM_ENCRYPTION_KEYS` when it is set
+/// (`<id>:<base64 of 32 bytes>`, comma-separated, the first sealing), stored as they are when it
+/// is not.
+fn store_options() -> Result<StoreOptions, Error> {
+    let options = StoreOptions::default();
+    let value = match std::env::var(KEYS_VARIABLE) {
+        Err(std::env::VarError::NotPresent) => return Ok(options),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(format!(
+                "{KEYS_VARIABLE} must be `<id>:<base64 of 32 bytes>`, comma-separated; got a \
+                 value that is not text"
+            )
+            .into());
+        }
+        Ok(value) => value,
+    };
+    // The error names the entry at fault by its id or place, never a key's bytes.
+    let keys = EncryptionKeys::parse(&value)
+        .map_err(|error| format!("{KEYS_VARIABLE} is malformed: {error}"))?;
+    tracing::info!(
+        sealing = keys.sealing_id(),
+        keys = keys.ids().count(),
+        "stored answers are sealed ({KEYS_VARIABLE})"
+    );
+    Ok(options.with_encryption_keys(keys))
 }
 
 /// `$RECOVERY_MAX_ATTEMPTS`: the rounds the recovery's hook gets at one claim before it is

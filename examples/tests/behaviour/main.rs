@@ -25,5 +25,6 @@ mod partitions;
 mod pg_ha;
 mod pooler;
 mod processes;
+mod sealing;
 mod start;
 mod webhooks;

@@ -447,9 +447,20 @@ pub async fn delete_queue(names: &idem_tests::TestBroker, consumer: &str) {
 /// Starts `binary` (`payments` or `processor`) on a fresh SQLite file with `env` set, and waits
 /// for it to exit, as it must for a setting it refuses: its exit code and standard error.
 pub async fn exit_at_start(binary: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    exit_at_start_within(idem_tests::DEADLINE, binary, env).await
+}
+
+/// [`exit_at_start`], failing unless `binary` exits within `limit`. `env` may name the database
+/// itself (`DATABASE_URL`, `SQLITE_PATH`).
+pub async fn exit_at_start_within(
+    limit: std::time::Duration,
+    binary: &str,
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let child = Command::new(binary)
         .env_remove("DATABASE_URL")
+        .env_remove("MIGRATION_DATABASE_URL")
         .env("SQLITE_PATH", dir.path().join("payments.db"))
         .env("EVENTS", "off")
         .env("ADDR", free_addr())
@@ -464,7 +475,7 @@ pub async fn exit_at_start(binary: &str, env: &[(&str, &str)]) -> (Option<i32>, 
     // Killed when dropped, should it not exit.
     let mut child = Process(child);
     let mut status = None;
-    wait_until(&format!("{binary} to exit with {env:?}"), || {
+    idem_tests::wait_within(limit, &format!("{binary} to exit with {env:?}"), || {
         status = status.or_else(|| child.0.try_wait().expect("the child's status"));
         std::future::ready(status.is_some())
     })

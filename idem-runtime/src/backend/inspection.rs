@@ -73,14 +73,16 @@ pub(crate) trait Inspection: sqlx::Database + Sized {
     ) -> impl Future<Output = Result<Unparked, crate::error::Error>> + Send + 'a;
 }
 
-/// The columns of a [`KeyInfo`]; the stored body only `with_body`.
+/// The columns of a [`KeyInfo`]; the stored body only `with_body`. The stored headers always:
+/// a sealed answer's say which key sealed it.
 fn key_columns<DB: Dialect>(with_body: bool) -> String {
     format!(
         "{scope_and_key}, status, method, path, \
          CAST(response_status AS {bigint}) AS response_status, \
          {now} - {created} AS age_ms, {expires} - {now} AS expires_in_ms, \
          {now} - {locked} AS claimed_ms, {lease} - {now} AS lease_left_ms, \
-         CAST(steps AS {text}) AS steps, {body} AS response_body",
+         CAST(steps AS {text}) AS steps, CAST(response_headers AS {text}) AS response_headers, \
+         {body} AS response_body",
         scope_and_key = DB::SCOPE_AND_KEY,
         bigint = DB::BIGINT,
         text = DB::TEXT,
@@ -174,7 +176,9 @@ where
         let row = for_this_key::<DB>(sqlx::AssertSqlSafe(sql), scope, key)
             .fetch_optional(&mut *conn)
             .await?;
-        row.as_ref().map(key_info::<DB>).transpose()
+        row.as_ref()
+            .map(|row| key_info::<DB>(row, with_body))
+            .transpose()
     }
 
     async fn in_flight(
@@ -194,7 +198,7 @@ where
             .bind(older)
             .fetch_all(&mut *conn)
             .await?;
-        rows.iter().map(key_info::<DB>).collect()
+        rows.iter().map(|row| key_info::<DB>(row, false)).collect()
     }
 
     async fn release_claim(
@@ -440,8 +444,9 @@ where
     Ok(released)
 }
 
-/// A [`KeyInfo`] from a row of [`key_columns`].
-fn key_info<DB>(row: &DB::Row) -> Result<KeyInfo, crate::error::Error>
+/// A [`KeyInfo`] from a row of [`key_columns`]: its headers kept only `with_body`, the key id
+/// of a sealed answer either way. A sealed answer is left as stored (`Store::inspect` opens it).
+fn key_info<DB>(row: &DB::Row, with_body: bool) -> Result<KeyInfo, crate::error::Error>
 where
     DB: sqlx::Database,
     &'static str: ColumnIndex<DB::Row>,
@@ -449,6 +454,19 @@ where
     String: for<'r> Decode<'r, DB> + Type<DB>,
     Vec<u8>: for<'r> Decode<'r, DB> + Type<DB>,
 {
+    let headers = row
+        .try_get::<Option<String>, _>("response_headers")?
+        .map(|text| serde_json::from_str::<Vec<(String, String)>>(&text))
+        .transpose()
+        .map_err(|error| {
+            crate::error::Error::corrupt(format!(
+                "response_headers are not a list of pairs: {error}"
+            ))
+        })?;
+    let sealed_with = match headers.as_deref() {
+        Some([(name, id)]) if name == crate::seal::SEALED_WITH => Some(id.clone()),
+        _ => None,
+    };
     Ok(KeyInfo {
         scope: row.try_get("scope")?,
         key: row.try_get("key")?,
@@ -461,6 +479,9 @@ where
         claimed_ms: row.try_get("claimed_ms")?,
         lease_left_ms: row.try_get("lease_left_ms")?,
         steps: row.try_get("steps")?,
+        sealed_with,
+        response_headers: headers.filter(|_| with_body),
         response_body: row.try_get("response_body")?,
+        unopened: None,
     })
 }
