@@ -1,7 +1,7 @@
 //! Test-only handlers whose key is elsewhere than `Idempotency-Key`: a webhook receiver keyed
 //! by its `webhook-id` header that checks the sender's signature in its last extractor, a
 //! handler keyed by a field of its JSON body, and handlers whose key is optional, in both
-//! modes. Written once for every database, as [`crate::handlers`] are.
+//! modes. Written once for every database, as the test app's other handlers are.
 
 use std::sync::{Arc, atomic::Ordering};
 
