@@ -1,5 +1,6 @@
 //! `idem`: idem's operator command. Looks at the idempotency keys of a service's database,
-//! releases a stuck claim, purges expired keys, on PostgreSQL, SQLite, MySQL or MariaDB.
+//! releases a stuck claim, purges expired keys, erases a customer's keys (`forget`), on
+//! PostgreSQL, SQLite, MySQL or MariaDB.
 //!
 //! ```text
 //! idem [--database-url URL] [--json] stats
@@ -10,6 +11,7 @@
 //! idem resume --scope S --key K
 //! idem abandon --scope S --key K
 //! idem purge [--dry-run]
+//! idem forget --scope S
 //! ```
 //!
 //! The URL is `--database-url` or `$DATABASE_URL` (`postgres://...`, `mysql://...` for MySQL
@@ -24,7 +26,8 @@
 //! before it connects.
 //!
 //! Exit codes: 0 done, 1 refused, not found, or a sealed answer that does not open with the
-//! keys given; 2 the database failed, or the settings are wrong.
+//! keys given; 2 the database failed, or the settings are wrong. `forget` exits 0 when it has
+//! deleted what it could, claims left or not: it says how many it left.
 
 mod output;
 
@@ -116,6 +119,14 @@ enum Command {
         /// The Idempotency-Key.
         #[arg(long)]
         key: String,
+    },
+    /// Deletes every completed key of a scope, expired or not (erasing a customer's stored
+    /// answers): a retry of one runs the handler again. Leaves the scope's claims in flight
+    /// and parked claims, and says how many.
+    Forget {
+        /// The scope whose keys to delete (the customer).
+        #[arg(long)]
+        scope: String,
     },
     /// Deletes the expired keys now (with --dry-run, only counts them).
     Purge {
@@ -264,6 +275,7 @@ async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Er
             let done = db.abandon_parked(&scope, &key).await?;
             return Ok(unparked(done, "abandoned", json, &scope, &key));
         }
+        Command::Forget { scope } => output::forgotten(&db.forget(&scope).await?, &scope, json),
         Command::Purge { dry_run } => {
             let rows = if dry_run {
                 u64::try_from(db.stats().await?.expired).unwrap_or(0)

@@ -4,7 +4,7 @@ use comfy_table::Table;
 use serde_json::json;
 
 use idem_runtime::{
-    admin::{GrpcAnswer, KeyInfo as Key, ParkedClaim, Stats},
+    admin::{Forgotten, GrpcAnswer, KeyInfo as Key, ParkedClaim, Stats},
     grpc::code_name,
 };
 
@@ -267,4 +267,26 @@ pub fn purged(rows: u64, dry_run: bool, json: bool) {
     } else {
         println!("deleted {rows} expired keys");
     }
+}
+
+/// What `forget` deleted of `scope`, and what it left and why.
+pub fn forgotten(forgotten: &Forgotten, scope: &str, json: bool) {
+    if json {
+        print_json(forgotten);
+        return;
+    }
+    println!(
+        "deleted {} completed keys of scope {scope:?}: a retry of one runs the handler again",
+        forgotten.deleted
+    );
+    println!(
+        "left {} claims in flight: their handler or the recovery is at work, and deleting one \
+         would let a retry run its side effect twice; forget again once they complete",
+        forgotten.in_flight_left
+    );
+    println!(
+        "left {} parked claims: whether their work happened is for a person to find out \
+         (`idem dead`, then `idem resume` or `idem abandon`)",
+        forgotten.parked_left
+    );
 }

@@ -395,6 +395,48 @@ where
     assert_eq!(count(None).await, 3, "only the live keys are left");
 }
 
+/// `forget`, on the database at `url` seeded with the rows of the module doc (`count` as in
+/// [`the_command_does_what_it_says`]): the completed keys of `t1` deleted, its claim in flight
+/// and its parked claims left and counted, the key of `t2` untouched until its own turn.
+async fn forget_erases_a_scopes_completed_keys<F, Fut>(url: &str, count: F)
+where
+    F: Fn(Option<&'static str>) -> Fut,
+    Fut: Future<Output = i64>,
+{
+    let forgotten = json(&idem(url, &["--json", "forget", "--scope", "t1"]));
+    assert_eq!(
+        forgotten,
+        serde_json::json!({ "deleted": 3, "in_flight_left": 1, "parked_left": 2 })
+    );
+    for key in ["done", "grpc-declined", "grpc-paid"] {
+        assert_eq!(count(Some(key)).await, 0, "{key} forgotten");
+    }
+    for key in ["stuck", "dead", "dead2"] {
+        assert_eq!(count(Some(key)).await, 1, "the claim {key} left");
+    }
+    assert_eq!(count(Some("old")).await, 1, "another scope's key untouched");
+
+    // Again: nothing more of t1's; the table says what it left and why.
+    let again = idem(url, &["forget", "--scope", "t1"]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let shown = text(&again.stdout);
+    assert!(shown.contains("deleted 0 completed keys"), "{shown}");
+    assert!(
+        shown.contains("left 1 claims in flight") && shown.contains("run its side effect twice"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("left 2 parked claims") && shown.contains("idem abandon"),
+        "{shown}"
+    );
+
+    // t2's key, expired, goes on its own scope's turn.
+    let forgotten = json(&idem(url, &["--json", "forget", "--scope", "t2"]));
+    assert_eq!(forgotten["deleted"], 1, "{forgotten}");
+    assert_eq!(count(Some("old")).await, 0);
+    assert_eq!(count(None).await, 3, "only t1's claims are left");
+}
+
 /// The key `k1` (the bytes 0 to 31), as `IDEM_ENCRYPTION_KEYS` gives it.
 const KEY_1: &str = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 /// The key `k2` (the bytes 32 to 63).
@@ -568,6 +610,19 @@ async fn mysql_inspect_opens_a_sealed_answer_only_with_its_key() {
     mysql.drop().await;
 }
 
+#[tokio::test]
+async fn mysql_forget_erases_a_scopes_completed_keys() {
+    let mysql = FreshMySql::create("idem_test_cli_forget").await;
+    idem_runtime::migrate(&mysql.pool).await.expect("migrate");
+    sqlx::raw_sql(MYSQL_ROWS)
+        .execute(&mysql.pool)
+        .await
+        .expect("rows");
+    forget_erases_a_scopes_completed_keys(&mysql.url, |key| mysql_count(mysql.pool.clone(), key))
+        .await;
+    mysql.drop().await;
+}
+
 /// A malformed `IDEM_ENCRYPTION_KEYS` stops the command, status 2, before it connects (the
 /// database here does not exist): the message names the variable and the fault, never a key.
 #[test]
@@ -598,6 +653,34 @@ fn malformed_encryption_keys_stop_the_command_before_it_connects_naming_the_vari
     }
 }
 
+/// The rows of `key` in the key table of `pool` (all rows: `None`), on PostgreSQL.
+async fn postgres_count(pool: sqlx::PgPool, key: Option<&'static str>) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM idem_keys WHERE $1 IS NULL OR key = $1")
+        .bind(key)
+        .fetch_one(&pool)
+        .await
+        .expect("count")
+}
+
+/// [`postgres_count`] on SQLite.
+async fn sqlite_count(pool: sqlx::SqlitePool, key: Option<&'static str>) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM idem_keys WHERE $1 IS NULL OR key = $1")
+        .bind(key)
+        .fetch_one(&pool)
+        .await
+        .expect("count")
+}
+
+/// [`postgres_count`] on MySQL.
+async fn mysql_count(pool: sqlx::MySqlPool, key: Option<&'static str>) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM idem_keys WHERE ? IS NULL OR `key` = ?")
+        .bind(key)
+        .bind(key)
+        .fetch_one(&pool)
+        .await
+        .expect("count")
+}
+
 /// The database `name` on the PostgreSQL server (or pooler) of the URL in `$variable`.
 fn postgres_url(variable: &str, name: &str) -> String {
     let base =
@@ -611,45 +694,53 @@ fn postgres_url(variable: &str, name: &str) -> String {
     format!("{server}/{name}")
 }
 
-#[sqlx::test(migrations = false)]
-async fn postgres_the_command_does_what_it_says(_: PgPoolOptions, connect: PgConnectOptions) {
+/// [`migrated_postgres`] holding the rows of the module doc ([`POSTGRES_ROWS`]).
+async fn seeded_postgres(connect: PgConnectOptions) -> (sqlx::PgPool, String) {
     let (pool, url) = migrated_postgres(connect).await;
     sqlx::raw_sql(POSTGRES_ROWS)
         .execute(&pool)
         .await
         .expect("rows");
-    the_command_does_what_it_says(&url, |key| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar("SELECT COUNT(*) FROM idem_keys WHERE $1 IS NULL OR key = $1")
-                .bind(key)
-                .fetch_one(&pool)
-                .await
-                .expect("count")
-        }
-    })
-    .await;
+    (pool, url)
+}
+
+/// [`migrated_sqlite`] holding the rows of the module doc ([`SQLITE_ROWS`]).
+async fn seeded_sqlite(dir: &tempfile::TempDir) -> (sqlx::SqlitePool, String) {
+    let (pool, url) = migrated_sqlite(dir).await;
+    sqlx::raw_sql(SQLITE_ROWS)
+        .execute(&pool)
+        .await
+        .expect("rows");
+    (pool, url)
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_the_command_does_what_it_says(_: PgPoolOptions, connect: PgConnectOptions) {
+    let (pool, url) = seeded_postgres(connect).await;
+    the_command_does_what_it_says(&url, |key| postgres_count(pool.clone(), key)).await;
 }
 
 #[tokio::test]
 async fn sqlite_the_command_does_what_it_says() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let (pool, url) = migrated_sqlite(&dir).await;
-    sqlx::raw_sql(SQLITE_ROWS)
-        .execute(&pool)
-        .await
-        .expect("rows");
-    the_command_does_what_it_says(&url, |key| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar("SELECT COUNT(*) FROM idem_keys WHERE $1 IS NULL OR key = $1")
-                .bind(key)
-                .fetch_one(&pool)
-                .await
-                .expect("count")
-        }
-    })
-    .await;
+    let (pool, url) = seeded_sqlite(&dir).await;
+    the_command_does_what_it_says(&url, |key| sqlite_count(pool.clone(), key)).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_forget_erases_a_scopes_completed_keys(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (pool, url) = seeded_postgres(connect).await;
+    forget_erases_a_scopes_completed_keys(&url, |key| postgres_count(pool.clone(), key)).await;
+}
+
+#[tokio::test]
+async fn sqlite_forget_erases_a_scopes_completed_keys() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (pool, url) = seeded_sqlite(&dir).await;
+    forget_erases_a_scopes_completed_keys(&url, |key| sqlite_count(pool.clone(), key)).await;
 }
 
 /// The server of `MYSQL_URL` (default: the local MariaDB), without a database path.
@@ -737,17 +828,7 @@ async fn mysql_the_command_does_what_it_says() {
         .execute(&pool)
         .await
         .expect("rows");
-    let count = |key: Option<&'static str>| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar("SELECT COUNT(*) FROM idem_keys WHERE ? IS NULL OR `key` = ?")
-                .bind(key)
-                .bind(key)
-                .fetch_one(&pool)
-                .await
-                .expect("count")
-        }
-    };
+    let count = |key: Option<&'static str>| mysql_count(pool.clone(), key);
     the_command_does_what_it_says(&url, count).await;
 
     // A transactional claim in flight is the claiming transaction's uncommitted row: not in

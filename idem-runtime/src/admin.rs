@@ -2,7 +2,7 @@
 //! counts ([`Store::stats`]), one key ([`Store::inspect`]), the claims in flight
 //! ([`Store::in_flight`]), releasing a stuck claim ([`Store::release_claim`]), and the claims
 //! the recovery gave up on ([`Store::parked`], [`Store::resume_parked`],
-//! [`Store::abandon_parked`]); the purge is
+//! [`Store::abandon_parked`]); erasing a scope's answers ([`Store::forget`]); the purge is
 //! [`Store::purge_expired`]. `AnyStore` (with a database feature on) is a store on whichever database a URL names, for a
 //! tool that serves them all (the `idem` command).
 //!
@@ -21,7 +21,7 @@ use crate::{backend::Backend, store::Store};
 
 #[cfg(feature = "grpc")]
 pub use crate::report::GrpcAnswer;
-pub use crate::report::{KeyInfo, ParkedClaim, Released, Stats, Unparked};
+pub use crate::report::{Forgotten, KeyInfo, ParkedClaim, Released, Stats, Unparked};
 
 impl<DB: Backend> Store<DB> {
     /// The counts of the key table: completed keys, claims in flight and the oldest one's age,
@@ -152,7 +152,32 @@ impl<DB: Backend> Store<DB> {
     ) -> Result<Unparked, crate::error::Error> {
         DB::unpark(self.pool(), scope, key, false).await
     }
+
+    /// Deletes every completed key of `scope`, expired or not: the erasure of a customer's
+    /// stored answers (when the customer is deleted). A retry of a forgotten key runs the
+    /// handler again, as a first request would.
+    ///
+    /// Claims of the scope are left, and counted in the report ([`Forgotten`]): a claim in
+    /// flight is work under way (deleting it would let a retry run its side effect a second
+    /// time), and a parked one is a person's to settle ([`resume_parked`](Store::resume_parked),
+    /// [`abandon_parked`](Store::abandon_parked)). Once they complete, a second `forget`
+    /// erases them.
+    ///
+    /// The keys are deleted in statements of at most 1,000 rows, each its own transaction,
+    /// until none is left: a scope of millions never holds one long transaction. Keys
+    /// completed while it runs may be deleted or left.
+    ///
+    /// # Errors
+    ///
+    /// As [`stats`](Store::stats). The batches deleted before a failure stay deleted: run it
+    /// again to finish.
+    pub async fn forget(&self, scope: &str) -> Result<Forgotten, crate::error::Error> {
+        DB::forget(self.pool(), scope, FORGET_BATCH).await
+    }
 }
+
+/// The most completed keys one statement of [`Store::forget`] deletes.
+const FORGET_BATCH: u32 = 1_000;
 
 /// A [`Store`] on whichever database a URL names: for a tool that serves every database idem
 /// supports (the `idem` command), where the database is known only when it runs. A service
@@ -300,6 +325,7 @@ impl AnyStore {
         fn parked() -> Vec<ParkedClaim>;
         fn resume_parked(scope: &str, key: &str) -> Unparked;
         fn abandon_parked(scope: &str, key: &str) -> Unparked;
+        fn forget(scope: &str) -> Forgotten;
         fn purge_expired(options: PurgeOptions) -> PurgeReport;
     }
 }
@@ -333,15 +359,21 @@ mod tests {
     /// 32, 33, …, 63 under the id `b`.
     const KEY_B: &str = "b:ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
 
-    /// A key table in memory holding the key `k1` of `t1`, its answer sealed with `KEY_A` as a
-    /// store with that key seals it.
-    async fn sealed_row() -> (sqlx::SqlitePool, StoredResponse) {
+    /// A key table in memory, empty.
+    pub(super) async fn migrated_memory() -> sqlx::SqlitePool {
         let pool = sqlx::sqlite::SqlitePoolOptions::new()
             .max_connections(1)
             .connect("sqlite::memory:")
             .await
             .expect("an in-memory database");
         crate::migrate(&pool).await.expect("migrate");
+        pool
+    }
+
+    /// A key table in memory holding the key `k1` of `t1`, its answer sealed with `KEY_A` as a
+    /// store with that key seals it.
+    async fn sealed_row() -> (sqlx::SqlitePool, StoredResponse) {
+        let pool = migrated_memory().await;
         let answer = StoredResponse {
             status: 201,
             headers: vec![("content-type".to_owned(), "application/json".to_owned())],
@@ -425,5 +457,52 @@ mod tests {
             .unwrap();
         assert_eq!(info.unopened, Some(Unopened::Altered { id: "a".into() }));
         assert_eq!(info.response_body, None);
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod forget_tests {
+    /// The backend's `forget` with a batch of `batch` rows.
+    async fn forget<DB: crate::Backend>(
+        pool: &sqlx::Pool<DB>,
+        scope: &str,
+        batch: u32,
+    ) -> crate::admin::Forgotten {
+        DB::forget(pool, scope, batch).await.expect("forget")
+    }
+
+    /// `forget` in batches smaller than the scope: it loops until the scope's completed keys
+    /// are all gone, and leaves its claims and the other scopes.
+    #[tokio::test]
+    async fn forget_deletes_in_batches_until_none_is_left() {
+        let pool = super::tests::migrated_memory().await;
+        sqlx::raw_sql(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 7) \
+             INSERT INTO idem_keys (scope, key, method, path, fingerprint, status, created_at, \
+               expires_at, lease_until, parked_at) \
+             SELECT 't1', 'k' || i, 'POST', '/', x'00', 'completed', 0, 0, NULL, NULL FROM n \
+             UNION ALL SELECT 't2', 'k1', 'POST', '/', x'00', 'completed', 0, 0, NULL, NULL \
+             UNION ALL SELECT 't1', 'flying', 'POST', '/', x'00', 'started', 0, 0, 1, NULL \
+             UNION ALL SELECT 't1', 'parked', 'POST', '/', x'00', 'started', 0, 0, NULL, 1",
+        )
+        .execute(&pool)
+        .await
+        .expect("rows");
+        let forgotten = forget(&pool, "t1", 3).await;
+        assert_eq!(
+            (
+                forgotten.deleted,
+                forgotten.in_flight_left,
+                forgotten.parked_left
+            ),
+            (7, 1, 1)
+        );
+        let left: Vec<(String, String)> =
+            sqlx::query_as("SELECT scope, key FROM idem_keys ORDER BY scope, key")
+                .fetch_all(&pool)
+                .await
+                .expect("rows left");
+        let left: Vec<(&str, &str)> = left.iter().map(|(s, k)| (&**s, &**k)).collect();
+        assert_eq!(left, [("t1", "flying"), ("t1", "parked"), ("t2", "k1")]);
     }
 }

@@ -152,3 +152,19 @@ pub enum Released {
     /// transactional claim on MySQL): not released; ask again to see where it stands.
     Busy,
 }
+
+/// What [`Store::forget`](crate::store::Store::forget) did to a scope: the completed keys it
+/// deleted, and the claims of the scope it left, which are not answers to erase but work whose
+/// outcome is not known yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Forgotten {
+    /// Completed keys deleted (expired or not): a retry of one runs the handler again.
+    pub deleted: u64,
+    /// Claims in flight left (`started`, not parked): a handler or the recovery is at work on
+    /// them, and deleting one would let a retry run the side effect twice.
+    pub in_flight_left: u64,
+    /// Parked claims left: the recovery gave up on them, and a person decides
+    /// (`idem resume`, `idem abandon`).
+    pub parked_left: u64,
+}

@@ -403,6 +403,28 @@ backend_tests! {
         assert_ne!(second.json()["id"], first.json()["id"]);
     }
 
+    async fn a_forgotten_key_runs_again_and_another_scopes_still_replays(db) {
+        let app = App::new(db).await;
+        let first = app.send(post("k1").build()).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert!(app.send(post("k1").build()).await.replayed());
+        let other = Req::post("/test/entries").tenant("t2").key("k1").json(&entry(100, "n1"));
+        let theirs = app.send(other.clone().build()).await;
+
+        let forgotten = app.store().forget("t1").await.expect("forget t1");
+        assert_eq!(
+            (forgotten.deleted, forgotten.in_flight_left, forgotten.parked_left),
+            (1, 0, 0)
+        );
+        let second = app.send(post("k1").build()).await;
+        assert_eq!(second.status, StatusCode::CREATED);
+        assert!(!second.replayed(), "a forgotten key runs the handler again");
+        assert_ne!(second.json()["id"], first.json()["id"]);
+        let again = app.send(other.build()).await;
+        assert!(again.replayed(), "another scope's key is not forgotten");
+        assert_eq!(again.json()["id"], theirs.json()["id"]);
+    }
+
     async fn the_purge_task_stops_when_cancelled(db) {
         let app = App::new(db).await;
         app.seed_keys("old", 10, -3600).await;

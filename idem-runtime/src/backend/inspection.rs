@@ -8,7 +8,7 @@ use sqlx::{
 };
 
 use super::dialect::Dialect;
-use crate::report::{KeyInfo, ParkedClaim, Released, Stats, Unparked};
+use crate::report::{Forgotten, KeyInfo, ParkedClaim, Released, Stats, Unparked};
 
 /// Claims in flight: `started` rows with a lease (external mode). A transactional claim is
 /// never one: on PostgreSQL and SQLite it has no row, on MySQL its row is uncommitted (nobody
@@ -50,6 +50,14 @@ pub(crate) trait Inspection: sqlx::Database + Sized {
         scope: &'a str,
         key: &'a str,
     ) -> impl Future<Output = Result<Released, crate::error::Error>> + Send + 'a;
+
+    /// See [`Store::forget`](crate::store::Store::forget): deletes the completed keys of
+    /// `scope` in statements of at most `batch` rows each, until none is left.
+    fn forget<'a>(
+        pool: &'a Pool<Self>,
+        scope: &'a str,
+        batch: u32,
+    ) -> impl Future<Output = Result<Forgotten, crate::error::Error>> + Send + 'a;
 
     /// The claims the recovery's gauges report: parked ones, and ones in flight whose lease
     /// ran out (nobody is working on them: the recovery has not taken them, or does not take
@@ -235,6 +243,46 @@ where
         Ok(match exists::<DB>(&mut conn, scope, key).await? {
             true => Released::Completed,
             false => Released::Missing,
+        })
+    }
+
+    async fn forget(
+        pool: &Pool<DB>,
+        scope: &str,
+        batch: u32,
+    ) -> Result<Forgotten, crate::error::Error> {
+        let mut conn = pool.acquire().await?;
+        let mut deleted = 0;
+        loop {
+            // Each batch a statement (a transaction) of its own: locks held briefly.
+            let done = sqlx::query(DB::FORGET_BATCH)
+                .bind(scope)
+                .bind(i64::from(batch))
+                .execute(&mut *conn)
+                .await?;
+            let rows = DB::rows_affected(&done);
+            deleted += rows;
+            if rows < u64::from(batch) {
+                break;
+            }
+        }
+        let left = format!(
+            "SELECT COUNT(CASE WHEN parked_at IS NULL THEN 1 END) AS in_flight, \
+               COUNT(parked_at) AS parked \
+             FROM idem_keys WHERE scope = {} AND status = 'started'",
+            DB::param(1)
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(left))
+            .bind(scope)
+            .fetch_one(&mut *conn)
+            .await?;
+        let count = |column: &'static str| -> Result<u64, crate::error::Error> {
+            Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0))
+        };
+        Ok(Forgotten {
+            deleted,
+            in_flight_left: count("in_flight")?,
+            parked_left: count("parked")?,
         })
     }
 

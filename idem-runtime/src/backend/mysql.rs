@@ -284,6 +284,10 @@ impl Dialect for MySql {
          FROM idem_keys WHERE scope = ? AND `key` = ? FOR UPDATE SKIP LOCKED",
     );
 
+    /// MySQL deletes with a `LIMIT` of its own, by the primary key's prefix `scope`.
+    const FORGET_BATCH: &'static str =
+        "DELETE FROM idem_keys WHERE scope = ? AND status = 'completed' LIMIT ?";
+
     /// HTTP statuses are held in a `SMALLINT`.
     type Status = i16;
 
