@@ -56,7 +56,7 @@ pub enum Error {
     },
     /// A stored answer or step output is sealed and does not open with the store's keys.
     #[error("a sealed value of idem_keys cannot be opened: {0}")]
-    Unopened(#[from] crate::seal::Unopened),
+    Unopened(#[from] Unopened),
 }
 
 /// The variant and what it holds, but for the errors whose text is written for a person (a
@@ -149,5 +149,33 @@ mod tests {
         };
         assert_eq!(format!("{error:?}"), reason);
         assert_eq!(format!("{:?}", Error::ReadOnly), "ReadOnly");
+    }
+}
+
+/// A stored answer or step output that cannot be opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unopened {
+    /// It was sealed with a key this store does not have.
+    #[error("it was sealed with key id {id:?}, which is not among this store's keys ({have})")]
+    KeyNotConfigured {
+        /// The key id it names.
+        id: String,
+        /// The ids this store has, or "none".
+        have: String,
+    },
+    /// Its bytes do not open with the key it names: altered, or moved from another key's row.
+    #[error("it does not open with key id {id:?}: its bytes were altered or belong to another key")]
+    Altered {
+        /// The key id it names.
+        id: String,
+    },
+}
+
+impl Unopened {
+    /// The key id the sealed value names.
+    pub fn key_id(&self) -> &str {
+        match self {
+            Self::KeyNotConfigured { id, .. } | Self::Altered { id } => id,
+        }
     }
 }

@@ -20,6 +20,7 @@ use aes_gcm::{
 use base64::Engine as _;
 use zeroize::Zeroizing;
 
+pub use crate::error::Unopened;
 use crate::record::{KeyRef, RecordedStep, StoredResponse};
 
 /// The header a sealed answer keeps in the clear: the id of the key that sealed it.
@@ -94,34 +95,6 @@ pub enum KeysError {
         /// Its length once decoded.
         len: usize,
     },
-}
-
-/// A stored answer or step output that cannot be opened.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Unopened {
-    /// It was sealed with a key this store does not have.
-    #[error("it was sealed with key id {id:?}, which is not among this store's keys ({have})")]
-    KeyNotConfigured {
-        /// The key id it names.
-        id: String,
-        /// The ids this store has, or "none".
-        have: String,
-    },
-    /// Its bytes do not open with the key it names: altered, or moved from another key's row.
-    #[error("it does not open with key id {id:?}: its bytes were altered or belong to another key")]
-    Altered {
-        /// The key id it names.
-        id: String,
-    },
-}
-
-impl Unopened {
-    /// The key id the sealed value names.
-    pub fn key_id(&self) -> &str {
-        match self {
-            Self::KeyNotConfigured { id, .. } | Self::Altered { id } => id,
-        }
-    }
 }
 
 impl EncryptionKeys {
