@@ -223,7 +223,7 @@ pub async fn receive_processor_event<DB: Sql>(
 mod tests {
     use serde_json::json;
 
-    use super::Credit;
+    use super::{Credit, MAX_CREDIT};
 
     #[test]
     fn a_credit_needs_a_tenant_and_a_positive_integer_amount() {
