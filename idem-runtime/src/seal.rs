@@ -75,6 +75,13 @@ pub enum KeysError {
         /// The id as given.
         id: String,
     },
+    /// An id that is itself a key (`<key>:<id>`, the two swapped): named by its place only, so
+    /// that the refusal does not print the key.
+    #[error("entry {position} is `<key>:<id>`, the two swapped: write `<id>:<base64 of 32 bytes>`")]
+    IdIsAKey {
+        /// Its place in the list, from 1.
+        position: usize,
+    },
     /// Two keys have one id.
     #[error("key id {id:?} is given twice")]
     RepeatedId {
@@ -144,6 +151,14 @@ impl EncryptionKeys {
                 position: index + 1,
             })?;
             let (id, key) = (id.trim().to_owned(), key.trim());
+            let decodes_to_a_key = base64::engine::general_purpose::STANDARD
+                .decode(&id)
+                .is_ok_and(|bytes| Zeroizing::new(bytes).len() == 32);
+            if decodes_to_a_key {
+                return Err(KeysError::IdIsAKey {
+                    position: index + 1,
+                });
+            }
             check_id(&id)?;
             let bytes = Zeroizing::new(
                 base64::engine::general_purpose::STANDARD
@@ -505,6 +520,13 @@ mod tests {
                 id: "k1".to_owned(),
                 len: 31
             })
+        );
+        let swapped = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=:k1";
+        assert_eq!(refused(swapped), Some(KeysError::IdIsAKey { position: 1 }));
+        assert!(
+            !KeysError::IdIsAKey { position: 1 }
+                .to_string()
+                .contains("AQEB")
         );
         assert_eq!(
             refused(&format!("{K1},{K1}")),

@@ -3,8 +3,12 @@
 //! first seals, all open), and an answer that does not open is a 500 that runs nothing.
 
 use axum::http::StatusCode;
-use idem_runtime::{ProblemKind, StoreOptions, seal::EncryptionKeys};
-use idem_tests::{App, Downstream, Options, Req, TestApp, backend_tests, entry};
+use idem_runtime::{
+    ProblemKind, StoreOptions,
+    seal::EncryptionKeys,
+    tasks::{AbandonedClaim, RecoveryHook, Verdict},
+};
+use idem_tests::{App, Downstream, Options, Req, TestApp, TestBackend, backend_tests, entry};
 
 /// A customer id no answer would hold by chance.
 const CUSTOMER: &str = "cus_7Qx9sealed";
@@ -36,6 +40,16 @@ async fn table_shows(app: &App, needle: &str) -> bool {
                 .windows(needle.len())
                 .any(|window| window == needle.as_bytes())
     })
+}
+
+/// A recovery hook that would release whatever claim it is handed, its steps undone or not: it
+/// must not be handed one whose steps cannot be read.
+struct ReleasesAll;
+
+impl<DB: TestBackend> RecoveryHook<DB> for ReleasesAll {
+    async fn recover(&self, _claim: AbandonedClaim<DB>) -> Verdict {
+        Verdict::Release
+    }
 }
 
 backend_tests! {
@@ -135,5 +149,32 @@ backend_tests! {
         assert_eq!(retry.json()["take"], serde_json::json!({ "units": 2 }), "the recorded output, opened");
         assert_eq!(app.calls.take.load(std::sync::atomic::Ordering::SeqCst), 1, "take did not run again");
         assert!(!table_shows(&app, r#""units""#).await);
+    }
+
+    async fn a_claim_whose_steps_do_not_open_is_neither_resumed_nor_released_but_parked(db) {
+        let downstream = Downstream::start().await;
+        let sealed = App::serving(db, sealing(&[("k1", 1)]), TestApp::downstream(&downstream.url)).await;
+        let order = || Req::post("/test/orders").tenant("t1").key("o1").json(r#"{"units": 2}"#);
+        let failed = sealed.send(order().header("x-fail-after", "take").build()).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        // The key that sealed `take`'s output rotated out too soon.
+        let retired = sealed.sibling_with(sealing(&[("k2", 2)])).await;
+        let retry = retired.send(order().build()).await;
+        assert_eq!(
+            retry.problem(StatusCode::INTERNAL_SERVER_ERROR),
+            ProblemKind::AnswerUnreadable.type_uri(),
+            "resuming without the recorded steps would run them again"
+        );
+        assert_eq!(retry.header("retry-after"), None);
+        assert_eq!(retired.calls.take.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let report = retired.recover(&ReleasesAll).await;
+        assert_eq!((report.found, report.parked, report.released), (1, 1, 0), "{report:?}");
+        let parked = retired.send(order().build()).await;
+        assert_eq!(
+            parked.problem(StatusCode::INTERNAL_SERVER_ERROR),
+            ProblemKind::ClaimParked.type_uri()
+        );
+        assert_eq!(retired.recorded_steps("o1").await, ["take"], "kept for a person");
+        assert_eq!(sealed.calls.take.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }

@@ -181,10 +181,12 @@ pub(super) trait Dialect: sqlx::Database {
     /// Deletes at most `$2` completed keys of the scope `$1`, expired or not: one batch of an
     /// erasure ([`Store::forget`](crate::store::Store::forget)), so that a scope of millions of
     /// keys is deleted in short statements rather than one long transaction. Never a `started`
-    /// row (a claim in flight, a parked one). The default, for PostgreSQL and SQLite, picks the
-    /// batch by the primary key `(scope, key)` in a subquery (neither has `DELETE … LIMIT`);
-    /// MySQL gives its own.
-    const FORGET_BATCH: &'static str = "DELETE FROM idem_keys WHERE scope = $1 AND key IN ( \
+    /// row (a claim in flight, a parked one): the status is checked again on the row deleted, as
+    /// a row the subquery chose may have become a claim since (a retry taking an expired key).
+    /// The default, for PostgreSQL and SQLite, picks the batch by the primary key `(scope, key)`
+    /// in a subquery (neither has `DELETE … LIMIT`); MySQL gives its own.
+    const FORGET_BATCH: &'static str = "DELETE FROM idem_keys WHERE scope = $1 \
+           AND status = 'completed' AND key IN ( \
            SELECT key FROM idem_keys WHERE scope = $1 AND status = 'completed' LIMIT $2)";
 
     /// Checks, before the migrations take their lock, that the connection can carry them

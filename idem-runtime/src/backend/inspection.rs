@@ -262,7 +262,9 @@ where
                 .await?;
             let rows = DB::rows_affected(&done);
             deleted += rows;
-            if rows < u64::from(batch) {
+            // Until a batch deletes nothing: a short batch may be one whose rows the purge or a
+            // retry took meanwhile, with more left behind it.
+            if rows == 0 {
                 break;
             }
         }

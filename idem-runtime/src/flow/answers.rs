@@ -325,7 +325,7 @@ impl<DB: Backend> IdemRequest<DB> {
     /// 500: the key's stored answer is sealed and does not open; nothing runs or is stored.
     /// The log names the key id it needs and the route, never the key.
     pub(super) fn answer_unreadable(&self, unopened: &crate::seal::Unopened) -> Response {
-        tracing::error!(parent: &self.span, route = %self.route, key_id = unopened.key_id(), %unopened, "a stored answer cannot be opened: give the service the encryption key it was sealed with");
+        tracing::error!(parent: &self.span, route = %self.route, sealed_with = unopened.key_id(), %unopened, "a stored answer cannot be opened: give the service the encryption key it was sealed with");
         self.end(
             Outcome::Failed,
             self.problem(

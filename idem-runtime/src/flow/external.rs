@@ -136,6 +136,19 @@ impl<DB: Backend> ExternalClaim<DB> {
                         .await
                     {
                         Ok(steps) => self.resumed = steps,
+                        // Its steps are sealed with a key the service is not given: resuming
+                        // without them would run them again. The claim stays, its lease ended,
+                        // for the recovery to park.
+                        Err(crate::error::Error::Unopened(unopened)) => {
+                            // Its lease ended now, not when this claim is dropped: the recovery
+                            // parks it at its next round.
+                            let released = self.give_up().await;
+                            self.armed = false;
+                            if let Err(error) = released {
+                                tracing::warn!(parent: &self.request.span, %error, "ending the lease of a claim whose steps cannot be opened failed; it ends by itself");
+                            }
+                            return Err(self.request.answer_unreadable(&unopened));
+                        }
                         Err(error) => return Err(self.request.store_failed(&error)),
                     }
                 }

@@ -249,9 +249,17 @@ impl<DB: Backend> Store<DB> {
             let steps = match self.opened_steps(steps, &key) {
                 Ok(steps) => steps,
                 Err(unopened) => {
-                    // Left reclaimed: its lease runs out, and the rounds that follow count it
-                    // until it is parked for a person, as a claim the hook cannot settle is.
-                    tracing::error!(key_id = unopened.key_id(), %unopened, "an abandoned claim's recorded steps cannot be opened: give the service the encryption key they were sealed with");
+                    // Neither settled nor run again: parked for a person at once (kept past its
+                    // expiry, its retries answered 500), until the key is given back and the
+                    // claim resumed.
+                    tracing::error!(scope = %key.scope, key_id = %key.log_id(), %method, %path, sealed_with = unopened.key_id(), %unopened, "an abandoned claim's recorded steps cannot be opened: parked; give the service the encryption key they were sealed with, then resume it");
+                    let reason = unopened.to_string();
+                    if self
+                        .unsettled_round(&key, token, Some(&reason), true)
+                        .await?
+                    {
+                        report.parked += 1;
+                    }
                     continue;
                 }
             };
