@@ -1,5 +1,6 @@
 //! `http`: the layer's cost over real HTTP, scenario by scenario, against the same handler
-//! without idempotency (`bare`), in interleaved rounds.
+//! without idempotency (`bare`), in interleaved rounds; and what sealing stored answers at rest
+//! adds, `first-sealed` and `replay-sealed` against `first` and `replay` in the same rounds.
 
 use std::time::Duration;
 
@@ -27,7 +28,8 @@ pub struct Args {
     /// The databases to measure, in turn.
     #[arg(long, value_enum, num_args = 1.., default_values_t = [Database::Postgres, Database::Sqlite])]
     pub backend: Vec<Database>,
-    /// Only these scenarios (`bare` is always run: the ratios need it), e.g. to profile one.
+    /// Only these scenarios (`bare` is always run, and `first` or `replay` with their sealed
+    /// twins: the ratios need them), e.g. to profile one.
     #[arg(long, num_args = 1..)]
     pub only: Vec<String>,
     /// How far away PostgreSQL and MySQL are, one way, in microseconds: each value is measured
@@ -229,15 +231,16 @@ async fn timed(
     }
 }
 
-async fn seed_replay_keys(client: &Client) -> Result<Vec<String>, db::Error> {
-    eprintln!("completing 1000 keys for the replay scenario...");
+/// Completes 1000 fresh keys through `route`, for a replay scenario to send again.
+async fn seed_replay_keys(client: &Client, route: Route) -> Result<Vec<String>, db::Error> {
+    eprintln!("completing 1000 keys through {route:?} for its replay scenario...");
     let keys: Vec<String> = (0..1000).map(|_| load::fresh_key()).collect();
     for chunk in keys.chunks(50) {
         let sends: Vec<_> = chunk
             .iter()
             .map(|key| {
                 let (client, key) = (client.clone(), key.clone());
-                tokio::spawn(async move { client.pay(Route::Idempotent, Some(&key)).await })
+                tokio::spawn(async move { client.pay(route, Some(&key)).await })
             })
             .collect();
         for send in sends {
@@ -250,21 +253,53 @@ async fn seed_replay_keys(client: &Client) -> Result<Vec<String>, db::Error> {
     Ok(keys)
 }
 
+/// The sealed scenarios, each beside the scenario it is compared with.
+const SEALED_TWINS: [(&str, &str); 2] = [("first-sealed", "first"), ("replay-sealed", "replay")];
+
+/// Whether `name` runs under `--only`: the ones named, `bare`, and the twin of a sealed one.
+fn selected(only: &[String], name: &str) -> bool {
+    let named = |name: &str| only.iter().any(|o| o == name);
+    only.is_empty()
+        || name == "bare"
+        || named(name)
+        || SEALED_TWINS
+            .iter()
+            .any(|&(sealed, plain)| plain == name && named(sealed))
+}
+
+/// The order the scenarios run in, in round `round` (from 1): as listed, except that in even
+/// rounds a sealed scenario runs before its twin, so that neither of the two always meets the
+/// database as the other left it (a key table one scenario's worth larger, a checkpoint under
+/// way).
+fn round_order(workloads: &[Workload], round: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..workloads.len()).collect();
+    if round.is_multiple_of(2) {
+        for (sealed, plain) in SEALED_TWINS {
+            let at = |name: &str| order.iter().position(|&i| workloads[i].name() == name);
+            if let (Some(sealed), Some(plain)) = (at(sealed), at(plain)) {
+                order.swap(sealed, plain);
+            }
+        }
+    }
+    order
+}
+
 async fn measure(args: &Args, database: Database, client: Client) -> Result<(), db::Error> {
-    let keys = seed_replay_keys(&client).await?;
+    let keys = seed_replay_keys(&client, Route::Idempotent).await?;
+    let sealed_keys = seed_replay_keys(&client, Route::Sealed).await?;
     let mut workloads = vec![Workload::Bare];
     if database != Database::Sqlite {
         workloads.push(Workload::Peer);
     }
     workloads.extend([
         Workload::First,
+        Workload::FirstSealed,
         Workload::Replay(keys.into()),
+        Workload::ReplaySealed(sealed_keys.into()),
         Workload::Contended(args.group),
         Workload::Mixed(10),
     ]);
-    if !args.only.is_empty() {
-        workloads.retain(|w| w.name() == "bare" || args.only.iter().any(|o| o == w.name()));
-    }
+    workloads.retain(|w| selected(&args.only, w.name()));
     let index = |name: &str| workloads.iter().position(|w| w.name() == name);
 
     eprintln!("counting statements per request...");
@@ -293,9 +328,17 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
     let mut runs: Vec<Vec<Run>> = workloads.iter().map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
         eprintln!("round {round}/{}", args.rounds);
-        for (index, workload) in workloads.iter().enumerate() {
-            runs[index]
-                .push(timed(&client, database, workload, args.concurrency, args.seconds).await);
+        for index in round_order(&workloads, round) {
+            runs[index].push(
+                timed(
+                    &client,
+                    database,
+                    &workloads[index],
+                    args.concurrency,
+                    args.seconds,
+                )
+                .await,
+            );
         }
     }
 
@@ -363,6 +406,11 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
     if let Some(replay) = index("replay") {
         println!("replay/bare {:.2}", ratio(replay, bare));
     }
+    for (sealed, plain) in SEALED_TWINS {
+        if let (Some(sealed), Some(plain)) = (index(sealed), index(plain)) {
+            print_sealing_cost(&workloads[sealed], &runs[sealed], &runs[plain], database);
+        }
+    }
     let (bare_service, bare_db) = cpu_medians(&runs[bare]);
     let added = |runs: &[Run]| {
         let (service, db) = cpu_medians(runs);
@@ -414,6 +462,33 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
          generator is not counted)"
     );
     Ok(())
+}
+
+/// What a sealed scenario costs against its twin, from the runs of the same rounds: the
+/// throughput ratio (median of the per-round ratios, and their range, which shows the noise)
+/// and the CPU per request it adds (median of the per-round differences).
+fn print_sealing_cost(sealed: &Workload, runs: &[Run], twins: &[Run], database: Database) {
+    let name = sealed.name();
+    let plain = name.trim_end_matches("-sealed");
+    let ratios: Vec<f64> = runs
+        .iter()
+        .zip(twins)
+        .map(|(s, p)| s.stats.rate() / p.stats.rate())
+        .collect();
+    let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let added =
+        |part: fn(&Run) -> f64| median(runs.iter().zip(twins).map(|(s, p)| part(s) - part(p)));
+    let service = added(|r| r.cpu_per_request().0);
+    let db = added(|r| r.cpu_per_request().1);
+    let (plain_service, plain_db) = cpu_medians(twins);
+    println!(
+        "{name}/{plain} {:.3} (rounds {lowest:.3} to {highest:.3}); CPU sealing adds per request: \
+         service {service:+.1} µs ({:+.1}%), {database} {db:+.1} µs ({:+.1}%)",
+        median(ratios.iter().copied()),
+        100.0 * service / plain_service,
+        100.0 * db / plain_db,
+    );
 }
 
 /// The median CPU per request of some runs: (service, database).

@@ -11,18 +11,50 @@ use std::{
     time::{Duration, Instant},
 };
 
-use axum::routing::post;
+use axum::{Router, routing::post};
 use hdrhistogram::Histogram;
-use idem_examples::payments::{self, AppState};
-use idem_runtime::Store;
+use idem_examples::{
+    payments::{self, AppState},
+    sql::Sql,
+};
+use idem_runtime::{Store, StoreOptions, seal::EncryptionKeys};
 use reqwest::StatusCode;
-use sqlx::{MySql, Postgres, Sqlite, mysql::MySqlPoolOptions, postgres::PgPoolOptions};
+use sqlx::{MySql, Pool, Postgres, Sqlite, mysql::MySqlPoolOptions, postgres::PgPoolOptions};
 
 use crate::cpu;
 
+/// Where the example's routes are served a second time, by a store that seals its answers
+/// ([`sealed_store`]): `POST /sealed/v1/payments` is `POST /v1/payments` with encryption keys.
+pub const SEALED: &str = "/sealed";
+
+/// The key the sealed routes' store seals with, as `IDEM_ENCRYPTION_KEYS` writes it: fixed (the
+/// bytes 0 to 31), so that every run seals alike. A benchmark's key, never a secret.
+const SEALING_KEY: &str = "bench:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+/// A store over `pool` that seals every answer it stores with [`SEALING_KEY`], its options
+/// otherwise the defaults that `Store::new` gives the unsealed routes.
+pub fn sealed_store<DB: Sql>(pool: Pool<DB>) -> Store<DB> {
+    let keys = EncryptionKeys::parse(SEALING_KEY).expect("the benchmark's key is well formed");
+    Store::new(pool).with_options(StoreOptions::default().with_encryption_keys(keys))
+}
+
+/// The example's routes over `pool` with `extra` beside them, all served by a store without
+/// keys; and the example's routes again under [`SEALED`], served by [`sealed_store`] over the
+/// same pool. The layer fingerprints the request's original URI, so a nested route keeps keys
+/// of its own: a key used on `/v1/payments` and on `/sealed/v1/payments` is a mismatch, not a
+/// replay.
+fn with_sealed<DB: Sql>(extra: Router<AppState<DB>>, pool: Pool<DB>) -> Router {
+    let sealed = payments::routes::<DB>().with_state(AppState::new(sealed_store(pool.clone())));
+    payments::routes::<DB>()
+        .merge(extra)
+        .with_state(AppState::new(Store::new(pool)))
+        .nest(SEALED, sealed)
+}
+
 /// Serves the example's router over PostgreSQL at `url` on a loopback port, plus
 /// `POST /bare/payments` (the same payment handler and business writes in a transaction, without
-/// idempotency) and `POST /peer/payments` (the same work in the peer design, [`crate::peer`]).
+/// idempotency), `POST /peer/payments` (the same work in the peer design, [`crate::peer`]) and
+/// the example's routes again under [`SEALED`], by a store that seals its answers.
 /// The service runs on a runtime of its own, with its own pool, so that its CPU time can be told
 /// apart from the load generator's ([`crate::cpu`]).
 pub async fn serve(url: String, connections: u32) -> Result<SocketAddr, crate::db::Error> {
@@ -32,7 +64,7 @@ pub async fn serve(url: String, connections: u32) -> Result<SocketAddr, crate::d
             .min_connections(connections)
             .connect(&url)
             .await?;
-        let app = payments::routes::<Postgres>()
+        let extra = Router::new()
             .route(
                 "/bare/payments",
                 post(payments::create_payment_bare::<Postgres>),
@@ -40,9 +72,8 @@ pub async fn serve(url: String, connections: u32) -> Result<SocketAddr, crate::d
             .route(
                 "/peer/payments",
                 post(crate::peer::postgres::create_payment),
-            )
-            .with_state(AppState::new(Store::new(pool)));
-        Ok(app)
+            );
+        Ok(with_sealed(extra, pool))
     })
     .await
 }
@@ -55,14 +86,13 @@ pub async fn serve_mysql(url: String, connections: u32) -> Result<SocketAddr, cr
             .min_connections(connections)
             .connect(&url)
             .await?;
-        let app = payments::routes::<MySql>()
+        let extra = Router::new()
             .route(
                 "/bare/payments",
                 post(payments::create_payment_bare::<MySql>),
             )
-            .route("/peer/payments", post(crate::peer::mysql::create_payment))
-            .with_state(AppState::new(Store::new(pool)));
-        Ok(app)
+            .route("/peer/payments", post(crate::peer::mysql::create_payment));
+        Ok(with_sealed(extra, pool))
     })
     .await
 }
@@ -72,13 +102,11 @@ pub async fn serve_mysql(url: String, connections: u32) -> Result<SocketAddr, cr
 pub async fn serve_sqlite(path: PathBuf) -> Result<SocketAddr, crate::db::Error> {
     serve_apart(move || async move {
         let pool = idem_examples::schema::connect_sqlite(&path).await?;
-        let app = payments::routes::<Sqlite>()
-            .route(
-                "/bare/payments",
-                post(payments::create_payment_bare::<Sqlite>),
-            )
-            .with_state(AppState::new(Store::new(pool)));
-        Ok(app)
+        let extra = Router::new().route(
+            "/bare/payments",
+            post(payments::create_payment_bare::<Sqlite>),
+        );
+        Ok(with_sealed(extra, pool))
     })
     .await
 }
@@ -137,6 +165,10 @@ pub enum Workload {
     Peer,
     /// `POST /v1/payments` with keys that are already completed.
     Replay(Arc<Vec<String>>),
+    /// `POST /sealed/v1/payments`, a fresh key every time: `First` with answers sealed.
+    FirstSealed,
+    /// `POST /sealed/v1/payments` with keys completed there: `Replay` with answers sealed.
+    ReplaySealed(Arc<Vec<String>>),
     /// Groups of `n` clients send the same sequence of keys at the same time.
     Contended(usize),
     /// Fresh keys, except every `n`-th request, which retries the client's previous key.
@@ -151,6 +183,8 @@ impl Workload {
             Self::First => "first",
             Self::Peer => "peer",
             Self::Replay(_) => "replay",
+            Self::FirstSealed => "first-sealed",
+            Self::ReplaySealed(_) => "replay-sealed",
             Self::Contended(_) => "contended",
             Self::Mixed(_) => "mixed",
         }
@@ -236,6 +270,8 @@ pub enum Route {
     Bare,
     /// `POST /peer/payments`, the peer design.
     Peer,
+    /// `POST /sealed/v1/payments`, idem's with answers sealed.
+    Sealed,
 }
 
 /// One client's view of the server.
@@ -264,6 +300,7 @@ impl Client {
             Route::Idempotent => "/v1/payments",
             Route::Bare => "/bare/payments",
             Route::Peer => "/peer/payments",
+            Route::Sealed => "/sealed/v1/payments",
         };
         let mut request = self
             .http
@@ -338,8 +375,10 @@ async fn work(
         i += 1;
         let key = match &workload {
             Workload::Bare => None,
-            Workload::First | Workload::Peer => Some(fresh_key()),
-            Workload::Replay(keys) => Some(keys[(worker * 7919 + i as usize) % keys.len()].clone()),
+            Workload::First | Workload::Peer | Workload::FirstSealed => Some(fresh_key()),
+            Workload::Replay(keys) | Workload::ReplaySealed(keys) => {
+                Some(keys[(worker * 7919 + i as usize) % keys.len()].clone())
+            }
             Workload::Contended(group) => Some(format!("{base}-g{}-{i}", worker / group)),
             Workload::Mixed(every) => match (&previous, i.is_multiple_of(*every)) {
                 (Some(previous), true) => Some(previous.clone()),
@@ -350,16 +389,18 @@ async fn work(
         let route = match workload {
             Workload::Bare => Route::Bare,
             Workload::Peer => Route::Peer,
+            Workload::FirstSealed | Workload::ReplaySealed(_) => Route::Sealed,
             _ => Route::Idempotent,
         };
         let reply = client.pay(route, key.as_deref()).await;
         let micros = (sent.elapsed().as_micros() as u64).max(1);
         let expected = match (&workload, &reply) {
             (_, Err(_)) => false,
-            (Workload::Bare | Workload::First | Workload::Peer, Ok((status, replayed))) => {
-                *status == StatusCode::CREATED && !replayed
-            }
-            (Workload::Replay(_), Ok((status, replayed))) => {
+            (
+                Workload::Bare | Workload::First | Workload::Peer | Workload::FirstSealed,
+                Ok((status, replayed)),
+            ) => *status == StatusCode::CREATED && !replayed,
+            (Workload::Replay(_) | Workload::ReplaySealed(_), Ok((status, replayed))) => {
                 *status == StatusCode::CREATED && *replayed
             }
             (Workload::Mixed(_), Ok((status, _))) => *status == StatusCode::CREATED,
@@ -394,3 +435,4 @@ async fn work(
     }
     stats
 }
+
