@@ -436,3 +436,106 @@ async fn work(
     stats
 }
 
+#[cfg(test)]
+mod tests {
+    //! A brief run of the sealed scenarios on each database, as `idem-bench http` serves them:
+    //! the nested routes answer and replay, their store seals what it stores, the unsealed
+    //! routes' store beside it over the same pool does not, and a key keeps to the route it was
+    //! first used on. The benchmark's own smoke test: `scripts/test` runs it with the suite.
+
+    use super::*;
+
+    /// How long each scenario runs: long enough for some requests, short enough for the suite.
+    const BRIEFLY: Duration = Duration::from_millis(300);
+
+    /// Stores one answer through the unsealed route and twenty through [`SEALED`], then runs
+    /// the sealed scenarios briefly against the server at `addr`: none may answer otherwise than
+    /// expected.
+    async fn run_sealed_scenarios(addr: SocketAddr) {
+        let client = Client::new(addr);
+        let plain = fresh_key();
+        assert_eq!(
+            client.pay(Route::Idempotent, Some(&plain)).await.unwrap(),
+            (StatusCode::CREATED, false)
+        );
+        let mut keys = Vec::new();
+        for _ in 0..20 {
+            let key = fresh_key();
+            assert_eq!(
+                client.pay(Route::Sealed, Some(&key)).await.unwrap(),
+                (StatusCode::CREATED, false),
+                "a first execution through {SEALED}"
+            );
+            keys.push(key);
+        }
+        // The fingerprint holds the whole path: a sealed route's key is not the plain route's.
+        let (status, _) = client.pay(Route::Idempotent, Some(&keys[0])).await.unwrap();
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+        let first = run(&client, &Workload::FirstSealed, 4, BRIEFLY).await;
+        assert_eq!(first.errors, 0, "{:?}", first.first_error);
+        assert!(first.ok > 0 && first.replays == 0, "{first:?}");
+        let replay = run(&client, &Workload::ReplaySealed(keys.into()), 4, BRIEFLY).await;
+        assert_eq!(replay.errors, 0, "{:?}", replay.first_error);
+        assert!(replay.ok > 0 && replay.replays == replay.ok, "{replay:?}");
+    }
+
+    /// Each stored row, given as (path, response headers as text), is sealed if and only if it
+    /// was stored through [`SEALED`].
+    fn check_sealing(rows: &[(String, String)]) {
+        assert!(rows.len() > 21, "{} rows", rows.len());
+        for (path, headers) in rows {
+            assert_eq!(
+                headers.contains(idem_runtime::seal::SEALED_WITH),
+                path.starts_with(&format!("{SEALED}/")),
+                "{path}: {headers}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sealed_scenarios_on_sqlite() {
+        let dir = std::env::temp_dir().join(format!("idem-bench-smoke-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bench.db");
+        let pool = idem_examples::schema::connect_sqlite(&path).await.unwrap();
+        idem_examples::schema::create(&pool).await.unwrap();
+        run_sealed_scenarios(serve_sqlite(path).await.unwrap()).await;
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT path, response_headers FROM idem_keys")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        check_sealing(&rows);
+        pool.close().await;
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sealed_scenarios_on_postgres() {
+        let scratch = crate::db::Scratch::named(2, "smoke").await.unwrap();
+        run_sealed_scenarios(serve(scratch.url.clone(), 8).await.unwrap()).await;
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT path, response_headers::text FROM idem_keys")
+                .fetch_all(&scratch.pool)
+                .await
+                .unwrap();
+        check_sealing(&rows);
+        scratch.drop().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sealed_scenarios_on_mysql() {
+        let scratch = crate::db::MySqlScratch::create().await.unwrap();
+        run_sealed_scenarios(serve_mysql(scratch.url.clone(), 8).await.unwrap()).await;
+        let pool = sqlx::MySqlPool::connect(&scratch.url).await.unwrap();
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT path, CAST(response_headers AS CHAR) FROM idem_keys")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        check_sealing(&rows);
+        pool.close().await;
+        scratch.drop().await.unwrap();
+    }
+}
