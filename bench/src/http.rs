@@ -28,8 +28,10 @@ pub struct Args {
     /// The databases to measure, in turn.
     #[arg(long, value_enum, num_args = 1.., default_values_t = [Database::Postgres, Database::Sqlite])]
     pub backend: Vec<Database>,
-    /// Only these scenarios (`bare` is always run, and `first` or `replay` with their sealed
-    /// twins: the ratios need them), e.g. to profile one.
+    /// Only these scenarios (`bare` is always run, and `first` or `replay` with a variant of
+    /// theirs: the ratios need them), e.g. to profile one. `first-nested` and `replay-nested`
+    /// (the routes nested as the sealed ones are, without keys) run only when named here: they
+    /// tell what nesting costs apart from what sealing costs.
     #[arg(long, num_args = 1..)]
     pub only: Vec<String>,
     /// How far away PostgreSQL and MySQL are, one way, in microseconds: each value is measured
@@ -233,7 +235,10 @@ async fn timed(
 
 /// Completes 1000 fresh keys through `route`, for a replay scenario to send again.
 async fn seed_replay_keys(client: &Client, route: Route) -> Result<Vec<String>, db::Error> {
-    eprintln!("completing 1000 keys through {route:?} for its replay scenario...");
+    eprintln!(
+        "completing 1000 keys on {} for a replay scenario...",
+        route.path()
+    );
     let keys: Vec<String> = (0..1000).map(|_| load::fresh_key()).collect();
     for chunk in keys.chunks(50) {
         let sends: Vec<_> = chunk
@@ -253,31 +258,54 @@ async fn seed_replay_keys(client: &Client, route: Route) -> Result<Vec<String>, 
     Ok(keys)
 }
 
-/// The sealed scenarios, each beside the scenario it is compared with.
-const SEALED_TWINS: [(&str, &str); 2] = [("first-sealed", "first"), ("replay-sealed", "replay")];
+/// The scenarios measured against each other, each family's plain one first: a sealed
+/// scenario and a nested one (the example's routes nested as the sealed ones are, by a store
+/// without keys) against the scenario they vary.
+const FAMILIES: [[&str; 3]; 2] = [
+    ["first", "first-nested", "first-sealed"],
+    ["replay", "replay-nested", "replay-sealed"],
+];
 
-/// Whether `name` runs under `--only`: the ones named, `bare`, and the twin of a sealed one.
+/// The comparisons printed, numerator first, where both ran: sealing against no keys; and,
+/// when the nested scenarios run, nesting alone and sealing alone.
+const COMPARED: [(&str, &str); 6] = [
+    ("first-sealed", "first"),
+    ("replay-sealed", "replay"),
+    ("first-nested", "first"),
+    ("replay-nested", "replay"),
+    ("first-sealed", "first-nested"),
+    ("replay-sealed", "replay-nested"),
+];
+
+/// Whether the scenario `name` runs. Without `--only`, all but the nested ones, which only
+/// tell the nesting's share of what sealing costs. With `--only`, those named, `bare`, and the
+/// plain scenario of a family one of whose others is named.
 fn selected(only: &[String], name: &str) -> bool {
     let named = |name: &str| only.iter().any(|o| o == name);
-    only.is_empty()
-        || name == "bare"
+    if only.is_empty() {
+        return !name.ends_with("-nested");
+    }
+    name == "bare"
         || named(name)
-        || SEALED_TWINS
+        || FAMILIES
             .iter()
-            .any(|&(sealed, plain)| plain == name && named(sealed))
+            .any(|family| family[0] == name && family.iter().any(|&member| named(member)))
 }
 
 /// The order the scenarios run in, in round `round` (from 1): as listed, except that in even
-/// rounds a sealed scenario runs before its twin, so that neither of the two always meets the
-/// database as the other left it (a key table one scenario's worth larger, a checkpoint under
+/// rounds each family runs in the reverse order, so that none of its scenarios always meets the
+/// database as another left it (a key table one scenario's worth larger, a checkpoint under
 /// way).
 fn round_order(workloads: &[Workload], round: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..workloads.len()).collect();
     if round.is_multiple_of(2) {
-        for (sealed, plain) in SEALED_TWINS {
-            let at = |name: &str| order.iter().position(|&i| workloads[i].name() == name);
-            if let (Some(sealed), Some(plain)) = (at(sealed), at(plain)) {
-                order.swap(sealed, plain);
+        for family in FAMILIES {
+            let slots: Vec<usize> = (0..order.len())
+                .filter(|&slot| family.contains(&workloads[order[slot]].name()))
+                .collect();
+            let members: Vec<usize> = slots.iter().map(|&slot| order[slot]).collect();
+            for (&slot, &member) in slots.iter().zip(members.iter().rev()) {
+                order[slot] = member;
             }
         }
     }
@@ -287,14 +315,21 @@ fn round_order(workloads: &[Workload], round: usize) -> Vec<usize> {
 async fn measure(args: &Args, database: Database, client: Client) -> Result<(), db::Error> {
     let keys = seed_replay_keys(&client, Route::Idempotent).await?;
     let sealed_keys = seed_replay_keys(&client, Route::Sealed).await?;
+    let nested_keys = if selected(&args.only, "replay-nested") {
+        seed_replay_keys(&client, Route::Nested).await?
+    } else {
+        Vec::new()
+    };
     let mut workloads = vec![Workload::Bare];
     if database != Database::Sqlite {
         workloads.push(Workload::Peer);
     }
     workloads.extend([
         Workload::First,
+        Workload::FirstNested,
         Workload::FirstSealed,
         Workload::Replay(keys.into()),
+        Workload::ReplayNested(nested_keys.into()),
         Workload::ReplaySealed(sealed_keys.into()),
         Workload::Contended(args.group),
         Workload::Mixed(10),
@@ -406,9 +441,9 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
     if let Some(replay) = index("replay") {
         println!("replay/bare {:.2}", ratio(replay, bare));
     }
-    for (sealed, plain) in SEALED_TWINS {
-        if let (Some(sealed), Some(plain)) = (index(sealed), index(plain)) {
-            print_sealing_cost(&workloads[sealed], &runs[sealed], &runs[plain], database);
+    for (varied, plain) in COMPARED {
+        if let (Some(v), Some(p)) = (index(varied), index(plain)) {
+            print_cost((varied, &runs[v]), (plain, &runs[p]), database);
         }
     }
     let (bare_service, bare_db) = cpu_medians(&runs[bare]);
@@ -464,12 +499,10 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
     Ok(())
 }
 
-/// What a sealed scenario costs against its twin, from the runs of the same rounds: the
+/// What a scenario costs against the one it varies, from their runs in the same rounds: the
 /// throughput ratio (median of the per-round ratios, and their range, which shows the noise)
 /// and the CPU per request it adds (median of the per-round differences).
-fn print_sealing_cost(sealed: &Workload, runs: &[Run], twins: &[Run], database: Database) {
-    let name = sealed.name();
-    let plain = name.trim_end_matches("-sealed");
+fn print_cost((name, runs): (&str, &[Run]), (plain, twins): (&str, &[Run]), database: Database) {
     let ratios: Vec<f64> = runs
         .iter()
         .zip(twins)
@@ -483,7 +516,7 @@ fn print_sealing_cost(sealed: &Workload, runs: &[Run], twins: &[Run], database: 
     let db = added(|r| r.cpu_per_request().1);
     let (plain_service, plain_db) = cpu_medians(twins);
     println!(
-        "{name}/{plain} {:.3} (rounds {lowest:.3} to {highest:.3}); CPU sealing adds per request: \
+        "{name}/{plain} {:.3} (rounds {lowest:.3} to {highest:.3}); CPU added per request: \
          service {service:+.1} µs ({:+.1}%), {database} {db:+.1} µs ({:+.1}%)",
         median(ratios.iter().copied()),
         100.0 * service / plain_service,
@@ -507,5 +540,83 @@ pub fn median(values: impl Iterator<Item = f64>) -> f64 {
         0 => f64::NAN,
         n if n % 2 == 1 => values[n / 2],
         n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn names(only: &[&str]) -> Vec<&'static str> {
+        let only: Vec<String> = only.iter().map(|&o| o.to_owned()).collect();
+        all()
+            .iter()
+            .map(Workload::name)
+            .filter(|name| selected(&only, name))
+            .collect()
+    }
+
+    fn all() -> Vec<Workload> {
+        let keys = Arc::new(Vec::new());
+        vec![
+            Workload::Bare,
+            Workload::First,
+            Workload::FirstNested,
+            Workload::FirstSealed,
+            Workload::Replay(Arc::clone(&keys)),
+            Workload::ReplayNested(Arc::clone(&keys)),
+            Workload::ReplaySealed(keys),
+            Workload::Mixed(10),
+        ]
+    }
+
+    #[test]
+    fn the_nested_scenarios_run_only_when_named() {
+        assert_eq!(
+            names(&[]),
+            [
+                "bare",
+                "first",
+                "first-sealed",
+                "replay",
+                "replay-sealed",
+                "mixed"
+            ]
+        );
+        assert_eq!(
+            names(&["replay-nested", "replay-sealed"]),
+            ["bare", "replay", "replay-nested", "replay-sealed"]
+        );
+        assert_eq!(names(&["first-sealed"]), ["bare", "first", "first-sealed"]);
+    }
+
+    #[test]
+    fn even_rounds_run_each_family_backwards() {
+        let workloads = all();
+        let named = |round| {
+            round_order(&workloads, round)
+                .into_iter()
+                .map(|i| workloads[i].name())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            named(1),
+            workloads.iter().map(Workload::name).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            named(2),
+            [
+                "bare",
+                "first-sealed",
+                "first-nested",
+                "first",
+                "replay-sealed",
+                "replay-nested",
+                "replay",
+                "mixed"
+            ]
+        );
     }
 }

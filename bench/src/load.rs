@@ -27,6 +27,10 @@ use crate::cpu;
 /// ([`sealed_store`]): `POST /sealed/v1/payments` is `POST /v1/payments` with encryption keys.
 pub const SEALED: &str = "/sealed";
 
+/// Where the example's routes are served a third time, nested as under [`SEALED`] but by a
+/// store without keys: what nesting alone costs, told apart from what sealing costs.
+pub const NESTED: &str = "/nested";
+
 /// The key the sealed routes' store seals with, as `IDEM_ENCRYPTION_KEYS` writes it: fixed (the
 /// bytes 0 to 31), so that every run seals alike. A benchmark's key, never a secret.
 const SEALING_KEY: &str = "bench:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
@@ -39,16 +43,18 @@ pub fn sealed_store<DB: Sql>(pool: Pool<DB>) -> Store<DB> {
 }
 
 /// The example's routes over `pool` with `extra` beside them, all served by a store without
-/// keys; and the example's routes again under [`SEALED`], served by [`sealed_store`] over the
-/// same pool. The layer fingerprints the request's original URI, so a nested route keeps keys
+/// keys; the example's routes again under [`SEALED`], served by [`sealed_store`] over the same
+/// pool; and under [`NESTED`], by another store without keys over the same pool. The layer fingerprints the request's original URI, so a nested route keeps keys
 /// of its own: a key used on `/v1/payments` and on `/sealed/v1/payments` is a mismatch, not a
 /// replay.
 fn with_sealed<DB: Sql>(extra: Router<AppState<DB>>, pool: Pool<DB>) -> Router {
     let sealed = payments::routes::<DB>().with_state(AppState::new(sealed_store(pool.clone())));
+    let nested = payments::routes::<DB>().with_state(AppState::new(Store::new(pool.clone())));
     payments::routes::<DB>()
         .merge(extra)
         .with_state(AppState::new(Store::new(pool)))
         .nest(SEALED, sealed)
+        .nest(NESTED, nested)
 }
 
 /// Serves the example's router over PostgreSQL at `url` on a loopback port, plus
@@ -169,6 +175,10 @@ pub enum Workload {
     FirstSealed,
     /// `POST /sealed/v1/payments` with keys completed there: `Replay` with answers sealed.
     ReplaySealed(Arc<Vec<String>>),
+    /// `POST /nested/v1/payments`, a fresh key every time: `FirstSealed` without keys.
+    FirstNested,
+    /// `POST /nested/v1/payments` with keys completed there: `ReplaySealed` without keys.
+    ReplayNested(Arc<Vec<String>>),
     /// Groups of `n` clients send the same sequence of keys at the same time.
     Contended(usize),
     /// Fresh keys, except every `n`-th request, which retries the client's previous key.
@@ -185,6 +195,8 @@ impl Workload {
             Self::Replay(_) => "replay",
             Self::FirstSealed => "first-sealed",
             Self::ReplaySealed(_) => "replay-sealed",
+            Self::FirstNested => "first-nested",
+            Self::ReplayNested(_) => "replay-nested",
             Self::Contended(_) => "contended",
             Self::Mixed(_) => "mixed",
         }
@@ -272,6 +284,21 @@ pub enum Route {
     Peer,
     /// `POST /sealed/v1/payments`, idem's with answers sealed.
     Sealed,
+    /// `POST /nested/v1/payments`, idem's nested as `Sealed` is, without keys.
+    Nested,
+}
+
+impl Route {
+    /// The path a payment is posted to.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Idempotent => "/v1/payments",
+            Self::Bare => "/bare/payments",
+            Self::Peer => "/peer/payments",
+            Self::Sealed => "/sealed/v1/payments",
+            Self::Nested => "/nested/v1/payments",
+        }
+    }
 }
 
 /// One client's view of the server.
@@ -296,15 +323,9 @@ impl Client {
         route: Route,
         key: Option<&str>,
     ) -> Result<(StatusCode, bool), reqwest::Error> {
-        let path = match route {
-            Route::Idempotent => "/v1/payments",
-            Route::Bare => "/bare/payments",
-            Route::Peer => "/peer/payments",
-            Route::Sealed => "/sealed/v1/payments",
-        };
         let mut request = self
             .http
-            .post(format!("{}{path}", self.base))
+            .post(format!("{}{}", self.base, route.path()))
             .bearer_auth("bench")
             .header("content-type", "application/json")
             .body(r#"{"amount": 100, "currency": "usd", "customer": "cus_1"}"#);
@@ -375,8 +396,12 @@ async fn work(
         i += 1;
         let key = match &workload {
             Workload::Bare => None,
-            Workload::First | Workload::Peer | Workload::FirstSealed => Some(fresh_key()),
-            Workload::Replay(keys) | Workload::ReplaySealed(keys) => {
+            Workload::First | Workload::Peer | Workload::FirstSealed | Workload::FirstNested => {
+                Some(fresh_key())
+            }
+            Workload::Replay(keys)
+            | Workload::ReplaySealed(keys)
+            | Workload::ReplayNested(keys) => {
                 Some(keys[(worker * 7919 + i as usize) % keys.len()].clone())
             }
             Workload::Contended(group) => Some(format!("{base}-g{}-{i}", worker / group)),
@@ -390,6 +415,7 @@ async fn work(
             Workload::Bare => Route::Bare,
             Workload::Peer => Route::Peer,
             Workload::FirstSealed | Workload::ReplaySealed(_) => Route::Sealed,
+            Workload::FirstNested | Workload::ReplayNested(_) => Route::Nested,
             _ => Route::Idempotent,
         };
         let reply = client.pay(route, key.as_deref()).await;
@@ -397,12 +423,17 @@ async fn work(
         let expected = match (&workload, &reply) {
             (_, Err(_)) => false,
             (
-                Workload::Bare | Workload::First | Workload::Peer | Workload::FirstSealed,
+                Workload::Bare
+                | Workload::First
+                | Workload::Peer
+                | Workload::FirstSealed
+                | Workload::FirstNested,
                 Ok((status, replayed)),
             ) => *status == StatusCode::CREATED && !replayed,
-            (Workload::Replay(_) | Workload::ReplaySealed(_), Ok((status, replayed))) => {
-                *status == StatusCode::CREATED && *replayed
-            }
+            (
+                Workload::Replay(_) | Workload::ReplaySealed(_) | Workload::ReplayNested(_),
+                Ok((status, replayed)),
+            ) => *status == StatusCode::CREATED && *replayed,
             (Workload::Mixed(_), Ok((status, _))) => *status == StatusCode::CREATED,
             (Workload::Contended(_), Ok((status, _))) => {
                 *status == StatusCode::CREATED || *status == StatusCode::CONFLICT
