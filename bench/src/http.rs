@@ -1,5 +1,6 @@
 //! `http`: the layer's cost over real HTTP, scenario by scenario, against the same handler
-//! without idempotency (`bare`), in interleaved rounds.
+//! without idempotency (`bare`), in interleaved rounds; and what sealing stored answers at rest
+//! adds, `first-sealed` and `replay-sealed` against `first` and `replay` in the same rounds.
 
 use std::time::Duration;
 
@@ -27,7 +28,10 @@ pub struct Args {
     /// The databases to measure, in turn.
     #[arg(long, value_enum, num_args = 1.., default_values_t = [Database::Postgres, Database::Sqlite])]
     pub backend: Vec<Database>,
-    /// Only these scenarios (`bare` is always run: the ratios need it), e.g. to profile one.
+    /// Only these scenarios (`bare` is always run, and `first` or `replay` with a variant of
+    /// theirs: the ratios need them), e.g. to profile one. `first-nested` and `replay-nested`
+    /// (the routes nested as the sealed ones are, without keys) run only when named here: they
+    /// tell what nesting costs apart from what sealing costs.
     #[arg(long, num_args = 1..)]
     pub only: Vec<String>,
     /// How far away PostgreSQL and MySQL are, one way, in microseconds: each value is measured
@@ -229,15 +233,19 @@ async fn timed(
     }
 }
 
-async fn seed_replay_keys(client: &Client) -> Result<Vec<String>, db::Error> {
-    eprintln!("completing 1000 keys for the replay scenario...");
+/// Completes 1000 fresh keys through `route`, for a replay scenario to send again.
+async fn seed_replay_keys(client: &Client, route: Route) -> Result<Vec<String>, db::Error> {
+    eprintln!(
+        "completing 1000 keys on {} for a replay scenario...",
+        route.path()
+    );
     let keys: Vec<String> = (0..1000).map(|_| load::fresh_key()).collect();
     for chunk in keys.chunks(50) {
         let sends: Vec<_> = chunk
             .iter()
             .map(|key| {
                 let (client, key) = (client.clone(), key.clone());
-                tokio::spawn(async move { client.pay(Route::Idempotent, Some(&key)).await })
+                tokio::spawn(async move { client.pay(route, Some(&key)).await })
             })
             .collect();
         for send in sends {
@@ -250,21 +258,83 @@ async fn seed_replay_keys(client: &Client) -> Result<Vec<String>, db::Error> {
     Ok(keys)
 }
 
+/// The scenarios measured against each other, each family's plain one first: a sealed
+/// scenario and a nested one (the example's routes nested as the sealed ones are, by a store
+/// without keys) against the scenario they vary.
+const FAMILIES: [[&str; 3]; 2] = [
+    ["first", "first-nested", "first-sealed"],
+    ["replay", "replay-nested", "replay-sealed"],
+];
+
+/// The comparisons printed, numerator first, where both ran: sealing against no keys; and,
+/// when the nested scenarios run, nesting alone and sealing alone.
+const COMPARED: [(&str, &str); 6] = [
+    ("first-sealed", "first"),
+    ("replay-sealed", "replay"),
+    ("first-nested", "first"),
+    ("replay-nested", "replay"),
+    ("first-sealed", "first-nested"),
+    ("replay-sealed", "replay-nested"),
+];
+
+/// Whether the scenario `name` runs. Without `--only`, all but the nested ones, which only
+/// tell the nesting's share of what sealing costs. With `--only`, those named, `bare`, and the
+/// plain scenario of a family one of whose others is named.
+fn selected(only: &[String], name: &str) -> bool {
+    let named = |name: &str| only.iter().any(|o| o == name);
+    if only.is_empty() {
+        return !name.ends_with("-nested");
+    }
+    name == "bare"
+        || named(name)
+        || FAMILIES
+            .iter()
+            .any(|family| family[0] == name && family.iter().any(|&member| named(member)))
+}
+
+/// The order the scenarios run in, in round `round` (from 1): as listed, except that in even
+/// rounds each family runs in the reverse order, so that none of its scenarios always meets the
+/// database as another left it (a key table one scenario's worth larger, a checkpoint under
+/// way).
+fn round_order(workloads: &[Workload], round: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..workloads.len()).collect();
+    if round.is_multiple_of(2) {
+        for family in FAMILIES {
+            let slots: Vec<usize> = (0..order.len())
+                .filter(|&slot| family.contains(&workloads[order[slot]].name()))
+                .collect();
+            let members: Vec<usize> = slots.iter().map(|&slot| order[slot]).collect();
+            for (&slot, &member) in slots.iter().zip(members.iter().rev()) {
+                order[slot] = member;
+            }
+        }
+    }
+    order
+}
+
 async fn measure(args: &Args, database: Database, client: Client) -> Result<(), db::Error> {
-    let keys = seed_replay_keys(&client).await?;
+    let keys = seed_replay_keys(&client, Route::Idempotent).await?;
+    let sealed_keys = seed_replay_keys(&client, Route::Sealed).await?;
+    let nested_keys = if selected(&args.only, "replay-nested") {
+        seed_replay_keys(&client, Route::Nested).await?
+    } else {
+        Vec::new()
+    };
     let mut workloads = vec![Workload::Bare];
     if database != Database::Sqlite {
         workloads.push(Workload::Peer);
     }
     workloads.extend([
         Workload::First,
+        Workload::FirstNested,
+        Workload::FirstSealed,
         Workload::Replay(keys.into()),
+        Workload::ReplayNested(nested_keys.into()),
+        Workload::ReplaySealed(sealed_keys.into()),
         Workload::Contended(args.group),
         Workload::Mixed(10),
     ]);
-    if !args.only.is_empty() {
-        workloads.retain(|w| w.name() == "bare" || args.only.iter().any(|o| o == w.name()));
-    }
+    workloads.retain(|w| selected(&args.only, w.name()));
     let index = |name: &str| workloads.iter().position(|w| w.name() == name);
 
     eprintln!("counting statements per request...");
@@ -293,9 +363,17 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
     let mut runs: Vec<Vec<Run>> = workloads.iter().map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
         eprintln!("round {round}/{}", args.rounds);
-        for (index, workload) in workloads.iter().enumerate() {
-            runs[index]
-                .push(timed(&client, database, workload, args.concurrency, args.seconds).await);
+        for index in round_order(&workloads, round) {
+            runs[index].push(
+                timed(
+                    &client,
+                    database,
+                    &workloads[index],
+                    args.concurrency,
+                    args.seconds,
+                )
+                .await,
+            );
         }
     }
 
@@ -363,6 +441,11 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
     if let Some(replay) = index("replay") {
         println!("replay/bare {:.2}", ratio(replay, bare));
     }
+    for (varied, plain) in COMPARED {
+        if let (Some(v), Some(p)) = (index(varied), index(plain)) {
+            print_cost((varied, &runs[v]), (plain, &runs[p]), database);
+        }
+    }
     let (bare_service, bare_db) = cpu_medians(&runs[bare]);
     let added = |runs: &[Run]| {
         let (service, db) = cpu_medians(runs);
@@ -416,6 +499,31 @@ async fn measure(args: &Args, database: Database, client: Client) -> Result<(), 
     Ok(())
 }
 
+/// What a scenario costs against the one it varies, from their runs in the same rounds: the
+/// throughput ratio (median of the per-round ratios, and their range, which shows the noise)
+/// and the CPU per request it adds (median of the per-round differences).
+fn print_cost((name, runs): (&str, &[Run]), (plain, twins): (&str, &[Run]), database: Database) {
+    let ratios: Vec<f64> = runs
+        .iter()
+        .zip(twins)
+        .map(|(s, p)| s.stats.rate() / p.stats.rate())
+        .collect();
+    let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let added =
+        |part: fn(&Run) -> f64| median(runs.iter().zip(twins).map(|(s, p)| part(s) - part(p)));
+    let service = added(|r| r.cpu_per_request().0);
+    let db = added(|r| r.cpu_per_request().1);
+    let (plain_service, plain_db) = cpu_medians(twins);
+    println!(
+        "{name}/{plain} {:.3} (rounds {lowest:.3} to {highest:.3}); CPU added per request: \
+         service {service:+.1} µs ({:+.1}%), {database} {db:+.1} µs ({:+.1}%)",
+        median(ratios.iter().copied()),
+        100.0 * service / plain_service,
+        100.0 * db / plain_db,
+    );
+}
+
 /// The median CPU per request of some runs: (service, database).
 fn cpu_medians(runs: &[Run]) -> (f64, f64) {
     (
@@ -432,5 +540,83 @@ pub fn median(values: impl Iterator<Item = f64>) -> f64 {
         0 => f64::NAN,
         n if n % 2 == 1 => values[n / 2],
         n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn names(only: &[&str]) -> Vec<&'static str> {
+        let only: Vec<String> = only.iter().map(|&o| o.to_owned()).collect();
+        all()
+            .iter()
+            .map(Workload::name)
+            .filter(|name| selected(&only, name))
+            .collect()
+    }
+
+    fn all() -> Vec<Workload> {
+        let keys = Arc::new(Vec::new());
+        vec![
+            Workload::Bare,
+            Workload::First,
+            Workload::FirstNested,
+            Workload::FirstSealed,
+            Workload::Replay(Arc::clone(&keys)),
+            Workload::ReplayNested(Arc::clone(&keys)),
+            Workload::ReplaySealed(keys),
+            Workload::Mixed(10),
+        ]
+    }
+
+    #[test]
+    fn the_nested_scenarios_run_only_when_named() {
+        assert_eq!(
+            names(&[]),
+            [
+                "bare",
+                "first",
+                "first-sealed",
+                "replay",
+                "replay-sealed",
+                "mixed"
+            ]
+        );
+        assert_eq!(
+            names(&["replay-nested", "replay-sealed"]),
+            ["bare", "replay", "replay-nested", "replay-sealed"]
+        );
+        assert_eq!(names(&["first-sealed"]), ["bare", "first", "first-sealed"]);
+    }
+
+    #[test]
+    fn even_rounds_run_each_family_backwards() {
+        let workloads = all();
+        let named = |round| {
+            round_order(&workloads, round)
+                .into_iter()
+                .map(|i| workloads[i].name())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            named(1),
+            workloads.iter().map(Workload::name).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            named(2),
+            [
+                "bare",
+                "first-sealed",
+                "first-nested",
+                "first",
+                "replay-sealed",
+                "replay-nested",
+                "replay",
+                "mixed"
+            ]
+        );
     }
 }

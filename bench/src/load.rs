@@ -11,18 +11,56 @@ use std::{
     time::{Duration, Instant},
 };
 
-use axum::routing::post;
+use axum::{Router, routing::post};
 use hdrhistogram::Histogram;
-use idem_examples::payments::{self, AppState};
-use idem_runtime::Store;
+use idem_examples::{
+    payments::{self, AppState},
+    sql::Sql,
+};
+use idem_runtime::{Store, StoreOptions, seal::EncryptionKeys};
 use reqwest::StatusCode;
-use sqlx::{MySql, Postgres, Sqlite, mysql::MySqlPoolOptions, postgres::PgPoolOptions};
+use sqlx::{MySql, Pool, Postgres, Sqlite, mysql::MySqlPoolOptions, postgres::PgPoolOptions};
 
 use crate::cpu;
 
+/// Where the example's routes are served a second time, by a store that seals its answers
+/// ([`sealed_store`]): `POST /sealed/v1/payments` is `POST /v1/payments` with encryption keys.
+pub const SEALED: &str = "/sealed";
+
+/// Where the example's routes are served a third time, nested as under [`SEALED`] but by a
+/// store without keys: what nesting alone costs, told apart from what sealing costs.
+pub const NESTED: &str = "/nested";
+
+/// The key the sealed routes' store seals with, as `IDEM_ENCRYPTION_KEYS` writes it: fixed (the
+/// bytes 0 to 31), so that every run seals alike. A benchmark's key, never a secret.
+const SEALING_KEY: &str = "bench:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+/// A store over `pool` that seals every answer it stores with [`SEALING_KEY`], its options
+/// otherwise the defaults that `Store::new` gives the unsealed routes.
+pub fn sealed_store<DB: Sql>(pool: Pool<DB>) -> Store<DB> {
+    let keys = EncryptionKeys::parse(SEALING_KEY).expect("the benchmark's key is well formed");
+    Store::new(pool).with_options(StoreOptions::default().with_encryption_keys(keys))
+}
+
+/// The example's routes over `pool` with `extra` beside them, all served by a store without
+/// keys; the example's routes again under [`SEALED`], served by [`sealed_store`] over the same
+/// pool; and under [`NESTED`], by another store without keys over the same pool. The layer fingerprints the request's original URI, so a nested route keeps keys
+/// of its own: a key used on `/v1/payments` and on `/sealed/v1/payments` is a mismatch, not a
+/// replay.
+fn with_sealed<DB: Sql>(extra: Router<AppState<DB>>, pool: Pool<DB>) -> Router {
+    let sealed = payments::routes::<DB>().with_state(AppState::new(sealed_store(pool.clone())));
+    let nested = payments::routes::<DB>().with_state(AppState::new(Store::new(pool.clone())));
+    payments::routes::<DB>()
+        .merge(extra)
+        .with_state(AppState::new(Store::new(pool)))
+        .nest(SEALED, sealed)
+        .nest(NESTED, nested)
+}
+
 /// Serves the example's router over PostgreSQL at `url` on a loopback port, plus
 /// `POST /bare/payments` (the same payment handler and business writes in a transaction, without
-/// idempotency) and `POST /peer/payments` (the same work in the peer design, [`crate::peer`]).
+/// idempotency), `POST /peer/payments` (the same work in the peer design, [`crate::peer`]) and
+/// the example's routes again under [`SEALED`], by a store that seals its answers.
 /// The service runs on a runtime of its own, with its own pool, so that its CPU time can be told
 /// apart from the load generator's ([`crate::cpu`]).
 pub async fn serve(url: String, connections: u32) -> Result<SocketAddr, crate::db::Error> {
@@ -32,7 +70,7 @@ pub async fn serve(url: String, connections: u32) -> Result<SocketAddr, crate::d
             .min_connections(connections)
             .connect(&url)
             .await?;
-        let app = payments::routes::<Postgres>()
+        let extra = Router::new()
             .route(
                 "/bare/payments",
                 post(payments::create_payment_bare::<Postgres>),
@@ -40,9 +78,8 @@ pub async fn serve(url: String, connections: u32) -> Result<SocketAddr, crate::d
             .route(
                 "/peer/payments",
                 post(crate::peer::postgres::create_payment),
-            )
-            .with_state(AppState::new(Store::new(pool)));
-        Ok(app)
+            );
+        Ok(with_sealed(extra, pool))
     })
     .await
 }
@@ -55,14 +92,13 @@ pub async fn serve_mysql(url: String, connections: u32) -> Result<SocketAddr, cr
             .min_connections(connections)
             .connect(&url)
             .await?;
-        let app = payments::routes::<MySql>()
+        let extra = Router::new()
             .route(
                 "/bare/payments",
                 post(payments::create_payment_bare::<MySql>),
             )
-            .route("/peer/payments", post(crate::peer::mysql::create_payment))
-            .with_state(AppState::new(Store::new(pool)));
-        Ok(app)
+            .route("/peer/payments", post(crate::peer::mysql::create_payment));
+        Ok(with_sealed(extra, pool))
     })
     .await
 }
@@ -72,13 +108,11 @@ pub async fn serve_mysql(url: String, connections: u32) -> Result<SocketAddr, cr
 pub async fn serve_sqlite(path: PathBuf) -> Result<SocketAddr, crate::db::Error> {
     serve_apart(move || async move {
         let pool = idem_examples::schema::connect_sqlite(&path).await?;
-        let app = payments::routes::<Sqlite>()
-            .route(
-                "/bare/payments",
-                post(payments::create_payment_bare::<Sqlite>),
-            )
-            .with_state(AppState::new(Store::new(pool)));
-        Ok(app)
+        let extra = Router::new().route(
+            "/bare/payments",
+            post(payments::create_payment_bare::<Sqlite>),
+        );
+        Ok(with_sealed(extra, pool))
     })
     .await
 }
@@ -137,6 +171,14 @@ pub enum Workload {
     Peer,
     /// `POST /v1/payments` with keys that are already completed.
     Replay(Arc<Vec<String>>),
+    /// `POST /sealed/v1/payments`, a fresh key every time: `First` with answers sealed.
+    FirstSealed,
+    /// `POST /sealed/v1/payments` with keys completed there: `Replay` with answers sealed.
+    ReplaySealed(Arc<Vec<String>>),
+    /// `POST /nested/v1/payments`, a fresh key every time: `FirstSealed` without keys.
+    FirstNested,
+    /// `POST /nested/v1/payments` with keys completed there: `ReplaySealed` without keys.
+    ReplayNested(Arc<Vec<String>>),
     /// Groups of `n` clients send the same sequence of keys at the same time.
     Contended(usize),
     /// Fresh keys, except every `n`-th request, which retries the client's previous key.
@@ -151,6 +193,10 @@ impl Workload {
             Self::First => "first",
             Self::Peer => "peer",
             Self::Replay(_) => "replay",
+            Self::FirstSealed => "first-sealed",
+            Self::ReplaySealed(_) => "replay-sealed",
+            Self::FirstNested => "first-nested",
+            Self::ReplayNested(_) => "replay-nested",
             Self::Contended(_) => "contended",
             Self::Mixed(_) => "mixed",
         }
@@ -236,6 +282,23 @@ pub enum Route {
     Bare,
     /// `POST /peer/payments`, the peer design.
     Peer,
+    /// `POST /sealed/v1/payments`, idem's with answers sealed.
+    Sealed,
+    /// `POST /nested/v1/payments`, idem's nested as `Sealed` is, without keys.
+    Nested,
+}
+
+impl Route {
+    /// The path a payment is posted to.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Idempotent => "/v1/payments",
+            Self::Bare => "/bare/payments",
+            Self::Peer => "/peer/payments",
+            Self::Sealed => "/sealed/v1/payments",
+            Self::Nested => "/nested/v1/payments",
+        }
+    }
 }
 
 /// One client's view of the server.
@@ -260,14 +323,9 @@ impl Client {
         route: Route,
         key: Option<&str>,
     ) -> Result<(StatusCode, bool), reqwest::Error> {
-        let path = match route {
-            Route::Idempotent => "/v1/payments",
-            Route::Bare => "/bare/payments",
-            Route::Peer => "/peer/payments",
-        };
         let mut request = self
             .http
-            .post(format!("{}{path}", self.base))
+            .post(format!("{}{}", self.base, route.path()))
             .bearer_auth("bench")
             .header("content-type", "application/json")
             .body(r#"{"amount": 100, "currency": "usd", "customer": "cus_1"}"#);
@@ -338,8 +396,14 @@ async fn work(
         i += 1;
         let key = match &workload {
             Workload::Bare => None,
-            Workload::First | Workload::Peer => Some(fresh_key()),
-            Workload::Replay(keys) => Some(keys[(worker * 7919 + i as usize) % keys.len()].clone()),
+            Workload::First | Workload::Peer | Workload::FirstSealed | Workload::FirstNested => {
+                Some(fresh_key())
+            }
+            Workload::Replay(keys)
+            | Workload::ReplaySealed(keys)
+            | Workload::ReplayNested(keys) => {
+                Some(keys[(worker * 7919 + i as usize) % keys.len()].clone())
+            }
             Workload::Contended(group) => Some(format!("{base}-g{}-{i}", worker / group)),
             Workload::Mixed(every) => match (&previous, i.is_multiple_of(*every)) {
                 (Some(previous), true) => Some(previous.clone()),
@@ -350,18 +414,26 @@ async fn work(
         let route = match workload {
             Workload::Bare => Route::Bare,
             Workload::Peer => Route::Peer,
+            Workload::FirstSealed | Workload::ReplaySealed(_) => Route::Sealed,
+            Workload::FirstNested | Workload::ReplayNested(_) => Route::Nested,
             _ => Route::Idempotent,
         };
         let reply = client.pay(route, key.as_deref()).await;
         let micros = (sent.elapsed().as_micros() as u64).max(1);
         let expected = match (&workload, &reply) {
             (_, Err(_)) => false,
-            (Workload::Bare | Workload::First | Workload::Peer, Ok((status, replayed))) => {
-                *status == StatusCode::CREATED && !replayed
-            }
-            (Workload::Replay(_), Ok((status, replayed))) => {
-                *status == StatusCode::CREATED && *replayed
-            }
+            (
+                Workload::Bare
+                | Workload::First
+                | Workload::Peer
+                | Workload::FirstSealed
+                | Workload::FirstNested,
+                Ok((status, replayed)),
+            ) => *status == StatusCode::CREATED && !replayed,
+            (
+                Workload::Replay(_) | Workload::ReplaySealed(_) | Workload::ReplayNested(_),
+                Ok((status, replayed)),
+            ) => *status == StatusCode::CREATED && *replayed,
             (Workload::Mixed(_), Ok((status, _))) => *status == StatusCode::CREATED,
             (Workload::Contended(_), Ok((status, _))) => {
                 *status == StatusCode::CREATED || *status == StatusCode::CONFLICT
@@ -393,4 +465,108 @@ async fn work(
         previous = key;
     }
     stats
+}
+
+#[cfg(test)]
+mod tests {
+    //! A brief run of the sealed scenarios on each database, as `idem-bench http` serves them:
+    //! the nested routes answer and replay, their store seals what it stores, the unsealed
+    //! routes' store beside it over the same pool does not, and a key keeps to the route it was
+    //! first used on. The benchmark's own smoke test: `scripts/test` runs it with the suite.
+
+    use super::*;
+
+    /// How long each scenario runs: long enough for some requests, short enough for the suite.
+    const BRIEFLY: Duration = Duration::from_millis(300);
+
+    /// Stores one answer through the unsealed route and twenty through [`SEALED`], then runs
+    /// the sealed scenarios briefly against the server at `addr`: none may answer otherwise than
+    /// expected.
+    async fn run_sealed_scenarios(addr: SocketAddr) {
+        let client = Client::new(addr);
+        let plain = fresh_key();
+        assert_eq!(
+            client.pay(Route::Idempotent, Some(&plain)).await.unwrap(),
+            (StatusCode::CREATED, false)
+        );
+        let mut keys = Vec::new();
+        for _ in 0..20 {
+            let key = fresh_key();
+            assert_eq!(
+                client.pay(Route::Sealed, Some(&key)).await.unwrap(),
+                (StatusCode::CREATED, false),
+                "a first execution through {SEALED}"
+            );
+            keys.push(key);
+        }
+        // The fingerprint holds the whole path: a sealed route's key is not the plain route's.
+        let (status, _) = client.pay(Route::Idempotent, Some(&keys[0])).await.unwrap();
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+        let first = run(&client, &Workload::FirstSealed, 4, BRIEFLY).await;
+        assert_eq!(first.errors, 0, "{:?}", first.first_error);
+        assert!(first.ok > 0 && first.replays == 0, "{first:?}");
+        let replay = run(&client, &Workload::ReplaySealed(keys.into()), 4, BRIEFLY).await;
+        assert_eq!(replay.errors, 0, "{:?}", replay.first_error);
+        assert!(replay.ok > 0 && replay.replays == replay.ok, "{replay:?}");
+    }
+
+    /// Each stored row, given as (path, response headers as text), is sealed if and only if it
+    /// was stored through [`SEALED`].
+    fn check_sealing(rows: &[(String, String)]) {
+        assert!(rows.len() > 21, "{} rows", rows.len());
+        for (path, headers) in rows {
+            assert_eq!(
+                headers.contains(idem_runtime::seal::SEALED_WITH),
+                path.starts_with(&format!("{SEALED}/")),
+                "{path}: {headers}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sealed_scenarios_on_sqlite() {
+        let dir = std::env::temp_dir().join(format!("idem-bench-smoke-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bench.db");
+        let pool = idem_examples::schema::connect_sqlite(&path).await.unwrap();
+        idem_examples::schema::create(&pool).await.unwrap();
+        run_sealed_scenarios(serve_sqlite(path).await.unwrap()).await;
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT path, response_headers FROM idem_keys")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        check_sealing(&rows);
+        pool.close().await;
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sealed_scenarios_on_postgres() {
+        let scratch = crate::db::Scratch::named(2, "smoke").await.unwrap();
+        run_sealed_scenarios(serve(scratch.url.clone(), 8).await.unwrap()).await;
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT path, response_headers::text FROM idem_keys")
+                .fetch_all(&scratch.pool)
+                .await
+                .unwrap();
+        check_sealing(&rows);
+        scratch.drop().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sealed_scenarios_on_mysql() {
+        let scratch = crate::db::MySqlScratch::create().await.unwrap();
+        run_sealed_scenarios(serve_mysql(scratch.url.clone(), 8).await.unwrap()).await;
+        let pool = sqlx::MySqlPool::connect(&scratch.url).await.unwrap();
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT path, CAST(response_headers AS CHAR) FROM idem_keys")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        check_sealing(&rows);
+        pool.close().await;
+        scratch.drop().await.unwrap();
+    }
 }

@@ -28,7 +28,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Scenario {
     /// Requests/s, p50, p99 and SQL statements per request of bare, first, replay, contended and
-    /// mixed traffic over HTTP, in interleaved rounds, with the ratios to bare.
+    /// mixed traffic over HTTP, in interleaved rounds, with the ratios to bare; and first
+    /// executions and replays with answers sealed at rest, with their ratios to the unsealed.
     Http(http::Args),
     /// What each way of claiming a key costs PostgreSQL, without HTTP: transactions/s and CPU.
     Claim(claim::Args),
