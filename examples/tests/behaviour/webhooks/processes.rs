@@ -70,6 +70,20 @@ impl Answer {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {self:?}"))
     }
 
+    /// An answer a sender retries: 409 while another delivery of the id runs, or 503 when the
+    /// store did not answer in time; a problem with `Retry-After`, nothing applied.
+    fn assert_retryable(&self, what: &str) {
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            assert!(self.problem, "{what}: a problem: {self:?}");
+            assert!(
+                self.retry_after.is_some(),
+                "{what}: a 503 without Retry-After: {self:?}"
+            );
+        } else {
+            self.assert_in_progress(what);
+        }
+    }
+
     /// A delivery refused while another of its id runs: 409, problem+json, `Retry-After` in
     /// whole seconds, at least 1.
     fn assert_in_progress(&self, what: &str) {
@@ -109,15 +123,18 @@ async fn deliver(client: &Client, base: &str, id: &str, body: &str) -> Answer {
     .await
 }
 
-/// `body` delivered as `id` to `base`, signed anew each attempt, until it is answered anything
-/// but 409: every attempt's answer, in order (the last one not a 409).
-async fn deliver_until_not_409(client: &Client, base: &str, id: &str, body: &str) -> Vec<Answer> {
+/// `body` delivered as `id` to the process at `base`, sent again while it is answered with
+/// what a sender retries after `Retry-After` (409: another delivery of the id runs; 503: the
+/// store did not answer in time, as under a pooler with every connection busy), until it is
+/// answered otherwise; every answer, in order.
+async fn deliver_until_settled(client: &Client, base: &str, id: &str, body: &str) -> Vec<Answer> {
     let answers = Mutex::new(Vec::new());
     wait_until(
-        &format!("delivery {id} to {base} to be answered other than 409"),
+        &format!("delivery {id} to {base} to be answered other than 409 or 503"),
         || async {
             let answer = deliver(client, base, id, body).await;
-            let done = answer.status != StatusCode::CONFLICT;
+            let done =
+                ![StatusCode::CONFLICT, StatusCode::SERVICE_UNAVAILABLE].contains(&answer.status);
             answers.lock().unwrap().push(answer);
             done
         },
@@ -200,7 +217,7 @@ async fn concurrent_redeliveries_over_two_processes_credit_each_id_once(database
             sends.push((
                 i,
                 tokio::spawn(async move {
-                    deliver_until_not_409(&client, &base, &id, &credit(&tenant, amount)).await
+                    deliver_until_settled(&client, &base, &id, &credit(&tenant, amount)).await
                 }),
             ));
         }
@@ -212,7 +229,7 @@ async fn concurrent_redeliveries_over_two_processes_credit_each_id_once(database
         let answers = send.await.unwrap();
         let (last, before) = answers.split_last().expect("one answer at least");
         for answer in before {
-            answer.assert_in_progress("a delivery while another of its id runs");
+            answer.assert_retryable("a delivery while another of its id runs");
             refused += 1;
         }
         assert_eq!(last.status, StatusCode::OK, "{last:?}");
@@ -223,7 +240,7 @@ async fn concurrent_redeliveries_over_two_processes_credit_each_id_once(database
     }
     assert_eq!(
         applied, [1; IDS],
-        "each id applied by one delivery and replayed to every other ({refused} answers were 409)"
+        "each id applied by one delivery and replayed to every other ({refused} answers were 409 or 503)"
     );
     for base in &bases {
         for i in 0..IDS {
@@ -341,10 +358,10 @@ async fn a_delivery_sigkilled_in_flight_runs_when_redelivered_to_a_new_process_a
     blocker.release().await;
 
     let (_c, base_c) = service(&client, &database).await;
-    let answers = deliver_until_not_409(&client, &base_c, "msg_1", &body).await;
+    let answers = deliver_until_settled(&client, &base_c, "msg_1", &body).await;
     let (last, before) = answers.split_last().expect("one answer at least");
     for answer in before {
-        answer.assert_in_progress("the redelivery while the dead process's transaction lasts");
+        answer.assert_retryable("the redelivery while the dead process's transaction lasts");
     }
     last.assert_applied(800, "the redelivery to the new process");
     assert_eq!(balance(&client, &base_c, "t1").await, (800, 1));
