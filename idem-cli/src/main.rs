@@ -12,22 +12,30 @@
 //! idem abandon --scope S --key K
 //! idem purge [--dry-run]
 //! idem forget --scope S
+//! idem rekey [--dry-run]
 //! ```
 //!
 //! The URL is `--database-url` or `$DATABASE_URL` (`postgres://...`, `mysql://...` for MySQL
 //! and MariaDB, or `sqlite:<path>`).
-//! Output is a table for people, JSON with `--json`. A stored response's body is printed only
-//! with `inspect --body`.
+//! Output is a table for people, JSON with `--json`. A stored response's body, and what its
+//! recorded steps saved, are printed only with `inspect --body`.
 //!
 //! A service that seals its answers (`IDEM_ENCRYPTION_KEYS`, as the example's) keeps only their
 //! status in the clear: `inspect` says which key sealed one, and `inspect --body` opens it with
 //! the keys in `$IDEM_ENCRYPTION_KEYS` (`<id>:<base64 of 32 bytes>`, comma-separated, as the
-//! service's), or says which key id it needs and exits 1. A malformed value stops the command
+//! service's), or says which key id it needs and exits 1. `rekey` seals every stored answer
+//! again with the first of those keys (the step of a rotation after which the others can be
+//! retired), in batches, beside the running service. A malformed value stops the command
 //! before it connects.
 //!
 //! Exit codes: 0 done, 1 refused, not found, or a sealed answer that does not open with the
 //! keys given; 2 the database failed, or the settings are wrong. `forget` exits 0 when it has
-//! deleted what it could, claims left or not: it says how many it left.
+//! deleted what it could, claims left or not: it says how many it left. `rekey` exits 0 when
+//! every completed key and parked claim is sealed with the first key (claims in flight are
+//! left to their owner, and counted), 1 when some did not open or were held by another
+//! transaction (it names them; run it again). `--timeout` bounds the whole command: give a
+//! longer one to `rekey`, `forget` or `purge` a large table (what they did before it stays
+//! done, and running them again goes on).
 
 mod output;
 
@@ -128,6 +136,15 @@ enum Command {
         #[arg(long)]
         scope: String,
     },
+    /// Seals again, with the first key of $IDEM_ENCRYPTION_KEYS, every stored answer and
+    /// recorded step sealed with another key or stored in the clear, in batches, beside the
+    /// running service; claims in flight are left to their owner. With --dry-run, opens and
+    /// counts them and writes nothing.
+    Rekey {
+        /// Open and count, do not write.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Deletes the expired keys now (with --dry-run, only counts them).
     Purge {
         /// Count, do not delete.
@@ -151,6 +168,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if matches!(cli.command, Command::Rekey { .. }) && keys.is_none() {
+        eprintln!(
+            "idem: rekey seals with the first key of {KEYS_VARIABLE}, which is not set: set it \
+             to the service's keys, the one to seal with first"
+        );
+        return ExitCode::from(2);
+    }
     let work = async {
         // Two connections: the command runs one statement at a time, and the purge's
         // batches leave room for nothing else.
@@ -169,8 +193,8 @@ async fn main() -> ExitCode {
         Err(_) => {
             eprintln!(
                 "idem: the database did not answer within {}; nothing more was done (a \
-                 release or purge that had reached the database may have happened; run the \
-                 command again to see)",
+                 release, purge, forget or rekey that had reached the database may have \
+                 happened, in part; run the command again to see, or to go on)",
                 humantime::format_duration(cli.timeout)
             );
             ExitCode::from(2)
@@ -226,8 +250,8 @@ async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Er
                     String::new()
                 };
                 eprintln!(
-                    "idem: the answer of key {key:?} in scope {scope:?} needs key id {id:?}: \
-                     {unopened}{remedy}"
+                    "idem: what key {key:?} in scope {scope:?} stored (its answer or its \
+                     recorded steps) needs key id {id:?}: {unopened}{remedy}"
                 );
                 return Ok(ExitCode::FAILURE);
             }
@@ -276,6 +300,13 @@ async fn run(db: &AnyStore, command: Command, json: bool) -> Result<ExitCode, Er
             return Ok(unparked(done, "abandoned", json, &scope, &key));
         }
         Command::Forget { scope } => output::forgotten(&db.forget(&scope).await?, &scope, json),
+        Command::Rekey { dry_run } => {
+            let rekeyed = db.rekey(dry_run).await?;
+            output::rekeyed(&rekeyed, json);
+            if !rekeyed.is_complete() {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         Command::Purge { dry_run } => {
             let rows = if dry_run {
                 u64::try_from(db.stats().await?.expired).unwrap_or(0)

@@ -4,7 +4,7 @@ use comfy_table::Table;
 use serde_json::json;
 
 use idem_runtime::{
-    admin::{Forgotten, GrpcAnswer, KeyInfo as Key, ParkedClaim, Stats},
+    admin::{Forgotten, GrpcAnswer, KeyInfo as Key, ParkedClaim, Rekeyed, Stats},
     grpc::code_name,
 };
 
@@ -41,6 +41,15 @@ fn signed(ms: Option<i64>) -> String {
         Some(ms) if ms < 0 => format!("-{}", ago(Some(ms))),
         other => ago(other),
     }
+}
+
+/// The recorded steps `steps` (JSON) without what they saved: `[{"step": name}]`.
+fn step_names(steps: &str) -> serde_json::Value {
+    let steps: Vec<serde_json::Value> = serde_json::from_str(steps).unwrap_or_default();
+    steps
+        .iter()
+        .map(|step| json!({ "step": step["step"] }))
+        .collect()
 }
 
 /// The recovery point: the last recorded step and how many there are.
@@ -141,6 +150,10 @@ pub fn key(key: &Key, with_body: bool, json: bool) {
         if let Some(body) = body {
             value["response_body"] = json!(body);
         }
+        // What a step saved is content, as a body is: its name alone without `--body`.
+        if !with_body && let Some(steps) = key.steps.as_deref() {
+            value["steps"] = json!(step_names(steps));
+        }
         print_json(&value);
         return;
     }
@@ -172,6 +185,9 @@ pub fn key(key: &Key, with_body: bool, json: bool) {
     }
     if let Some(body) = body {
         table.add_row(["body".to_owned(), body]);
+    }
+    if with_body && let Some(steps) = &key.steps {
+        table.add_row(["recorded steps".to_owned(), steps.clone()]);
     }
     println!("{table}");
 }
@@ -289,4 +305,45 @@ pub fn forgotten(forgotten: &Forgotten, scope: &str, json: bool) {
          (`idem dead`, then `idem resume` or `idem abandon`)",
         forgotten.parked_left
     );
+}
+
+/// What `rekey` sealed again, or with `--dry-run` would, and what it left and why.
+pub fn rekeyed(rekeyed: &Rekeyed, json: bool) {
+    if json {
+        print_json(rekeyed);
+        return;
+    }
+    let id = &rekeyed.sealing_id;
+    let verb = if rekeyed.dry_run {
+        "would seal again"
+    } else {
+        "sealed again"
+    };
+    println!(
+        "read {} completed keys and parked claims: {verb} {} with key {id:?}; {} already sealed \
+         with it",
+        rekeyed.read, rekeyed.resealed, rekeyed.current
+    );
+    println!(
+        "left {} claims in flight: their answer is sealed with key {id:?} when they complete; \
+         rekey again once they have, before retiring a key",
+        rekeyed.in_flight_left
+    );
+    for (needed, rows) in &rekeyed.unopened {
+        println!(
+            "left {rows} that do not open with key id {needed:?}: give that key in \
+             IDEM_ENCRYPTION_KEYS (after the first), or they were altered; a retry of one is \
+             answered 500"
+        );
+    }
+    for (scope, key) in &rekeyed.unopened_keys {
+        println!("  did not open: scope {scope:?}, key {key:?} (idem inspect --body)");
+    }
+    if rekeyed.busy > 0 {
+        println!(
+            "left {} held by another transaction (a retry taking an expired key over): run \
+             rekey again",
+            rekeyed.busy
+        );
+    }
 }

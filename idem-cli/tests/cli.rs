@@ -530,14 +530,91 @@ fn sealed_answers_open_with_the_keys_given(url: &str) {
     }
 }
 
-/// Writes the sealed row with `insert` through `pool`, and runs
-/// [`sealed_answers_open_with_the_keys_given`] on the database at `url`.
-async fn with_the_sealed_row<'p, P: sqlx::Executor<'p>>(pool: P, insert: String, url: String) {
+/// `rekey`, on the database at `url` holding the sealed row: it needs keys (status 2 without,
+/// naming the variable); it leaves an answer that does not open with the keys given and names
+/// the key id and the key (status 1); a dry run writes nothing; with `k2` first it seals the
+/// answer again with `k2`, which then opens it alone, and `k1` no longer does.
+fn rekey_seals_the_answer_again_with_the_first_key(url: &str) {
+    let sealed_with = |url: &str| {
+        let shown = json(&idem_with_keys(
+            url,
+            None,
+            &["--json", "inspect", "--scope", "t1", "--key", "sealed"],
+        ));
+        shown["sealed_with"].as_str().expect("sealed").to_owned()
+    };
+    let without = idem_with_keys(url, None, &["rekey"]);
+    assert_eq!(without.status.code(), Some(2), "{}", text(&without.stderr));
+    assert!(
+        text(&without.stderr).contains("IDEM_ENCRYPTION_KEYS"),
+        "{}",
+        text(&without.stderr)
+    );
+
+    let lost = idem_with_keys(url, Some(KEY_2), &["rekey"]);
+    let shown = text(&lost.stdout);
+    assert_eq!(lost.status.code(), Some(1), "{shown}{}", text(&lost.stderr));
+    assert!(
+        shown.contains(r#"key id "k1""#) && shown.contains(r#"scope "t1", key "sealed""#),
+        "{shown}"
+    );
+    assert_eq!(sealed_with(url), "k1", "left as it is");
+
+    let rotated = format!("{KEY_2},{KEY_1}");
+    let dry = json(&idem_with_keys(
+        url,
+        Some(&rotated),
+        &["--json", "rekey", "--dry-run"],
+    ));
+    assert_eq!(
+        (
+            &dry["dry_run"],
+            &dry["read"],
+            &dry["resealed"],
+            &dry["current"]
+        ),
+        (
+            &Value::Bool(true),
+            &Value::from(1),
+            &Value::from(1),
+            &Value::from(0)
+        ),
+        "{dry}"
+    );
+    assert_eq!(sealed_with(url), "k1", "a dry run writes nothing");
+
+    let done = idem_with_keys(url, Some(&rotated), &["rekey"]);
+    let shown = text(&done.stdout);
+    assert!(done.status.success(), "{shown}{}", text(&done.stderr));
+    assert!(shown.contains(r#"sealed again 1 with key "k2""#), "{shown}");
+    assert_eq!(sealed_with(url), "k2");
+    let with_body = [
+        "--json", "inspect", "--scope", "t1", "--key", "sealed", "--body",
+    ];
+    let opened = json(&idem_with_keys(url, Some(KEY_2), &with_body));
+    assert_eq!(opened["response_body"], SEALED_BODY, "{opened}");
+    let refused = idem_with_keys(url, Some(KEY_1), &with_body);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains(r#"key id "k2""#),
+        "{}",
+        text(&refused.stderr)
+    );
+}
+
+/// Writes the sealed row with `insert` through `pool`, and runs `check` on the database at
+/// `url`.
+async fn with_the_sealed_row<'p, P: sqlx::Executor<'p>>(
+    pool: P,
+    insert: String,
+    url: String,
+    check: fn(&str),
+) {
     sqlx::raw_sql(sqlx::AssertSqlSafe(insert))
         .execute(pool)
         .await
         .expect("the sealed row");
-    tokio::task::spawn_blocking(move || sealed_answers_open_with_the_keys_given(&url))
+    tokio::task::spawn_blocking(move || check(&url))
         .await
         .expect("the checks");
 }
@@ -565,11 +642,8 @@ async fn migrated_sqlite(dir: &tempfile::TempDir) -> (sqlx::SqlitePool, String) 
     (pool, format!("sqlite:{}", path.display()))
 }
 
-#[sqlx::test(migrations = false)]
-async fn postgres_inspect_opens_a_sealed_answer_only_with_its_key(
-    _: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
+/// Runs `check` on a fresh PostgreSQL database holding the sealed row.
+async fn on_postgres_with_the_sealed_row(connect: PgConnectOptions, check: fn(&str)) {
     let (pool, url) = migrated_postgres(connect).await;
     let insert = sealed_row(
         "key",
@@ -578,11 +652,11 @@ async fn postgres_inspect_opens_a_sealed_answer_only_with_its_key(
         "now()",
         "now() + interval '1 day'",
     );
-    with_the_sealed_row(&pool, insert, url).await;
+    with_the_sealed_row(&pool, insert, url, check).await;
 }
 
-#[tokio::test]
-async fn sqlite_inspect_opens_a_sealed_answer_only_with_its_key() {
+/// Runs `check` on a fresh SQLite file holding the sealed row.
+async fn on_sqlite_with_the_sealed_row(check: fn(&str)) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let (pool, url) = migrated_sqlite(&dir).await;
     let insert = sealed_row(
@@ -592,12 +666,12 @@ async fn sqlite_inspect_opens_a_sealed_answer_only_with_its_key() {
         "unixepoch() * 1000",
         "unixepoch() * 1000 + 86400000",
     );
-    with_the_sealed_row(&pool, insert, url).await;
+    with_the_sealed_row(&pool, insert, url, check).await;
 }
 
-#[tokio::test]
-async fn mysql_inspect_opens_a_sealed_answer_only_with_its_key() {
-    let mysql = FreshMySql::create("idem_test_cli_sealed").await;
+/// Runs `check` on a fresh MySQL database, named `name`, holding the sealed row.
+async fn on_mysql_with_the_sealed_row(name: &str, check: fn(&str)) {
+    let mysql = FreshMySql::create(name).await;
     idem_runtime::migrate(&mysql.pool).await.expect("migrate");
     let insert = sealed_row(
         "`key`",
@@ -606,8 +680,52 @@ async fn mysql_inspect_opens_a_sealed_answer_only_with_its_key() {
         "UTC_TIMESTAMP(6)",
         "UTC_TIMESTAMP(6) + INTERVAL 1 DAY",
     );
-    with_the_sealed_row(&mysql.pool, insert, mysql.url.clone()).await;
+    with_the_sealed_row(&mysql.pool, insert, mysql.url.clone(), check).await;
     mysql.drop().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_inspect_opens_a_sealed_answer_only_with_its_key(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    on_postgres_with_the_sealed_row(connect, sealed_answers_open_with_the_keys_given).await;
+}
+
+#[tokio::test]
+async fn sqlite_inspect_opens_a_sealed_answer_only_with_its_key() {
+    on_sqlite_with_the_sealed_row(sealed_answers_open_with_the_keys_given).await;
+}
+
+#[tokio::test]
+async fn mysql_inspect_opens_a_sealed_answer_only_with_its_key() {
+    on_mysql_with_the_sealed_row(
+        "idem_test_cli_sealed",
+        sealed_answers_open_with_the_keys_given,
+    )
+    .await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_rekey_seals_the_answer_again_with_the_first_key(
+    _: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    on_postgres_with_the_sealed_row(connect, rekey_seals_the_answer_again_with_the_first_key).await;
+}
+
+#[tokio::test]
+async fn sqlite_rekey_seals_the_answer_again_with_the_first_key() {
+    on_sqlite_with_the_sealed_row(rekey_seals_the_answer_again_with_the_first_key).await;
+}
+
+#[tokio::test]
+async fn mysql_rekey_seals_the_answer_again_with_the_first_key() {
+    on_mysql_with_the_sealed_row(
+        "idem_test_cli_rekey",
+        rekey_seals_the_answer_again_with_the_first_key,
+    )
+    .await;
 }
 
 #[tokio::test]

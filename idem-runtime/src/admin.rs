@@ -2,7 +2,8 @@
 //! counts ([`Store::stats`]), one key ([`Store::inspect`]), the claims in flight
 //! ([`Store::in_flight`]), releasing a stuck claim ([`Store::release_claim`]), and the claims
 //! the recovery gave up on ([`Store::parked`], [`Store::resume_parked`],
-//! [`Store::abandon_parked`]); erasing a scope's answers ([`Store::forget`]); the purge is
+//! [`Store::abandon_parked`]); erasing a scope's answers ([`Store::forget`]); sealing every
+//! stored answer again with the sealing key ([`Store::rekey`]); the purge is
 //! [`Store::purge_expired`]. `AnyStore` (with a database feature on) is a store on whichever database a URL names, for a
 //! tool that serves them all (the `idem` command).
 //!
@@ -21,7 +22,7 @@ use crate::{backend::Backend, store::Store};
 
 #[cfg(feature = "grpc")]
 pub use crate::report::GrpcAnswer;
-pub use crate::report::{Forgotten, KeyInfo, ParkedClaim, Released, Stats, Unparked};
+pub use crate::report::{Forgotten, KeyInfo, ParkedClaim, Rekeyed, Released, Stats, Unparked};
 
 impl<DB: Backend> Store<DB> {
     /// The counts of the key table: completed keys, claims in flight and the oldest one's age,
@@ -41,7 +42,8 @@ impl<DB: Backend> Store<DB> {
     /// store's keys ([`StoreOptions::with_encryption_keys`](crate::StoreOptions::with_encryption_keys)):
     /// its headers and body are then the ones the handler answered. One that does not open (no
     /// keys, not the key it names, or altered) has neither, and [`KeyInfo::unopened`] says why,
-    /// naming the key id it needs.
+    /// naming the key id it needs. Sealed step outputs ([`KeyInfo::steps`]) read with the body
+    /// are opened alike; ones that do not open are left as stored, and said in `unopened`.
     ///
     /// # Errors
     ///
@@ -53,11 +55,26 @@ impl<DB: Backend> Store<DB> {
         with_body: bool,
     ) -> Result<Option<KeyInfo>, crate::error::Error> {
         let found = DB::inspect(self.pool(), scope, key, with_body).await?;
-        Ok(found.map(|info| self.opened_info(info)))
+        Ok(found.map(|info| self.opened_info(info, with_body)))
     }
 
-    /// `info`, its sealed answer opened when it was read with its body.
-    fn opened_info(&self, mut info: KeyInfo) -> KeyInfo {
+    /// `info`, its sealed answer and sealed step outputs opened when it was read with its body.
+    fn opened_info(&self, mut info: KeyInfo, with_body: bool) -> KeyInfo {
+        if !with_body {
+            return info;
+        }
+        let key = crate::record::KeyRef::new(info.scope.clone(), info.key.clone());
+        let keys = self.options().encryption_keys();
+        let recorded = info
+            .steps
+            .as_deref()
+            .and_then(|text| serde_json::from_str::<Vec<crate::record::RecordedStep>>(text).ok());
+        if let Some(steps) = recorded {
+            match crate::seal::open_steps(keys, steps, &key) {
+                Ok(opened) => info.steps = serde_json::to_string(&opened).ok(),
+                Err(unopened) => info.unopened = Some(unopened),
+            }
+        }
         let (Some(_), Some(status), Some(headers), Some(body)) = (
             &info.sealed_with,
             info.response_status,
@@ -72,8 +89,7 @@ impl<DB: Backend> Store<DB> {
             headers: headers.clone(),
             body: body.clone(),
         };
-        let key = crate::record::KeyRef::new(info.scope.clone(), info.key.clone());
-        match crate::seal::open_response(self.options().encryption_keys(), stored, &key) {
+        match crate::seal::open_response(keys, stored, &key) {
             Ok(opened) => {
                 info.response_headers = Some(opened.headers);
                 info.response_body = Some(opened.body);
@@ -326,6 +342,7 @@ impl AnyStore {
         fn resume_parked(scope: &str, key: &str) -> Unparked;
         fn abandon_parked(scope: &str, key: &str) -> Unparked;
         fn forget(scope: &str) -> Forgotten;
+        fn rekey(dry_run: bool) -> Rekeyed;
         fn purge_expired(options: PurgeOptions) -> PurgeReport;
     }
 }

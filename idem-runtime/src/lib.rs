@@ -181,6 +181,7 @@ mod pooler;
 mod prefer;
 mod problem;
 mod record;
+mod rekey;
 mod replay;
 mod report;
 mod scope;

@@ -84,7 +84,9 @@ pub struct KeyInfo {
     pub claimed_ms: Option<i64>,
     /// Until the claim's lease ends (negative: ended), in milliseconds.
     pub lease_left_ms: Option<i64>,
-    /// The recorded steps (recovery points), as JSON.
+    /// The recorded steps (recovery points), as JSON: `[{"step": name, "output": …}]`. Read
+    /// with the body, sealed outputs are opened with the store's keys; otherwise as stored
+    /// (a sealed output is `{"idem-sealed": <key id>, "data": …}`).
     pub steps: Option<String>,
     /// The id of the key the stored answer is sealed with
     /// ([`EncryptionKeys`](crate::seal::EncryptionKeys)); `None` for an answer stored in the
@@ -151,6 +153,44 @@ pub enum Released {
     /// Another transaction is writing the key's row this instant (a completion, a renewal, a
     /// transactional claim on MySQL): not released; ask again to see where it stands.
     Busy,
+}
+
+/// What [`Store::rekey`](crate::store::Store::rekey) did, or with `dry_run` would do: the
+/// stored answers and recorded steps it sealed again with the sealing key, and what it left.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Rekeyed {
+    /// The id of the key it sealed with (the store's first).
+    pub sealing_id: String,
+    /// Whether it only looked: nothing was written.
+    pub dry_run: bool,
+    /// Completed keys and parked claims read.
+    pub read: u64,
+    /// Of those, rows sealed again (with `dry_run`, that would be): stored in the clear, or
+    /// sealed with another key.
+    pub resealed: u64,
+    /// Of those, rows already sealed with the sealing key (or with nothing to seal).
+    pub current: u64,
+    /// Rows that did not open, by the key id they name: sealed with a key the store does not
+    /// have, or altered. Left as they are; a retry of one is answered 500 (`answerunreadable`).
+    pub unopened: std::collections::BTreeMap<String, u64>,
+    /// Up to ten of the keys that did not open, as `(scope, key)`, for `idem inspect`.
+    pub unopened_keys: Vec<(String, String)>,
+    /// Rows another transaction held, twice over (a retry taking an expired key over at that
+    /// instant): left as they are; run it again.
+    pub busy: u64,
+    /// Claims in flight left: their handler or the recovery is at work, and writes their row.
+    /// Their answer is sealed with the sealing key when they complete; steps they recorded
+    /// before the sealing key changed keep their key until then.
+    pub in_flight_left: u64,
+}
+
+impl Rekeyed {
+    /// Whether every completed key and parked claim is now (with `dry_run`, would be) sealed
+    /// with the sealing key: nothing unopened, nothing busy.
+    pub fn is_complete(&self) -> bool {
+        self.unopened.is_empty() && self.busy == 0
+    }
 }
 
 /// What [`Store::forget`](crate::store::Store::forget) did to a scope: the completed keys it

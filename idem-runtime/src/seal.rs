@@ -303,6 +303,13 @@ pub(crate) fn open_steps(
         .collect()
 }
 
+/// Whether every one of `steps` is sealed with the key `id`.
+pub(crate) fn steps_sealed_with(steps: &[RecordedStep], id: &str) -> bool {
+    steps
+        .iter()
+        .all(|step| sealed_step(&step.output).is_some_and(|(sealed, _)| sealed == id))
+}
+
 /// The key id and data of a sealed step output.
 fn sealed_step(output: &serde_json::Value) -> Option<(&str, &str)> {
     let object = output.as_object()?;

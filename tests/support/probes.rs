@@ -10,7 +10,7 @@ use idem_runtime::{
     },
 };
 
-use crate::{App, Db};
+use crate::{AnyStore, App, Db};
 
 /// `$body` with `$pool` bound to the app's pool, whatever its database: sqlx's executors are per
 /// database type, the statement the same.
@@ -531,6 +531,34 @@ impl App {
             .expect("steal the claim");
     }
 
+    /// Runs `during` while another transaction holds the row of `key` in `scope` locked (that
+    /// row alone, by its primary key), as a retry taking an expired key over would
+    /// (PostgreSQL and MySQL; SQLite locks the whole database).
+    pub async fn while_row_held<T>(
+        &self,
+        scope: &str,
+        key: &str,
+        during: impl std::future::Future<Output = T>,
+    ) -> T {
+        let sql = for_db(
+            &self.db,
+            "SELECT 1 FROM idem_keys WHERE scope = $1 AND key = $2 FOR UPDATE",
+        );
+        let sql = sqlx::AssertSqlSafe(sql);
+        assert!(
+            !matches!(self.db, Db::Sqlite(_)),
+            "SQLite locks the whole database, not a row"
+        );
+        on_pool!(&self.db, pool => {
+            let mut tx = pool.begin().await.expect("begin");
+            let query = sqlx::query(sql).bind(scope).bind(key);
+            query.fetch_one(&mut *tx).await.expect("lock the row");
+            let out = during.await;
+            tx.rollback().await.expect("rollback");
+            out
+        })
+    }
+
     /// One purge pass.
     pub async fn purge(&self, options: PurgeOptions) -> PurgeReport {
         on_pool!(&self.db, pool => Store::new(pool.clone()).purge_expired(options).await)
@@ -545,7 +573,8 @@ impl App {
         self.recover_with(hook, &RecoveryOptions::default()).await
     }
 
-    /// One recovery pass with `options` (its limit and its rounds before a claim is parked).
+    /// One recovery pass with `options` (its limit and its rounds before a claim is parked),
+    /// by this instance's store: with its settings (its encryption keys among them).
     pub async fn recover_with<
         H: RecoveryHook<Postgres> + RecoveryHook<Sqlite> + RecoveryHook<MySql>,
     >(
@@ -553,8 +582,12 @@ impl App {
         hook: &H,
         options: &RecoveryOptions,
     ) -> RecoveryReport {
-        on_pool!(&self.db, pool => Store::new(pool.clone()).recover_abandoned(hook, options).await)
-            .expect("recover")
+        match self.store() {
+            AnyStore::Postgres(store) => store.recover_abandoned(hook, options).await,
+            AnyStore::Sqlite(store) => store.recover_abandoned(hook, options).await,
+            AnyStore::MySql(store) => store.recover_abandoned(hook, options).await,
+        }
+        .expect("recover")
     }
 
     /// The background purge task, a pass every `every`.

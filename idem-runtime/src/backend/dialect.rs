@@ -4,12 +4,12 @@
 //! Where a statement is written, one place per database:
 //!
 //! - a statement the shared code runs ([`SharedStorage`](super::shared::SharedStorage),
-//!   [`Inspection`](super::inspection::Inspection)) is written in the database's
+//!   [`Inspection`](super::inspection::Inspection), [`Rekeying`](super::rekeying::Rekeying)) is written in the database's
 //!   `impl Dialect`, or here as a default where PostgreSQL and SQLite spell it alike (MySQL,
 //!   whose parameters are `?` and whose `key` is a reserved word, writes its own); what the
 //!   shared code builds from parts ([`UPDATE_BY_KEY`](Dialect::UPDATE_BY_KEY),
 //!   [`KEY_COLUMN`](Dialect::KEY_COLUMN), [`param`](Dialect::param)) is assembled in
-//!   `shared.rs` or `inspection.rs`;
+//!   `shared.rs`, `inspection.rs` or `rekeying.rs`;
 //! - a statement only one database runs (its claim, its lookup, its purge) is a constant of
 //!   that database's file, beside the `impl Storage` that runs it;
 //! - on PostgreSQL, the external-mode start is a SQL function (`idem_start`) that the
@@ -20,6 +20,7 @@ use std::{future::Future, time::Duration};
 
 use sqlx::{Encode, Type, migrate::Migrator};
 
+use super::rekeying::KeyPart;
 use crate::record::Completion;
 
 /// The SQL and the binding in which one database differs from the others in the statements
@@ -188,6 +189,24 @@ pub(super) trait Dialect: sqlx::Database {
     const FORGET_BATCH: &'static str = "DELETE FROM idem_keys WHERE scope = $1 \
            AND status = 'completed' AND key IN ( \
            SELECT key FROM idem_keys WHERE scope = $1 AND status = 'completed' LIMIT $2)";
+
+    /// The rows after a key, `(scope, key)` in the primary key's order, as a condition the
+    /// database reads as a range of that key (a row value on PostgreSQL and SQLite), with
+    /// the parameters it binds, in order ([`AFTER_KEY_BINDS`](Dialect::AFTER_KEY_BINDS)): the
+    /// rekey's pages ([`Store::rekey`](crate::store::Store::rekey)).
+    const AFTER_KEY: &'static str = "(scope, key) > ($1, $2)";
+
+    /// What [`AFTER_KEY`](Dialect::AFTER_KEY)'s parameters are, in order.
+    const AFTER_KEY_BINDS: &'static [KeyPart] = &[KeyPart::Scope, KeyPart::Key];
+
+    /// How a read that locks the row it finds ends, skipping a row another transaction holds
+    /// rather than waiting for it; empty where a transaction of idem's own already excludes
+    /// every writer ([`BEGIN_OWN`](Dialect::BEGIN_OWN) on SQLite).
+    const LOCK_SKIPPING: &'static str = " FOR UPDATE SKIP LOCKED";
+
+    /// How a transaction of idem's own begins (an operator's batch): at the claims' isolation
+    /// level on MySQL, holding the write lock from its start on SQLite.
+    const BEGIN_OWN: &'static str = "BEGIN";
 
     /// Checks, before the migrations take their lock, that the connection can carry them
     /// (PostgreSQL: not through a pooler in transaction mode); by default, nothing.

@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::record::{Abandoned, KeyRecord, KeyRef, Start, Started};
 
 pub(crate) use inspection::{ClaimCounts, Inspection};
+pub(crate) use rekeying::{Locked, LockedRow, Rekeying, Rewrite, SettledRow};
 pub(crate) use shared::SharedStorage;
 
 /// What [`Storage::begin_claim`] found.
@@ -99,6 +100,7 @@ pub(crate) enum Undone {
 
 mod dialect;
 mod inspection;
+mod rekeying;
 mod shared;
 
 #[cfg(feature = "mysql")]
@@ -146,7 +148,7 @@ mod sealed {
 /// What every database does alike is its supertrait [`SharedStorage`], which a database gets
 /// from its [`Dialect`](dialect::Dialect); what each does its own way is here, implemented in
 /// the backend's module.
-pub(crate) trait Storage: SharedStorage + Inspection {
+pub(crate) trait Storage: SharedStorage + Inspection + Rekeying {
     /// Whether the database admits one writing transaction at a time (SQLite). Writers of a
     /// process then queue in the process, not in the database while holding a connection.
     const SINGLE_WRITER: bool = false;

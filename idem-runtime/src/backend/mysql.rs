@@ -27,7 +27,10 @@ use sqlx::{
     mysql::{MySqlDatabaseError, MySqlRow},
 };
 
-use super::{Begun, ClaimRequest, Purged, SharedStorage, Storage, Undone, dialect::Dialect};
+use super::{
+    Begun, ClaimRequest, Purged, SharedStorage, Storage, Undone, dialect::Dialect,
+    rekeying::KeyPart,
+};
 use crate::record::{
     Abandoned, Completion, KeyRecord, KeyRef, KeyStatus, Start, Started, fresh_token,
 };
@@ -283,6 +286,14 @@ impl Dialect for MySql {
            'parked', status) AS status \
          FROM idem_keys WHERE scope = ? AND `key` = ? FOR UPDATE SKIP LOCKED",
     );
+
+    /// The range spelled out: MariaDB reads a row value's comparison by scanning the index
+    /// from its start.
+    const AFTER_KEY: &'static str = "(scope > ? OR (scope = ? AND `key` > ?))";
+
+    const AFTER_KEY_BINDS: &'static [KeyPart] = &[KeyPart::Scope, KeyPart::Scope, KeyPart::Key];
+
+    const BEGIN_OWN: &'static str = BEGIN;
 
     /// MySQL deletes with a `LIMIT` of its own, by the primary key's prefix `scope`.
     const FORGET_BATCH: &'static str =

@@ -92,6 +92,11 @@ async fn live_row(
 }
 
 impl Dialect for Sqlite {
+    /// `BEGIN IMMEDIATE` excludes every other writer: a row read in it stays as read.
+    const LOCK_SKIPPING: &'static str = "";
+
+    const BEGIN_OWN: &'static str = BEGIN_IMMEDIATE;
+
     /// The claim's savepoint released (it fails when the handler ended the claim's transaction),
     /// then a fresh row, or every column written over an expired row of the key (and only such a
     /// row); one row back when it was written. One statement list, so one call to the connection's
