@@ -1,0 +1,395 @@
+//! The key table read as an attacker who can read the database would (issue #52): after the
+//! example service, started with `IDEM_ENCRYPTION_KEYS`, has answered payments, a refund, an
+//! order in steps (its steps recorded at each recovery point, then completed) and gRPC
+//! payments, all for one distinctive customer, no column of any row of `idem_keys` holds that
+//! customer or any id the answers named (payments, refund, order, charge), on PostgreSQL, SQLite
+//! and MySQL. Every column is read, its list taken from the database's catalog (so a column
+//! added later is read too), as bytes: a text column's text, a bytes column's bytes.
+//!
+//! The same traffic without keys finds the customer and every id in the table: the probe can
+//! fail, and would if sealing stopped.
+
+use crate::support::{self, Database, Processor, free_addr, start_payments_with, wait_until};
+
+use idem_examples::grpc::proto::{CreatePaymentRequest, Payment, payments_client::PaymentsClient};
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+use sqlx::Row;
+use tonic::{Request, transport::Channel};
+
+/// The key that seals (`k1`, the bytes 0 to 31).
+const KEYS: &str = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+/// The customer of every request: what the key table must not show.
+const CUSTOMER: &str = "cus_attacker_5f3a";
+
+/// The tenant of every request (its id is the rows' scope, in the clear by design).
+const TENANT: &str = "t1";
+
+/// The traffic's keys, each of a request whose answer is stored: two payments over HTTP, a
+/// refund (external mode), an order (external mode, in steps), two payments over gRPC.
+const KEYS_STORED: [&str; 6] = [
+    "attacker-pay-1",
+    "attacker-pay-2",
+    "attacker-refund-1",
+    "attacker-order-1",
+    "attacker-grpc-1",
+    "attacker-grpc-2",
+];
+
+support::on_every_database!(
+    with_keys_no_column_of_the_key_table_shows_a_customer_or_a_payment,
+    without_keys_the_key_table_shows_the_customer_and_the_payments,
+);
+
+async fn with_keys_no_column_of_the_key_table_shows_a_customer_or_a_payment(database: Database) {
+    let table = traffic_then_key_table(&database, Some(KEYS)).await;
+    let shown = table.showing_any_needle();
+    assert!(
+        shown.is_empty(),
+        "sealed, yet the key table shows in the clear:\n{}",
+        shown.join("\n")
+    );
+    assert!(
+        table.shows("idem-sealed"),
+        "the rows name the key that sealed them"
+    );
+}
+
+async fn without_keys_the_key_table_shows_the_customer_and_the_payments(database: Database) {
+    let table = traffic_then_key_table(&database, None).await;
+    let missed: Vec<&String> = table
+        .needles
+        .iter()
+        .filter(|needle| !table.shows(needle))
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "stored in the clear, yet the probe misses {missed:?} among {:?}",
+        table.needles
+    );
+    assert!(
+        !table.shows("idem-sealed"),
+        "nothing is sealed without keys"
+    );
+}
+
+/// Every cell of the key table after the traffic, and what must not show in it.
+struct KeyTable {
+    /// The customer, and every id an answer named.
+    needles: Vec<String>,
+    /// `(row's key, column, bytes)`: a NULL cell is left out.
+    cells: Vec<(String, String, Vec<u8>)>,
+}
+
+impl KeyTable {
+    fn shows(&self, needle: &str) -> bool {
+        self.cells
+            .iter()
+            .any(|(_, _, bytes)| contains(bytes, needle.as_bytes()))
+    }
+
+    /// `row key / column: needle` for each needle shown in a cell, with the cell's bytes.
+    fn showing_any_needle(&self) -> Vec<String> {
+        let mut shown = Vec::new();
+        for (key, column, bytes) in &self.cells {
+            for needle in &self.needles {
+                if contains(bytes, needle.as_bytes()) {
+                    shown.push(format!(
+                        "  row {key:?}, column {column}: {needle:?} in {:?}",
+                        String::from_utf8_lossy(bytes)
+                    ));
+                }
+            }
+        }
+        shown
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
+}
+
+/// Starts the service on `database` (sealing with `keys` when given), sends it the traffic
+/// ([`KEYS_STORED`]), checks its answers and replays, and reads back every cell of the key
+/// table.
+async fn traffic_then_key_table(database: &Database, keys: Option<&str>) -> KeyTable {
+    let client = Client::new();
+    let processor = Processor::start(None).await;
+    let grpc = free_addr();
+    let mut env = vec![("GRPC_ADDR", grpc.as_str())];
+    if let Some(keys) = keys {
+        env.push(("IDEM_ENCRYPTION_KEYS", keys));
+    }
+    let (service, base) = start_payments_with(&client, database, &processor.url, &env).await;
+    let mut needles = vec![CUSTOMER.to_owned()];
+
+    // Payments over HTTP, each replayed.
+    for key in &KEYS_STORED[..2] {
+        let body = json!({"amount": 4200, "currency": "usd", "customer": CUSTOMER});
+        let payment = post_answered_and_replayed(&client, &base, "/v1/payments", key, &body).await;
+        assert_eq!(payment["customer"], CUSTOMER, "{payment}");
+        needles.push(id_of(&payment, "id", "pay_"));
+    }
+    // A refund of the first payment.
+    let refunded = needles[1].clone();
+    let body = json!({"payment": refunded, "amount": 1000});
+    let refund =
+        post_answered_and_replayed(&client, &base, "/v1/refunds", KEYS_STORED[2], &body).await;
+    assert_eq!(refund["payment"], refunded.as_str(), "{refund}");
+    needles.push(id_of(&refund, "id", "re_"));
+    // An order: reserve, charge, ship, each recorded on the key as it completes.
+    let body = json!({"sku": "sku-attacker", "quantity": 2, "customer": CUSTOMER});
+    let order =
+        post_answered_and_replayed(&client, &base, "/v1/orders", KEYS_STORED[3], &body).await;
+    assert_eq!(
+        (order["customer"].as_str(), order["status"].as_str()),
+        (Some(CUSTOMER), Some("confirmed")),
+        "{order}"
+    );
+    needles.push(id_of(&order, "id", "ord_"));
+    needles.push(id_of(&order, "charge", "ch_"));
+    // Payments over gRPC, each replayed.
+    wait_until(&format!("the gRPC service at {grpc} to accept"), || async {
+        tokio::net::TcpStream::connect(&grpc).await.is_ok()
+    })
+    .await;
+    let channel = Channel::from_shared(format!("http://{grpc}"))
+        .expect("a URI")
+        .connect()
+        .await
+        .expect("connect to the gRPC service");
+    let grpc_client = PaymentsClient::new(channel);
+    for key in &KEYS_STORED[4..] {
+        let (first, replayed) = grpc_pay(&grpc_client, key).await;
+        assert!(!replayed, "{key}: the first call ran");
+        let (again, replayed) = grpc_pay(&grpc_client, key).await;
+        assert!(replayed, "{key}: the retry is a replay");
+        assert_eq!(again, first, "{key}: the replay is the payment");
+        assert_eq!(
+            (first.customer.as_str(), first.status.as_str()),
+            (CUSTOMER, "succeeded")
+        );
+        assert!(first.id.starts_with("pay_"), "{first:?}");
+        needles.push(first.id);
+    }
+    // The table at rest: nothing in flight.
+    drop(service);
+
+    let cells = key_table(database).await;
+    let keys_seen: Vec<&str> = cells
+        .iter()
+        .map(|(key, _, _)| key.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    for key in KEYS_STORED {
+        assert!(
+            keys_seen.contains(&key),
+            "no row of {key} in the key table: {keys_seen:?}"
+        );
+    }
+    assert!(keys_seen.len() >= KEYS_STORED.len(), "{keys_seen:?}");
+    for (key, column, bytes) in &cells {
+        if column == "status" && KEYS_STORED.contains(&key.as_str()) {
+            assert_eq!(bytes.as_slice(), b"completed", "{key}");
+        }
+    }
+    // The order's steps were recorded at its recovery points (their names stay readable).
+    let steps = cells
+        .iter()
+        .find(|(key, column, _)| key == KEYS_STORED[3] && column == "steps")
+        .map(|(_, _, bytes)| String::from_utf8_lossy(bytes).into_owned())
+        .expect("the order's steps are recorded");
+    for step in ["reserve", "charge", "ship"] {
+        assert!(
+            steps.contains(&format!("\"{step}\"")),
+            "{step} in the steps: {steps}"
+        );
+    }
+    KeyTable { needles, cells }
+}
+
+/// `POST {path}` of `body` as the tenant under `key`: a 201, and a retry answered the same,
+/// marked replayed. The answer, as JSON.
+async fn post_answered_and_replayed(
+    client: &Client,
+    base: &str,
+    path: &str,
+    key: &str,
+    body: &Value,
+) -> Value {
+    let send = || async {
+        let reply = client
+            .post(format!("{base}{path}"))
+            .bearer_auth(TENANT)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .expect("the service answers");
+        let status = reply.status();
+        let replayed = reply.headers().contains_key("idempotent-replayed");
+        (status, replayed, reply.text().await.expect("a body"))
+    };
+    let (status, replayed, first) = send().await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, false),
+        "{key}: {first}"
+    );
+    let again = send().await;
+    assert_eq!(again, (StatusCode::CREATED, true, first.clone()), "{key}");
+    serde_json::from_str(&first).expect("a JSON answer")
+}
+
+/// `field` of `answer`, an id that starts with `prefix`.
+fn id_of(answer: &Value, field: &str, prefix: &str) -> String {
+    let id = answer[field].as_str().unwrap_or_default();
+    assert!(id.starts_with(prefix), "{field} of {answer}");
+    id.to_owned()
+}
+
+/// `CreatePayment` for [`CUSTOMER`] as the tenant under `key`: the payment, and whether it was
+/// a replay.
+async fn grpc_pay(client: &PaymentsClient<Channel>, key: &str) -> (Payment, bool) {
+    let mut request = Request::new(CreatePaymentRequest {
+        amount: 4200,
+        currency: "usd".to_owned(),
+        customer: CUSTOMER.to_owned(),
+        metadata: Default::default(),
+    });
+    let metadata = request.metadata_mut();
+    metadata.insert(
+        "authorization",
+        format!("Bearer {TENANT}").parse().expect("a value"),
+    );
+    metadata.insert("idempotency-key", key.parse().expect("a value"));
+    let response = client
+        .clone()
+        .create_payment(request)
+        .await
+        .unwrap_or_else(|status| panic!("{key}: {status:?}"));
+    let replayed = response
+        .metadata()
+        .get("idempotent-replayed")
+        .is_some_and(|value| value == "true");
+    (response.into_inner(), replayed)
+}
+
+/// Every non-NULL cell of `idem_keys` as `(row's key, column, bytes)`: the columns as the
+/// database's catalog lists them, each read as bytes (a bytes column as stored, any other as
+/// its text).
+async fn key_table(database: &Database) -> Vec<(String, String, Vec<u8>)> {
+    let (columns, rows) = match database {
+        Database::Postgres { pool, .. } => {
+            let columns: Vec<(String, String)> = sqlx::query_as(
+                "SELECT column_name::text, data_type::text FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = 'idem_keys' \
+                 ORDER BY ordinal_position",
+            )
+            .fetch_all(pool)
+            .await
+            .expect("the key table's columns");
+            let read: Vec<String> = columns
+                .iter()
+                .map(|(name, kind)| {
+                    let name = format!("\"{}\"", name.replace('"', "\"\""));
+                    if kind == "bytea" {
+                        name
+                    } else {
+                        format!("convert_to({name}::text, 'UTF8')")
+                    }
+                })
+                .collect();
+            let rows = sqlx::query(sqlx::AssertSqlSafe(select(&read)))
+                .fetch_all(pool)
+                .await
+                .expect("the key table");
+            (columns, cells_of(&rows))
+        }
+        Database::Sqlite { pool, .. } => {
+            let columns: Vec<(String, String)> = sqlx::query_as(
+                "SELECT name, type FROM pragma_table_info('idem_keys') ORDER BY cid",
+            )
+            .fetch_all(pool)
+            .await
+            .expect("the key table's columns");
+            let read: Vec<String> = columns
+                .iter()
+                .map(|(name, _)| format!("CAST(\"{}\" AS BLOB)", name.replace('"', "\"\"")))
+                .collect();
+            let rows = sqlx::query(sqlx::AssertSqlSafe(select(&read)))
+                .fetch_all(pool)
+                .await
+                .expect("the key table");
+            (columns, cells_of(&rows))
+        }
+        Database::MySql { pool, .. } => {
+            let columns: Vec<(String, String)> = sqlx::query_as(
+                "SELECT CAST(column_name AS CHAR), CAST(data_type AS CHAR) \
+                 FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = 'idem_keys' \
+                 ORDER BY ordinal_position",
+            )
+            .fetch_all(pool)
+            .await
+            .expect("the key table's columns");
+            let read: Vec<String> = columns
+                .iter()
+                .map(|(name, _)| format!("CAST(`{}` AS BINARY)", name.replace('`', "``")))
+                .collect();
+            let rows = sqlx::query(sqlx::AssertSqlSafe(select(&read)))
+                .fetch_all(pool)
+                .await
+                .expect("the key table");
+            (columns, cells_of(&rows))
+        }
+    };
+    let names: Vec<&str> = columns.iter().map(|(name, _)| name.as_str()).collect();
+    for expected in ["key", "response_headers", "response_body", "steps"] {
+        assert!(
+            names.contains(&expected),
+            "the catalog lists {names:?}, without {expected}"
+        );
+    }
+    let key_column = names
+        .iter()
+        .position(|name| *name == "key")
+        .expect("a key column");
+    let mut cells = Vec::new();
+    for row in rows {
+        let key = row[key_column]
+            .as_deref()
+            .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+            .expect("every row has a key");
+        for (column, value) in names.iter().zip(row) {
+            if let Some(bytes) = value {
+                cells.push((key.clone(), (*column).to_owned(), bytes));
+            }
+        }
+    }
+    cells
+}
+
+fn select(columns: &[String]) -> String {
+    format!("SELECT {} FROM idem_keys", columns.join(", "))
+}
+
+/// Each row's columns, in order, as bytes (`None` for NULL).
+fn cells_of<R>(rows: &[R]) -> Vec<Vec<Option<Vec<u8>>>>
+where
+    R: Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> Option<Vec<u8>>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    rows.iter()
+        .map(|row| {
+            (0..row.len())
+                .map(|i| row.try_get(i).expect("a column read as bytes"))
+                .collect()
+        })
+        .collect()
+}
