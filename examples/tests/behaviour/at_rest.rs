@@ -4,7 +4,9 @@
 //! payments, all for one distinctive customer, no column of any row of `idem_keys` holds that
 //! customer or any id the answers named (payments, refund, order, charge), on PostgreSQL, SQLite
 //! and MySQL. Every column is read, its list taken from the database's catalog (so a column
-//! added later is read too), as bytes: a text column's text, a bytes column's bytes.
+//! added later is read too), as bytes: a text column's text, a bytes column's bytes; each
+//! searched as it is and with its runs of base64 decoded (a sealed step's output is base64 in
+//! its JSON). The ids are looked for whole and by their random part.
 //!
 //! The same traffic without keys finds the customer and every id in the table: the probe can
 //! fail, and would if sealing stopped.
@@ -86,7 +88,7 @@ impl KeyTable {
     fn shows(&self, needle: &str) -> bool {
         self.cells
             .iter()
-            .any(|(_, _, bytes)| contains(bytes, needle.as_bytes()))
+            .any(|(_, _, bytes)| shows(bytes, needle.as_bytes()))
     }
 
     /// `row key / column: needle` for each needle shown in a cell, with the cell's bytes.
@@ -94,7 +96,7 @@ impl KeyTable {
         let mut shown = Vec::new();
         for (key, column, bytes) in &self.cells {
             for needle in &self.needles {
-                if contains(bytes, needle.as_bytes()) {
+                if shows(bytes, needle.as_bytes()) {
                     shown.push(format!(
                         "  row {key:?}, column {column}: {needle:?} in {:?}",
                         String::from_utf8_lossy(bytes)
@@ -106,10 +108,47 @@ impl KeyTable {
     }
 }
 
+/// Whether `cell` holds `needle`, as it is or in a run of base64 in it (a sealed step's output
+/// is base64 in its JSON: an attacker decodes it).
+fn shows(cell: &[u8], needle: &[u8]) -> bool {
+    contains(cell, needle)
+        || cell
+            .split(|byte| base64_value(*byte).is_none() && *byte != b'=')
+            .filter(|run| run.len() >= 8)
+            .any(|run| contains(&base64_decoded(run), needle))
+}
+
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack
         .windows(needle.len())
         .any(|window| window == needle)
+}
+
+/// A base64 digit's value (standard alphabet).
+fn base64_value(byte: u8) -> Option<u8> {
+    match byte {
+        b'A'..=b'Z' => Some(byte - b'A'),
+        b'a'..=b'z' => Some(byte - b'a' + 26),
+        b'0'..=b'9' => Some(byte - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    }
+}
+
+/// `run` decoded as base64, its padding and any bits short of a byte left out.
+fn base64_decoded(run: &[u8]) -> Vec<u8> {
+    let (mut out, mut bits, mut held) = (Vec::new(), 0u32, 0u32);
+    for value in run.iter().filter_map(|byte| base64_value(*byte)) {
+        held = (held << 6) | u32::from(value);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((held >> bits) as u8);
+            held &= (1 << bits) - 1;
+        }
+    }
+    out
 }
 
 /// Starts the service on `database` (sealing with `keys` when given), sends it the traffic
@@ -209,7 +248,10 @@ async fn traffic_then_key_table(database: &Database, keys: Option<&str>) -> KeyT
             "{step} in the steps: {steps}"
         );
     }
-    KeyTable { needles, cells }
+    KeyTable {
+        needles: with_random_parts(needles),
+        cells,
+    }
 }
 
 /// `POST {path}` of `body` as the tenant under `key`: a 201, and a retry answered the same,
@@ -250,6 +292,17 @@ fn id_of(answer: &Value, field: &str, prefix: &str) -> String {
     let id = answer[field].as_str().unwrap_or_default();
     assert!(id.starts_with(prefix), "{field} of {answer}");
     id.to_owned()
+}
+
+/// `ids`, each followed by its part after the prefix (`pay_`, `re_`…): a row that kept only the
+/// random part would show the record as well.
+fn with_random_parts(ids: Vec<String>) -> Vec<String> {
+    ids.into_iter()
+        .flat_map(|id| {
+            let random = id.split_once('_').map(|(_, random)| random.to_owned());
+            std::iter::once(id).chain(random)
+        })
+        .collect()
 }
 
 /// `CreatePayment` for [`CUSTOMER`] as the tenant under `key`: the payment, and whether it was
@@ -392,4 +445,12 @@ where
                 .collect()
         })
         .collect()
+}
+
+#[test]
+fn the_probe_finds_a_customer_written_as_base64_in_json() {
+    // `{"customer":"cus_attacker_5f3a"}` in base64, as a step's `data` would hold it unsealed.
+    let cell = br#"[{"step":"reserve","output":{"data":"eyJjdXN0b21lciI6ImN1c19hdHRhY2tlcl81ZjNhIn0=","idem-sealed":"k1"}}]"#;
+    assert!(shows(cell, CUSTOMER.as_bytes()));
+    assert!(!shows(cell, b"cus_someone_else"));
 }
