@@ -6,7 +6,8 @@
 //! and MySQL. Every column is read, its list taken from the database's catalog (so a column
 //! added later is read too), as bytes: a text column's text, a bytes column's bytes; each
 //! searched as it is and with its runs of base64 decoded (a sealed step's output is base64 in
-//! its JSON). The ids are looked for whole and by their random part.
+//! its JSON). The ids are looked for whole and by their random part. Nor do two sealed values
+//! (answers, steps' outputs) begin with one nonce, which would give away the XOR of the two.
 //!
 //! The same traffic without keys finds the customer and every id in the table: the probe can
 //! fail, and would if sealing stopped.
@@ -25,6 +26,9 @@ const KEYS: &str = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 /// The customer of every request: what the key table must not show.
 const CUSTOMER: &str = "cus_attacker_5f3a";
 
+/// Bytes of an AES-GCM nonce, at the head of every sealed value.
+const NONCE_LEN: usize = 12;
+
 /// The tenant of every request (its id is the rows' scope, in the clear by design).
 const TENANT: &str = "t1";
 
@@ -42,6 +46,7 @@ const KEYS_STORED: [&str; 6] = [
 support::on_every_database!(
     with_keys_no_column_of_the_key_table_shows_a_customer_or_a_payment,
     without_keys_the_key_table_shows_the_customer_and_the_payments,
+    with_keys_no_two_sealed_values_of_the_key_table_share_a_nonce,
 );
 
 async fn with_keys_no_column_of_the_key_table_shows_a_customer_or_a_payment(database: Database) {
@@ -56,6 +61,46 @@ async fn with_keys_no_column_of_the_key_table_shows_a_customer_or_a_payment(data
         table.shows("idem-sealed"),
         "the rows name the key that sealed them"
     );
+}
+
+/// A nonce used twice under one key gives away the XOR of the two answers (and GCM's
+/// authentication key): an attacker who reads the table sees it at the head of each value.
+async fn with_keys_no_two_sealed_values_of_the_key_table_share_a_nonce(database: Database) {
+    let table = traffic_then_key_table(&database, Some(KEYS)).await;
+    let mut sealed: Vec<(String, &str, Vec<u8>)> = Vec::new();
+    for (key, column, bytes) in &table.cells {
+        match column.as_str() {
+            "response_body" => sealed.push((key.clone(), "response_body", bytes.clone())),
+            "steps" => {
+                let steps: Vec<Value> = serde_json::from_slice(bytes).expect("steps are JSON");
+                for step in steps {
+                    let data = step["output"]["data"].as_str().unwrap_or_default();
+                    let name = step["step"].as_str().unwrap_or_default();
+                    sealed.push((
+                        format!("{key} step {name}"),
+                        "steps",
+                        base64_decoded(data.as_bytes()),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    // Six answers and the order's three steps.
+    assert!(sealed.len() >= KEYS_STORED.len() + 3, "{sealed:?}");
+    let mut seen: std::collections::BTreeMap<&[u8], &str> = std::collections::BTreeMap::new();
+    for (what, column, value) in &sealed {
+        assert!(
+            value.len() > NONCE_LEN,
+            "{what} ({column}): too short to be sealed"
+        );
+        if let Some(earlier) = seen.insert(&value[..NONCE_LEN], what) {
+            panic!(
+                "{what} ({column}) and {earlier} are sealed with one nonce, {:?}",
+                &value[..NONCE_LEN]
+            );
+        }
+    }
 }
 
 async fn without_keys_the_key_table_shows_the_customer_and_the_payments(database: Database) {
