@@ -8,6 +8,8 @@
 //! searched as it is and with its runs of base64 decoded (a sealed step's output is base64 in
 //! its JSON). The ids are looked for whole and by their random part. Nor do two sealed values
 //! (answers, steps' outputs) begin with one nonce, which would give away the XOR of the two.
+//! And an attacker who can write the table and moves a sealed answer onto another key (over
+//! HTTP, over gRPC) gets no replay of it there: the seal is bound to its row.
 //!
 //! The same traffic without keys finds the customer and every id in the table: the probe can
 //! fail, and would if sealing stopped.
@@ -47,6 +49,7 @@ support::on_every_database!(
     with_keys_no_column_of_the_key_table_shows_a_customer_or_a_payment,
     without_keys_the_key_table_shows_the_customer_and_the_payments,
     with_keys_no_two_sealed_values_of_the_key_table_share_a_nonce,
+    with_keys_an_answer_moved_to_another_key_is_not_replayed_there,
 );
 
 async fn with_keys_no_column_of_the_key_table_shows_a_customer_or_a_payment(database: Database) {
@@ -103,6 +106,110 @@ async fn with_keys_no_two_sealed_values_of_the_key_table_share_a_nonce(database:
     }
 }
 
+/// An attacker who can write the table moves a sealed answer onto another key of the same
+/// request, over HTTP and over gRPC: the other key's retry must not be answered another
+/// payment (the seal is bound to its row's scope and key), but refused, with nothing run.
+async fn with_keys_an_answer_moved_to_another_key_is_not_replayed_there(database: Database) {
+    let table = traffic_then_key_table(&database, Some(KEYS)).await;
+    let (http_paid, grpc_paid) = (&table.answered[1], &table.answered[6]);
+    assert!(
+        http_paid.starts_with("pay_") && grpc_paid.starts_with("pay_"),
+        "{:?}",
+        table.answered
+    );
+    move_answer(&database, KEYS_STORED[0], KEYS_STORED[1]).await;
+    move_answer(&database, KEYS_STORED[4], KEYS_STORED[5]).await;
+    let payments = database.count("payments").await;
+
+    let client = Client::new();
+    let grpc = free_addr();
+    let env = [("GRPC_ADDR", grpc.as_str()), ("IDEM_ENCRYPTION_KEYS", KEYS)];
+    let (_service, base) =
+        start_payments_with(&client, &database, "http://127.0.0.1:9", &env).await;
+    let reply = client
+        .post(format!("{base}/v1/payments"))
+        .bearer_auth(TENANT)
+        .header("Idempotency-Key", KEYS_STORED[1])
+        .json(&json!({"amount": 4200, "currency": "usd", "customer": CUSTOMER}))
+        .send()
+        .await
+        .expect("the service answers");
+    let status = reply.status();
+    let body = reply.text().await.expect("a body");
+    assert!(
+        !body.contains(http_paid.as_str()),
+        "{}: the moved answer was replayed: {status} {body}",
+        KEYS_STORED[1]
+    );
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    let problem: Value = serde_json::from_str(&body).expect("a problem");
+    assert_eq!(
+        problem["type"],
+        idem_runtime::ProblemKind::AnswerUnreadable.type_uri(),
+        "{body}"
+    );
+
+    let grpc_client = grpc_client(&grpc).await;
+    match try_grpc_pay(&grpc_client, KEYS_STORED[5]).await {
+        Ok((payment, replayed)) => panic!(
+            "{}: answered the payment {payment:?} (replayed: {replayed}), the moved answer's \
+             was {grpc_paid}",
+            KEYS_STORED[5]
+        ),
+        Err(status) => {
+            assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+            assert!(!status.message().contains(grpc_paid.as_str()), "{status:?}");
+        }
+    }
+    assert_eq!(
+        database.count("payments").await,
+        payments,
+        "nothing ran again"
+    );
+}
+
+/// Copies `from`'s stored answer (status, headers, body) onto `to`'s row, as someone who can
+/// write the table might.
+async fn move_answer(database: &Database, from: &str, to: &str) {
+    let moved = match database {
+        Database::Postgres { pool, .. } => sqlx::query(
+            "UPDATE idem_keys t SET response_status = s.response_status, \
+             response_headers = s.response_headers, response_body = s.response_body \
+             FROM idem_keys s WHERE s.key = $1 AND t.key = $2",
+        )
+        .bind(from)
+        .bind(to)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()),
+        Database::Sqlite { pool, .. } => sqlx::query(
+            "UPDATE idem_keys SET \
+             (response_status, response_headers, response_body) = \
+             (SELECT response_status, response_headers, response_body \
+              FROM idem_keys WHERE key = $1) \
+             WHERE key = $2",
+        )
+        .bind(from)
+        .bind(to)
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()),
+        Database::MySql { pool, .. } => sqlx::query(
+            "UPDATE idem_keys t JOIN idem_keys s ON s.`key` = ? \
+             SET t.response_status = s.response_status, \
+             t.response_headers = s.response_headers, t.response_body = s.response_body \
+             WHERE t.`key` = ?",
+        )
+        .bind(from.as_bytes())
+        .bind(to.as_bytes())
+        .execute(pool)
+        .await
+        .map(|done| done.rows_affected()),
+    }
+    .expect("move the answer");
+    assert_eq!(moved, 1, "{from}'s answer onto {to}");
+}
+
 async fn without_keys_the_key_table_shows_the_customer_and_the_payments(database: Database) {
     let table = traffic_then_key_table(&database, None).await;
     let missed: Vec<&String> = table
@@ -125,6 +232,9 @@ async fn without_keys_the_key_table_shows_the_customer_and_the_payments(database
 struct KeyTable {
     /// The customer, and every id an answer named.
     needles: Vec<String>,
+    /// The customer, then the ids in the order the traffic got them: the HTTP payments, the
+    /// refund, the order and its charge, the gRPC payments.
+    answered: Vec<String>,
     /// `(row's key, column, bytes)`: a NULL cell is left out.
     cells: Vec<(String, String, Vec<u8>)>,
 }
@@ -236,16 +346,7 @@ async fn traffic_then_key_table(database: &Database, keys: Option<&str>) -> KeyT
     needles.push(id_of(&order, "id", "ord_"));
     needles.push(id_of(&order, "charge", "ch_"));
     // Payments over gRPC, each replayed.
-    wait_until(&format!("the gRPC service at {grpc} to accept"), || async {
-        tokio::net::TcpStream::connect(&grpc).await.is_ok()
-    })
-    .await;
-    let channel = Channel::from_shared(format!("http://{grpc}"))
-        .expect("a URI")
-        .connect()
-        .await
-        .expect("connect to the gRPC service");
-    let grpc_client = PaymentsClient::new(channel);
+    let grpc_client = grpc_client(&grpc).await;
     for key in &KEYS_STORED[4..] {
         let (first, replayed) = grpc_pay(&grpc_client, key).await;
         assert!(!replayed, "{key}: the first call ran");
@@ -294,7 +395,8 @@ async fn traffic_then_key_table(database: &Database, keys: Option<&str>) -> KeyT
         );
     }
     KeyTable {
-        needles: with_random_parts(needles),
+        needles: with_random_parts(needles.clone()),
+        answered: needles,
         cells,
     }
 }
@@ -350,9 +452,33 @@ fn with_random_parts(ids: Vec<String>) -> Vec<String> {
         .collect()
 }
 
+/// A client of the gRPC service at `addr`, once it accepts.
+async fn grpc_client(addr: &str) -> PaymentsClient<Channel> {
+    wait_until(&format!("the gRPC service at {addr} to accept"), || async {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("a URI")
+        .connect()
+        .await
+        .expect("connect to the gRPC service");
+    PaymentsClient::new(channel)
+}
+
 /// `CreatePayment` for [`CUSTOMER`] as the tenant under `key`: the payment, and whether it was
 /// a replay.
 async fn grpc_pay(client: &PaymentsClient<Channel>, key: &str) -> (Payment, bool) {
+    try_grpc_pay(client, key)
+        .await
+        .unwrap_or_else(|status| panic!("{key}: {status:?}"))
+}
+
+/// [`grpc_pay`], its refusal returned.
+async fn try_grpc_pay(
+    client: &PaymentsClient<Channel>,
+    key: &str,
+) -> Result<(Payment, bool), tonic::Status> {
     let mut request = Request::new(CreatePaymentRequest {
         amount: 4200,
         currency: "usd".to_owned(),
@@ -365,16 +491,12 @@ async fn grpc_pay(client: &PaymentsClient<Channel>, key: &str) -> (Payment, bool
         format!("Bearer {TENANT}").parse().expect("a value"),
     );
     metadata.insert("idempotency-key", key.parse().expect("a value"));
-    let response = client
-        .clone()
-        .create_payment(request)
-        .await
-        .unwrap_or_else(|status| panic!("{key}: {status:?}"));
+    let response = client.clone().create_payment(request).await?;
     let replayed = response
         .metadata()
         .get("idempotent-replayed")
         .is_some_and(|value| value == "true");
-    (response.into_inner(), replayed)
+    Ok((response.into_inner(), replayed))
 }
 
 /// Every non-NULL cell of `idem_keys` as `(row's key, column, bytes)`: the columns as the
