@@ -7,6 +7,7 @@ mod service;
 mod support;
 
 mod alerts;
+mod at_rest;
 mod client;
 mod contract;
 mod crash;
