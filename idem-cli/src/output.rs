@@ -195,7 +195,16 @@ pub fn key(key: &Key, with_body: bool, json: bool) {
 /// The claims in flight taken at least `older_than` ago; "none" rather than an empty table.
 pub fn keys(keys: &[Key], older_than: std::time::Duration, json: bool) {
     if json {
-        print_json(keys);
+        // What a step saved is content: its name alone, as `inspect` shows it without `--body`.
+        let mut value = serde_json::to_value(keys).unwrap_or_default();
+        if let Some(listed) = value.as_array_mut() {
+            for (shown, key) in listed.iter_mut().zip(keys) {
+                if let Some(steps) = key.steps.as_deref() {
+                    shown["steps"] = json!(step_names(steps));
+                }
+            }
+        }
+        print_json(&value);
         return;
     }
     if keys.is_empty() {
@@ -320,15 +329,17 @@ pub fn rekeyed(rekeyed: &Rekeyed, json: bool) {
         "sealed again"
     };
     println!(
-        "read {} completed keys and parked claims: {verb} {} with key {id:?}; {} already sealed \
-         with it",
-        rekeyed.read, rekeyed.resealed, rekeyed.current
+        "read {} completed keys and parked claims: {verb} {} with key {id:?} ({} of them held \
+         something in the clear); {} already sealed with it",
+        rekeyed.read, rekeyed.resealed, rekeyed.from_clear, rekeyed.current
     );
-    println!(
-        "left {} claims in flight: their answer is sealed with key {id:?} when they complete; \
-         rekey again once they have, before retiring a key",
-        rekeyed.in_flight_left
-    );
+    if rekeyed.in_flight_left > 0 {
+        println!(
+            "left {} claims in flight: their answer is sealed with key {id:?} when they \
+             complete; rekey again once they have, before retiring a key",
+            rekeyed.in_flight_left
+        );
+    }
     for (needed, rows) in &rekeyed.unopened {
         println!(
             "left {rows} that do not open with key id {needed:?}: give that key in \
@@ -336,14 +347,27 @@ pub fn rekeyed(rekeyed: &Rekeyed, json: bool) {
              answered 500"
         );
     }
+    if rekeyed.corrupt > 0 {
+        println!(
+            "left {} whose headers, steps or status do not read as idem writes them",
+            rekeyed.corrupt
+        );
+    }
     for (scope, key) in &rekeyed.unopened_keys {
-        println!("  did not open: scope {scope:?}, key {key:?} (idem inspect --body)");
+        println!("  left: scope {scope:?}, key {key:?} (idem inspect --body)");
     }
     if rekeyed.busy > 0 {
         println!(
             "left {} held by another transaction (a retry taking an expired key over): run \
              rekey again",
             rekeyed.busy
+        );
+    }
+    if rekeyed.gone > 0 {
+        println!(
+            "{} were deleted or taken over while it ran (the purge, forget, a retry): nothing \
+             of them was left to seal",
+            rekeyed.gone
         );
     }
 }

@@ -291,6 +291,16 @@ where
     let flying = json(&idem(url, &["--json", "in-flight", "--older-than", "5m"]));
     assert_eq!(flying.as_array().unwrap().len(), 1, "{flying}");
     assert_eq!(flying[0]["key"], "stuck");
+    assert_eq!(
+        flying[0]["steps"],
+        serde_json::json!([{ "step": "reserve" }, { "step": "charge" }]),
+        "what a step saved is shown with `inspect --body` only: {flying}"
+    );
+    let stuck = ["--json", "inspect", "--scope", "t1", "--key", "stuck"];
+    let shown = json(&idem(url, &stuck));
+    assert!(!shown.to_string().contains("ch_1"), "{shown}");
+    let shown = json(&idem(url, &[&stuck[..], &["--body"]].concat()));
+    assert!(shown["steps"].as_str().unwrap().contains("ch_1"), "{shown}");
     let none = json(&idem(url, &["--json", "in-flight", "--older-than", "1h"]));
     assert_eq!(none.as_array().unwrap().len(), 0);
     let none = idem(url, &["in-flight", "--older-than", "1h"]);

@@ -101,8 +101,9 @@ pub struct KeyInfo {
     /// when it does not open ([`unopened`](Self::unopened)).
     #[serde(skip)]
     pub response_body: Option<Vec<u8>>,
-    /// Why a sealed answer read with its body could not be opened with the store's keys: no
-    /// keys, not the key it names, or altered. `None` otherwise.
+    /// Why a sealed answer, or a sealed step output, read with the body could not be opened
+    /// with the store's keys: no keys, not the key it names, or altered (the answer's reason
+    /// when both do not open). `None` otherwise.
     #[serde(skip)]
     pub unopened: Option<crate::seal::Unopened>,
 }
@@ -169,16 +170,26 @@ pub struct Rekeyed {
     /// Of those, rows sealed again (with `dry_run`, that would be): stored in the clear, or
     /// sealed with another key.
     pub resealed: u64,
-    /// Of those, rows already sealed with the sealing key (or with nothing to seal).
+    /// Of `resealed`, rows that held something in the clear (an answer, or a step's output):
+    /// stored before the store had keys, or written into the table by someone else; once
+    /// sealed, the two cannot be told apart.
+    pub from_clear: u64,
+    /// Of those read, rows already sealed with the sealing key (or with nothing to seal).
     pub current: u64,
     /// Rows that did not open, by the key id they name: sealed with a key the store does not
     /// have, or altered. Left as they are; a retry of one is answered 500 (`answerunreadable`).
     pub unopened: std::collections::BTreeMap<String, u64>,
-    /// Up to ten of the keys that did not open, as `(scope, key)`, for `idem inspect`.
+    /// Rows whose headers, steps or status do not read as idem writes them: left as they are.
+    pub corrupt: u64,
+    /// Up to ten of the keys that did not open or did not read, as `(scope, key)`, for
+    /// `idem inspect`.
     pub unopened_keys: Vec<(String, String)>,
     /// Rows another transaction held, twice over (a retry taking an expired key over at that
     /// instant): left as they are; run it again.
     pub busy: u64,
+    /// Rows gone between their reading and their sealing (purged, forgotten, taken over by a
+    /// retry): nothing of them is left to seal.
+    pub gone: u64,
     /// Claims in flight left: their handler or the recovery is at work, and writes their row.
     /// Their answer is sealed with the sealing key when they complete; steps they recorded
     /// before the sealing key changed keep their key until then.
@@ -187,9 +198,9 @@ pub struct Rekeyed {
 
 impl Rekeyed {
     /// Whether every completed key and parked claim is now (with `dry_run`, would be) sealed
-    /// with the sealing key: nothing unopened, nothing busy.
+    /// with the sealing key: nothing unopened, unreadable or busy.
     pub fn is_complete(&self) -> bool {
-        self.unopened.is_empty() && self.busy == 0
+        self.unopened.is_empty() && self.corrupt == 0 && self.busy == 0
     }
 }
 

@@ -310,6 +310,11 @@ pub(crate) fn steps_sealed_with(steps: &[RecordedStep], id: &str) -> bool {
         .all(|step| sealed_step(&step.output).is_some_and(|(sealed, _)| sealed == id))
 }
 
+/// Whether every one of `steps` is sealed, with whichever key.
+pub(crate) fn steps_all_sealed(steps: &[RecordedStep]) -> bool {
+    steps.iter().all(|step| sealed_step(&step.output).is_some())
+}
+
 /// The key id and data of a sealed step output.
 fn sealed_step(output: &serde_json::Value) -> Option<(&str, &str)> {
     let object = output.as_object()?;

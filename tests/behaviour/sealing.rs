@@ -229,15 +229,23 @@ backend_tests! {
     }
 
     async fn rekey_goes_through_every_batch_of_every_scope(db) {
-        let app = App::build(db, sealing(&[("new", 2)])).await;
-        // Stored in the clear, over more rows than a batch holds; the global scope `""` first.
-        for (scope, n) in [("", 7), ("a", 450), ("b", 1), ("z", 240)] {
-            app.seed_keys(scope, n, 3600).await;
+        // Stored in the clear, over more rows than a page holds; the global scope `""` first.
+        let clear = App::new(db).await;
+        // Scopes and keys in both cases, where byte order and a collation's order differ
+        // (`B` < `a` bytewise), and pages of 200 end inside them.
+        for (scope, n) in [("", 7), ("a", 450), ("B", 1), ("z", 240), ("Z", 130)] {
+            clear.seed_keys(scope, n, 3600).await;
         }
+        for key in ["Upper-1", "lower-1", "Upper-2", "lower-2"] {
+            assert_eq!(clear.send(post(key).build()).await.status, StatusCode::CREATED);
+        }
+        let app = clear.sibling_with(sealing(&[("new", 2)])).await;
+        let all = 7 + 450 + 1 + 240 + 130 + 4;
         let done = app.store().rekey(false).await.expect("rekey");
-        assert_eq!((done.read, done.resealed, done.current), (698, 698, 0), "{done:?}");
+        assert_eq!((done.read, done.resealed, done.current), (all, all, 0), "{done:?}");
+        assert_eq!(done.from_clear, all, "{done:?}");
         let again = app.store().rekey(true).await.expect("rekey --dry-run");
-        assert_eq!((again.read, again.resealed, again.current), (698, 0, 698), "{again:?}");
+        assert_eq!((again.read, again.resealed, again.current), (all, 0, all), "{again:?}");
         let clear = app
             .key_table_contents()
             .await

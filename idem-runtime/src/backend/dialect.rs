@@ -204,9 +204,10 @@ pub(super) trait Dialect: sqlx::Database {
     /// every writer ([`BEGIN_OWN`](Dialect::BEGIN_OWN) on SQLite).
     const LOCK_SKIPPING: &'static str = " FOR UPDATE SKIP LOCKED";
 
-    /// How a transaction of idem's own begins (an operator's batch): at the claims' isolation
-    /// level on MySQL, holding the write lock from its start on SQLite.
-    const BEGIN_OWN: &'static str = "BEGIN";
+    /// How a transaction of idem's own begins (an operator's row rewrite): at the claims'
+    /// isolation level, READ COMMITTED, on PostgreSQL and MySQL (whatever the server's default),
+    /// holding the write lock from its start on SQLite.
+    const BEGIN_OWN: &'static str;
 
     /// Checks, before the migrations take their lock, that the connection can carry them
     /// (PostgreSQL: not through a pooler in transaction mode); by default, nothing.

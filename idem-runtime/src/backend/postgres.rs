@@ -118,6 +118,7 @@ impl Dialect for Postgres {
          WHERE scope = $1 AND key = $2 AND status = 'started' AND claim_token = $3";
 
     const MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
+    const BEGIN_OWN: &'static str = BEGIN;
     const NOW: &'static str = "now()";
     const IN_AN_HOUR: &'static str = "(now() + interval '1 hour')";
     const NOW_MS: &'static str = "(EXTRACT(EPOCH FROM now()) * 1000)::bigint";

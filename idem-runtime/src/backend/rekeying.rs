@@ -1,13 +1,15 @@
 //! The statements of [`Store::rekey`](crate::store::Store::rekey), written once over
-//! [`Dialect`]: the stored answers and recorded steps read in the primary key's order, a few at
-//! a time, and each row that needs sealing again locked, read whole and written back in one
-//! short transaction per batch.
+//! [`Dialect`]: the stored answers and recorded steps read in the primary key's order, a page
+//! at a time, and each row that needs sealing again locked, read whole and written back in a
+//! short transaction of its own, so that a retry meeting the row waits (or, on MySQL, is
+//! refused) for one row's write at most.
 //!
 //! Only rows nobody is working on are read: completed keys, and claims the recovery parked.
 //! A claim in flight (a handler or the recovery at work on it) is never read nor written: its
 //! steps are its owner's to write. A row locked by another transaction at the moment (a retry
 //! taking an expired key over, the purge deleting it) is skipped, not waited for, and reported
-//! [`Locked::Busy`].
+//! [`Locked::Busy`]; on SQLite, whose transactions exclude each other whole, the row's
+//! transaction waits for the database's writer instead (its busy timeout).
 
 use std::future::Future;
 
@@ -26,10 +28,10 @@ const SETTLED: &str = "(status = 'completed' \
 pub(crate) struct SettledRow {
     /// The row's scope and key.
     pub(crate) key: KeyRef,
-    /// The stored answer's headers; `None` for a parked claim.
-    pub(crate) headers: Option<Vec<(String, String)>>,
-    /// The recorded steps; `None` where none were recorded.
-    pub(crate) steps: Option<Vec<RecordedStep>>,
+    /// The stored answer's headers, as JSON text; `None` for a parked claim.
+    pub(crate) headers: Option<String>,
+    /// The recorded steps, as JSON text; `None` where none were recorded.
+    pub(crate) steps: Option<String>,
 }
 
 /// What a row locked by [`Rekeying::rewrite`] holds.
@@ -55,9 +57,14 @@ pub(crate) struct Rewrite {
 pub(crate) enum Locked<T> {
     /// The row was locked and read; `T` is what the caller made of it.
     Read(T),
-    /// The row is locked by another transaction, or is no longer a completed key nor a parked
-    /// claim (purged, forgotten, taken over): left as it is.
+    /// Another transaction holds the row (or the row's transaction lost a conflict with one):
+    /// left as it is.
     Busy,
+    /// The row is no longer a completed key nor a parked claim (purged, forgotten, taken over
+    /// by a retry): nothing to seal.
+    Gone,
+    /// The row's headers, steps or status do not read as idem writes them: left as it is.
+    Corrupt(String),
 }
 
 /// What [`Store::rekey`](crate::store::Store::rekey) runs on a database: implemented once,
@@ -125,10 +132,12 @@ where
         // From the first: every key is after `("", "")`, as a key is never empty.
         let (scope, key) = after.map_or(("", ""), |k| (k.scope.as_str(), k.key.as_str()));
         let sql = format!(
+            // The order by the table's columns, not the names selected: MySQL's are converted
+            // to text, whose collation would order them otherwise than the range compares.
             "SELECT {scope_and_key}, CAST(response_headers AS {text}) AS response_headers, \
                CAST(steps AS {text}) AS steps \
              FROM idem_keys WHERE {after} AND {SETTLED} \
-             ORDER BY scope, {key_column} LIMIT {limit}",
+             ORDER BY idem_keys.scope, idem_keys.{key_column} LIMIT {limit}",
             scope_and_key = DB::SCOPE_AND_KEY,
             text = DB::TEXT,
             after = DB::AFTER_KEY,
@@ -148,8 +157,8 @@ where
             .map(|row| {
                 Ok(SettledRow {
                     key: KeyRef::new(row.try_get("scope")?, row.try_get("key")?),
-                    headers: parsed(row.try_get("response_headers")?, "response_headers")?,
-                    steps: parsed(row.try_get("steps")?, "steps")?,
+                    headers: row.try_get("response_headers")?,
+                    steps: row.try_get("steps")?,
                 })
             })
             .collect()
@@ -165,82 +174,26 @@ where
         T: Send + 'a,
         F: FnMut(&KeyRef, LockedRow) -> (Rewrite, T) + Send + 'a,
     {
-        let read = format!(
-            "SELECT CAST(response_status AS {bigint}) AS response_status, \
-               CAST(response_headers AS {text}) AS response_headers, response_body, \
-               CAST(steps AS {text}) AS steps \
-             FROM idem_keys WHERE {this_key} AND {SETTLED}{lock}",
-            bigint = DB::BIGINT,
-            text = DB::TEXT,
-            this_key = key_at::<DB>(1),
-            lock = if write { DB::LOCK_SKIPPING } else { "" },
-        );
-        let write_answer = format!(
-            "{} SET response_headers = {}, response_body = {} WHERE {}",
-            DB::UPDATE_BY_KEY,
-            DB::param(1),
-            DB::param(2),
-            key_at::<DB>(3),
-        );
-        let write_steps = format!(
-            "{} SET steps = {} WHERE {}",
-            DB::UPDATE_BY_KEY,
-            DB::param(1),
-            key_at::<DB>(2),
-        );
+        let statements = RowStatements::of::<DB>();
         let mut conn = pool.acquire().await?;
-        let mut tx = sqlx::Connection::begin_with(&mut *conn, DB::BEGIN_OWN).await?;
         let mut found = Vec::with_capacity(keys.len());
         for key in keys {
-            let row = sqlx::query(sqlx::AssertSqlSafe(read.clone()))
-                .bind(key.scope.as_str())
-                .bind(key.key.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-            let Some(row) = row else {
-                found.push(Locked::Busy);
-                continue;
+            let done = if write {
+                rewrite_row::<DB, T>(&mut conn, &statements, key, &mut decide).await
+            } else {
+                read_row::<DB>(&mut conn, &statements.read, key)
+                    .await
+                    .map(|row| match row {
+                        None => Locked::Gone,
+                        Some(Err(reason)) => Locked::Corrupt(reason),
+                        Some(Ok(row)) => Locked::Read(decide(key, row).1),
+                    })
             };
-            let headers = parsed(row.try_get("response_headers")?, "response_headers")?;
-            let answer = match (row.try_get::<Option<i64>, _>("response_status")?, headers) {
-                (Some(status), Some(headers)) => Some(StoredResponse {
-                    status: u16::try_from(status).map_err(|_| {
-                        crate::error::Error::corrupt(format!("response_status {status}"))
-                    })?,
-                    headers,
-                    body: row
-                        .try_get::<Option<Vec<u8>>, _>("response_body")?
-                        .unwrap_or_default(),
-                }),
-                _ => None,
-            };
-            let steps = parsed(row.try_get("steps")?, "steps")?;
-            let (rewrite, made) = decide(key, LockedRow { answer, steps });
-            if write {
-                if let Some(answer) = &rewrite.answer {
-                    sqlx::query(sqlx::AssertSqlSafe(write_answer.clone()))
-                        .bind(Json(&answer.headers))
-                        .bind(&answer.body)
-                        .bind(key.scope.as_str())
-                        .bind(key.key.as_str())
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                if let Some(steps) = &rewrite.steps {
-                    sqlx::query(sqlx::AssertSqlSafe(write_steps.clone()))
-                        .bind(Json(steps))
-                        .bind(key.scope.as_str())
-                        .bind(key.key.as_str())
-                        .execute(&mut *tx)
-                        .await?;
-                }
-            }
-            found.push(Locked::Read(made));
-        }
-        if write {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
+            found.push(match done {
+                // Lost a conflict (a deadlock, a Galera certification): left for the retry.
+                Err(error) if error.is_conflict() => Locked::Busy,
+                other => other?,
+            });
         }
         Ok(found)
     }
@@ -273,4 +226,163 @@ fn key_at<DB: Dialect>(first: usize) -> String {
         DB::KEY_COLUMN,
         DB::param(first + 1)
     )
+}
+
+/// The statements of one row's rewrite, as the database spells them.
+struct RowStatements {
+    /// The row, if it is a completed key or a parked claim, without a lock.
+    read: String,
+    /// The same, locking it, skipping it if another transaction holds it.
+    lock: String,
+    /// Writes the answer (`$1` headers, `$2` body), if the row is still settled.
+    answer: String,
+    /// Writes the steps (`$1`), if the row is still settled.
+    steps: String,
+}
+
+impl RowStatements {
+    fn of<DB: Dialect>() -> Self {
+        let read = format!(
+            "SELECT CAST(response_status AS {bigint}) AS response_status, \
+               CAST(response_headers AS {text}) AS response_headers, response_body, \
+               CAST(steps AS {text}) AS steps \
+             FROM idem_keys WHERE {this_key} AND {SETTLED}",
+            bigint = DB::BIGINT,
+            text = DB::TEXT,
+            this_key = key_at::<DB>(1),
+        );
+        Self {
+            lock: format!("{read}{}", DB::LOCK_SKIPPING),
+            read,
+            answer: format!(
+                "{} SET response_headers = {}, response_body = {} WHERE {} AND {SETTLED}",
+                DB::UPDATE_BY_KEY,
+                DB::param(1),
+                DB::param(2),
+                key_at::<DB>(3),
+            ),
+            steps: format!(
+                "{} SET steps = {} WHERE {} AND {SETTLED}",
+                DB::UPDATE_BY_KEY,
+                DB::param(1),
+                key_at::<DB>(2),
+            ),
+        }
+    }
+}
+
+/// The row of `key` read with `sql` ([`RowStatements`]' `read` or `lock`): `None` when there is
+/// none to read, `Some(Err)` when it does not parse.
+async fn read_row<DB>(
+    conn: &mut DB::Connection,
+    sql: &str,
+    key: &KeyRef,
+) -> Result<Option<Result<LockedRow, String>>, crate::error::Error>
+where
+    DB: Dialect,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    &'static str: ColumnIndex<DB::Row>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    i64: for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+    Vec<u8>: for<'r> Decode<'r, DB> + Type<DB>,
+{
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+        .bind(key.scope.as_str())
+        .bind(key.key.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let status = row.try_get::<Option<i64>, _>("response_status")?;
+    let headers = row.try_get::<Option<String>, _>("response_headers")?;
+    let body = row.try_get::<Option<Vec<u8>>, _>("response_body")?;
+    let steps = row.try_get::<Option<String>, _>("steps")?;
+    Ok(Some(locked_row(status, headers, body, steps)))
+}
+
+/// A [`LockedRow`] from its columns, or what does not parse.
+fn locked_row(
+    status: Option<i64>,
+    headers: Option<String>,
+    body: Option<Vec<u8>>,
+    steps: Option<String>,
+) -> Result<LockedRow, String> {
+    let headers = parsed::<Vec<(String, String)>>(headers, "response_headers")
+        .map_err(|error| error.to_string())?;
+    let answer = match (status, headers) {
+        (Some(status), Some(headers)) => Some(StoredResponse {
+            status: u16::try_from(status).map_err(|_| format!("response_status {status}"))?,
+            headers,
+            body: body.unwrap_or_default(),
+        }),
+        _ => None,
+    };
+    let steps = parsed(steps, "steps").map_err(|error| error.to_string())?;
+    Ok(LockedRow { answer, steps })
+}
+
+/// One row's rewrite, in a transaction of its own: locked (or found held, or gone), decided,
+/// written back, committed.
+async fn rewrite_row<DB, T>(
+    conn: &mut DB::Connection,
+    statements: &RowStatements,
+    key: &KeyRef,
+    decide: &mut (impl FnMut(&KeyRef, LockedRow) -> (Rewrite, T) + Send),
+) -> Result<Locked<T>, crate::error::Error>
+where
+    DB: Dialect,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    &'static str: ColumnIndex<DB::Row>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    i64: for<'r> Decode<'r, DB> + Type<DB>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+    Vec<u8>: for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB>,
+    for<'q> Json<&'q Vec<(String, String)>>: Encode<'q, DB> + Type<DB>,
+    for<'q> Json<&'q Vec<RecordedStep>>: Encode<'q, DB> + Type<DB>,
+{
+    let mut tx = sqlx::Connection::begin_with(&mut *conn, DB::BEGIN_OWN).await?;
+    let row = match read_row::<DB>(&mut tx, &statements.lock, key).await? {
+        Some(Ok(row)) => row,
+        unread => {
+            tx.rollback().await?;
+            return Ok(match unread {
+                Some(Err(reason)) => Locked::Corrupt(reason),
+                // Skipped: held by another transaction if a plain read still finds it.
+                _ => match read_row::<DB>(conn, &statements.read, key).await? {
+                    Some(_) => Locked::Busy,
+                    None => Locked::Gone,
+                },
+            });
+        }
+    };
+    let (rewrite, made) = decide(key, row);
+    let mut written = true;
+    if let Some(answer) = &rewrite.answer {
+        let done = sqlx::query(sqlx::AssertSqlSafe(statements.answer.clone()))
+            .bind(Json(&answer.headers))
+            .bind(&answer.body)
+            .bind(key.scope.as_str())
+            .bind(key.key.as_str())
+            .execute(&mut *tx)
+            .await?;
+        written &= DB::rows_affected(&done) == 1;
+    }
+    if let Some(steps) = &rewrite.steps {
+        let done = sqlx::query(sqlx::AssertSqlSafe(statements.steps.clone()))
+            .bind(Json(steps))
+            .bind(key.scope.as_str())
+            .bind(key.key.as_str())
+            .execute(&mut *tx)
+            .await?;
+        written &= DB::rows_affected(&done) == 1;
+    }
+    if !written {
+        // Not the row it read: never seen under the lock, but never written half either.
+        tx.rollback().await?;
+        return Ok(Locked::Busy);
+    }
+    tx.commit().await?;
+    Ok(Locked::Read(made))
 }
