@@ -1,4 +1,4 @@
-//! The key table read as an attacker who can read the database would (issue #52): after the
+//! The key table read as an attacker who can read the database would: after the
 //! example service, started with `IDEM_ENCRYPTION_KEYS`, has answered payments, a refund, an
 //! order in steps (its steps recorded at each recovery point, then completed) and gRPC
 //! payments, all for one distinctive customer, no column of any row of `idem_keys` holds that
