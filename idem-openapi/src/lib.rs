@@ -19,7 +19,8 @@
 //!   (key missing or malformed, scope invalid, body unreadable), 409 (in progress, with
 //!   `Retry-After`), 413 (body over the limit), 422 (key reused with another request), 500
 //!   (outcome not stored: too large, commit refused, step not recorded, body failed; the store
-//!   not set up) and 503
+//!   not set up; a stored answer that cannot be opened; in external mode, a claim parked for a
+//!   person) and 503
 //!   (store unavailable, commit outcome unknown, timed out: retry with the same key, after
 //!   `Retry-After`). A
 //!   response the operation declares inline keeps its description and gains the layer's case;
@@ -370,9 +371,17 @@ fn layer_problems(policy: &HandlerPolicy) -> Vec<LayerProblem> {
     if matches!(policy.scope(), KeyScope::Parameter(_)) {
         bad_request.push(ProblemKind::InvalidScope);
     }
-    let mut failed = vec![ProblemKind::ResponseTooLarge, ProblemKind::StoreNotSetUp];
+    // A stored answer that does not open (a store sealing answers, its key gone) can meet any
+    // operation; a parked claim, one whose claim outlives its transaction.
+    let mut failed = vec![
+        ProblemKind::ResponseTooLarge,
+        ProblemKind::StoreNotSetUp,
+        ProblemKind::AnswerUnreadable,
+    ];
     if transactional {
         failed.push(ProblemKind::CommitRefused);
+    } else {
+        failed.push(ProblemKind::ClaimParked);
     }
     if policy.mode() == Mode::Steps {
         failed.push(ProblemKind::StepFailed);

@@ -393,6 +393,12 @@ fn each_operation_documents_only_the_problems_its_mode_can_answer() {
     };
     // Transactional: the commit can be refused or its outcome unknown.
     assert!(text("/things/{account}", "500").contains("could not be committed"));
+    // Any: a stored answer sealed with a key the service no longer has.
+    assert!(text("/things/{account}", "500").contains("cannot be opened"));
+    assert!(text("/global", "500").contains("cannot be opened"));
+    // External: a claim the recovery gave up on; never a transactional one.
+    assert!(text("/global", "500").contains("needs a person"));
+    assert!(!text("/things/{account}", "500").contains("needs a person"));
     assert!(text("/things/{account}", "503").contains("outcome of the commit is unknown"));
     assert!(text("/things/{account}", "400").contains("scope is invalid"));
     // External, global keys: neither of those, and no scope to be invalid.

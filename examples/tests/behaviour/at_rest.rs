@@ -268,7 +268,7 @@ impl KeyTable {
 fn shows(cell: &[u8], needle: &[u8]) -> bool {
     contains(cell, needle)
         || cell
-            .split(|byte| base64_value(*byte).is_none() && *byte != b'=')
+            .split(|byte| !(byte.is_ascii_alphanumeric() || matches!(byte, b'+' | b'/' | b'=')))
             .filter(|run| run.len() >= 8)
             .any(|run| contains(&base64_decoded(run), needle))
 }
@@ -279,31 +279,22 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
         .any(|window| window == needle)
 }
 
-/// A base64 digit's value (standard alphabet).
-fn base64_value(byte: u8) -> Option<u8> {
-    match byte {
-        b'A'..=b'Z' => Some(byte - b'A'),
-        b'a'..=b'z' => Some(byte - b'a' + 26),
-        b'0'..=b'9' => Some(byte - b'0' + 52),
-        b'+' => Some(62),
-        b'/' => Some(63),
-        _ => None,
-    }
-}
-
-/// `run` decoded as base64, its padding and any bits short of a byte left out.
+/// `run` decoded as base64 (standard alphabet), however it is padded, a last digit that makes
+/// no byte left out.
 fn base64_decoded(run: &[u8]) -> Vec<u8> {
-    let (mut out, mut bits, mut held) = (Vec::new(), 0u32, 0u32);
-    for value in run.iter().filter_map(|byte| base64_value(*byte)) {
-        held = (held << 6) | u32::from(value);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((held >> bits) as u8);
-            held &= (1 << bits) - 1;
-        }
-    }
-    out
+    use base64::{
+        Engine as _, alphabet,
+        engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
+    };
+    const LENIENT: GeneralPurpose = GeneralPurpose::new(
+        &alphabet::STANDARD,
+        GeneralPurposeConfig::new()
+            .with_decode_padding_mode(DecodePaddingMode::RequireNone)
+            .with_decode_allow_trailing_bits(true),
+    );
+    let digits: Vec<u8> = run.iter().copied().filter(|byte| *byte != b'=').collect();
+    let whole = digits.len() - usize::from(digits.len() % 4 == 1);
+    LENIENT.decode(&digits[..whole]).unwrap_or_default()
 }
 
 /// Starts the service on `database` (sealing with `keys` when given), sends it the traffic
