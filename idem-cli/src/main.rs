@@ -214,7 +214,7 @@ fn encryption_keys() -> Result<Option<EncryptionKeys>, String> {
             "{KEYS_VARIABLE} must be `<id>:<base64 of 32 bytes>`, comma-separated; got a value \
              that is not text"
         )),
-        Ok(value) => EncryptionKeys::parse(&value)
+        Ok(value) => EncryptionKeys::parse(&zeroize::Zeroizing::new(value))
             .map(Some)
             .map_err(|error| format!("{KEYS_VARIABLE} is malformed: {error}")),
     }

@@ -197,7 +197,8 @@ impl EncryptionKeys {
 
     /// `response`, stored under `key`, sealed with the first key.
     pub(crate) fn seal_response(&self, response: &StoredResponse, key: &KeyRef) -> StoredResponse {
-        let headers = serde_json::to_vec(&response.headers).expect("headers serialize");
+        let headers =
+            Zeroizing::new(serde_json::to_vec(&response.headers).expect("headers serialize"));
         let mut plain = Zeroizing::new(Vec::with_capacity(4 + headers.len() + response.body.len()));
         plain.extend_from_slice(&(headers.len() as u32).to_be_bytes());
         plain.extend_from_slice(&headers);

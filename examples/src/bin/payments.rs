@@ -318,7 +318,8 @@ fn store_options() -> Result<StoreOptions, Error> {
             )
             .into());
         }
-        Ok(value) => value,
+        // Zeroed once parsed: the keys live on only in the store's ciphers.
+        Ok(value) => zeroize::Zeroizing::new(value),
     };
     // The error names the entry at fault by its id or place, never a key's bytes.
     let keys = EncryptionKeys::parse(&value)
