@@ -269,22 +269,24 @@ fn print(args: &Args, backend: Database, steps: &[Step]) {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for step in steps {
-        let t = &step.timings;
+        // A statement the database's driver does not log (SQLite's commit) shows as "-".
+        let ms = |value: f64| {
+            if value > 0.0 {
+                format!("{value:.3}")
+            } else {
+                "-".to_owned()
+            }
+        };
+        let cells: Vec<String> = step
+            .timings
+            .iter()
+            .flat_map(|(p50, p99)| [ms(*p50), ms(*p99)])
+            .collect();
         println!(
-            "| {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} \
-             | {:.3} | {:.0} | {:.0} |",
+            "| {} | {:.0} | {} | {:.0} | {:.0} |",
             step.keys,
             step.bytes as f64 / 1_048_576.0,
-            t[0].0,
-            t[0].1,
-            t[1].0,
-            t[1].1,
-            t[2].0,
-            t[2].1,
-            t[3].0,
-            t[3].1,
-            t[4].0,
-            t[4].1,
+            cells.join(" | "),
             step.http.0,
             step.http.1
         );
@@ -302,7 +304,11 @@ fn print(args: &Args, backend: Database, steps: &[Step]) {
         for step in steps {
             let mut line = format!("| {} | {} |", step.keys, step.rows);
             for (_, bytes) in &step.per_key {
-                line.push_str(&format!(" {bytes:.0} |"));
+                if step.rows > 0 {
+                    line.push_str(&format!(" {bytes:.0} |"));
+                } else {
+                    line.push_str(" - |");
+                }
             }
             println!("{line}");
         }
