@@ -70,6 +70,10 @@ pub struct Args {
     /// Seconds between the ends of two purge passes (the purge's own default: 60).
     #[arg(long, default_value_t = 60)]
     pub purge_interval_secs: u64,
+    /// On PostgreSQL, resets the key table's autovacuum settings (which idem's migrations set)
+    /// to the server's, to measure the table without them.
+    #[arg(long)]
+    pub stock_autovacuum: bool,
     /// Writes the series as an SVG plot to this file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -92,6 +96,7 @@ impl Args {
             rate: None,
             capacity_secs: 2,
             purge_interval_secs: 5,
+            stock_autovacuum: false,
             plot: None,
             smoke: true,
         }
@@ -253,6 +258,23 @@ pub async fn run_series(args: &Args) -> Result<(Vec<Sample>, String), db::Error>
     match args.backend {
         Database::Postgres => {
             let scratch = db::Scratch::named(4, "churn").await?;
+            if args.stock_autovacuum {
+                sqlx::raw_sql(
+                    "ALTER TABLE idem_keys RESET (autovacuum_vacuum_scale_factor, \
+                     autovacuum_vacuum_threshold, autovacuum_analyze_scale_factor)",
+                )
+                .execute(&scratch.pool)
+                .await?;
+            }
+            let settings: String = sqlx::query_scalar(
+                "SELECT format('autovacuum %s, the key table''s settings %s', \
+                   current_setting('autovacuum'), coalesce(reloptions::text, '(none)')) \
+                 FROM pg_class WHERE oid = 'idem_keys'::regclass",
+            )
+            .fetch_one(&scratch.pool)
+            .await?;
+            eprintln!("PostgreSQL: {settings}");
+            println!("PostgreSQL: {settings}");
             let target = Postgres::new(&scratch);
             let result = churn(args, &target).await;
             target.stop.cancel();
@@ -600,7 +622,8 @@ fn plot(path: &Path, name: &str, series: &[Sample], retention: Duration) -> Resu
 }
 
 /// Inserts the completed keys `from + 1` to `from + n` (`seed-0000000001`, ...), expiring in 30
-/// days, in statements of a million rows, in primary key order.
+/// days and a millisecond apart (as keys written over time do: the `expires_at` index
+/// deduplicates equal values, which would understate its size), in statements of a million rows, in primary key order.
 pub async fn seed_postgres(pool: &PgPool, from: i64, n: i64) -> Result<(), db::Error> {
     let chunk = 1_000_000_i64;
     let mut seeded = 0;
@@ -614,7 +637,7 @@ pub async fn seed_postgres(pool: &PgPool, from: i64, n: i64) -> Result<(), db::E
                sha256(g::text::bytea), 'completed', 201, \
                '[[\"content-type\",\"application/json\"],[\"location\",\"/v1/payments/pay_0\"]]'::jsonb, \
                convert_to(repeat('x', 120), 'UTF8'), now() - interval '1 hour', \
-               now() + interval '30 days' \
+               now() + interval '30 days' + make_interval(secs => g / 1000.0) \
              FROM generate_series($1 + 1, $1 + $2) g",
         )
         .bind(from + seeded)
@@ -642,7 +665,7 @@ pub async fn seed_mysql(pool: &MySqlPool, from: i64, n: i64) -> Result<(), db::E
                UNHEX(SHA2(seq, 256)), 'completed', 201, \
                '[[\"content-type\",\"application/json\"],[\"location\",\"/v1/payments/pay_0\"]]', \
                REPEAT('x', 120), UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, \
-               UTC_TIMESTAMP(6) + INTERVAL 30 DAY \
+               UTC_TIMESTAMP(6) + INTERVAL 30 DAY + INTERVAL seq MILLISECOND \
              FROM seq_{}_to_{} ORDER BY 1, 2",
             from + seeded + 1,
             from + seeded + rows
@@ -667,7 +690,7 @@ pub async fn seed_sqlite(pool: &SqlitePool, from: i64, n: i64) -> Result<(), db:
          SELECT printf('seed_%05d', n / 100000), printf('seed-%010d', n), 'POST', \
            '/v1/payments', randomblob(32), 'completed', 201, \
            '[[\"content-type\",\"application/json\"],[\"location\",\"/v1/payments/pay_0\"]]', \
-           zeroblob(120), (unixepoch() - 3600) * 1000, (unixepoch() + 30 * 86400) * 1000 FROM g",
+           zeroblob(120), (unixepoch() - 3600) * 1000, (unixepoch() + 30 * 86400) * 1000 + n FROM g",
     )
     .bind(from)
     .bind(n)
