@@ -282,7 +282,7 @@ pub async fn run_series(args: &Args) -> Result<(Vec<Sample>, String), db::Error>
             result
         }
         Database::Mysql => {
-            let scratch = db::MySqlScratch::create().await?;
+            let scratch = db::MySqlScratch::named("churn").await?;
             let result = async {
                 let pool = MySqlPoolOptions::new()
                     .max_connections(4)
@@ -665,7 +665,7 @@ pub async fn seed_mysql(pool: &MySqlPool, from: i64, n: i64) -> Result<(), db::E
                UNHEX(SHA2(seq, 256)), 'completed', 201, \
                '[[\"content-type\",\"application/json\"],[\"location\",\"/v1/payments/pay_0\"]]', \
                REPEAT('x', 120), UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, \
-               UTC_TIMESTAMP(6) + INTERVAL 30 DAY + INTERVAL seq MILLISECOND \
+               UTC_TIMESTAMP(6) + INTERVAL 30 DAY + INTERVAL seq * 1000 MICROSECOND \
              FROM seq_{}_to_{} ORDER BY 1, 2",
             from + seeded + 1,
             from + seeded + rows

@@ -123,7 +123,7 @@ pub async fn run_backend(args: &Args, backend: Database) -> Result<Vec<Step>, db
             result
         }
         Database::Mysql => {
-            let scratch = db::MySqlScratch::create().await?;
+            let scratch = db::MySqlScratch::named("scale").await?;
             let result = async {
                 let pool = MySqlPoolOptions::new()
                     .max_connections(4)
