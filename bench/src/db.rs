@@ -77,9 +77,18 @@ impl MySqlScratch {
     /// Creates `idem_bench_<pid>` on the server of `$MYSQL_URL` (default: the local server,
     /// as root) with idem's, the example's and the peer's tables.
     pub async fn create() -> Result<Self, Error> {
+        Self::with_name(format!("idem_bench_{}", std::process::id())).await
+    }
+
+    /// As [`MySqlScratch::create`], for a database of its own beside others of the same
+    /// process (tests run at once): `idem_bench_<pid>_<label>`.
+    pub async fn named(label: &str) -> Result<Self, Error> {
+        Self::with_name(format!("idem_bench_{}_{label}", std::process::id())).await
+    }
+
+    async fn with_name(name: String) -> Result<Self, Error> {
         let server_url =
             std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".to_owned());
-        let name = format!("idem_bench_{}", std::process::id());
         let mut admin = MySqlConnection::connect(&server_url)
             .await
             .map_err(|e| format!("cannot connect to {server_url}: {e} (set MYSQL_URL)"))?;

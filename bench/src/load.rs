@@ -117,6 +117,16 @@ pub async fn serve_sqlite(path: PathBuf) -> Result<SocketAddr, crate::db::Error>
     .await
 }
 
+/// Serves the router `make` builds (over a pool it opens), as [`serve`] serves the example's,
+/// on a runtime of its own; returns the address once it listens.
+pub async fn serve_router<F, Fut>(make: F) -> Result<SocketAddr, crate::db::Error>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<axum::Router, crate::db::Error>>,
+{
+    serve_apart(make).await
+}
+
 /// Builds the router with `make` and serves it, both on a runtime of its own whose threads are
 /// named [`cpu::SERVER_THREADS`]; returns the address once it listens.
 async fn serve_apart<F, Fut>(make: F) -> Result<SocketAddr, crate::db::Error>

@@ -2,6 +2,7 @@
 //! PostgreSQL (`$DATABASE_URL`, else the local server), printing ratios against a baseline
 //! measured in the same run. Without a benchmark name it runs `http`.
 
+mod churn;
 mod claim;
 mod cpu;
 mod db;
@@ -33,7 +34,12 @@ enum Scenario {
     Http(http::Args),
     /// What each way of claiming a key costs PostgreSQL, without HTTP: transactions/s and CPU.
     Claim(claim::Args),
-    /// Claim latency with millions of keys in the table against an empty table.
+    /// Whether the key table holds its size under constant churn: the example's payments at a
+    /// steady rate with a short retention and the purge running, sampled every minute, on
+    /// PostgreSQL, MariaDB or SQLite.
+    Churn(churn::Args),
+    /// Claim, completion and request latency, HTTP req/s and bytes per key as the key table
+    /// grows (0, 1 and 10 million keys by default), on PostgreSQL, MariaDB or SQLite.
     Scale(scale::Args),
     /// Purge throughput on a table of expired keys, and live request latency while it runs, on
     /// PostgreSQL or (`--backend mysql`) MariaDB.
@@ -58,6 +64,7 @@ async fn main() -> std::process::ExitCode {
         Scenario::Http(args) => http::run(args).await,
         Scenario::Claim(args) => claim::run(args).await,
         Scenario::Scale(args) => scale::run(args).await,
+        Scenario::Churn(args) => churn::run(args).await,
         Scenario::Purge(args) => purge::run(args).await,
         Scenario::Wait(args) => wait::run(args).await,
         Scenario::Relay(args) => relay::run(args).await,
